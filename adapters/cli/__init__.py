@@ -1,0 +1,56 @@
+"""The ``eventbus`` command line: one module per command group.
+
+Each command module exposes ``register(subparsers)``, which adds its
+subcommands and sets ``func`` (taking the parsed arguments, returning the exit
+code). Errors meant for users are ``CliError``: printed as one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import eventbus
+
+from ._common import CliError
+
+__all__ = ["CliError", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eventbus", description="Event-bus runtime for training callbacks."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {eventbus.__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for register in _command_modules():
+        register(subparsers)
+    return parser
+
+
+def _command_modules() -> list[object]:
+    # Imported here so that `eventbus --help` stays fast and each group stays optional.
+    registers: list[object] = []
+    return registers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0
+    try:
+        code: int = func(args)
+    except CliError as exc:
+        print(f"eventbus {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,911 @@
+"""The event bus: ordered, bounded, deadline-guarded delivery to handlers.
+
+How it stays cheap. ``publish`` only appends to a bounded inbox; one
+dispatcher task takes the inbox as a batch, stamps sequence numbers and the
+time, and hands the batch to each handler in turn (*handler-major*): handler
+A gets every event of the batch, then handler B. Both ordering guarantees
+hold (each handler sees publish order; for one event, handlers run by
+``order`` then registration), and the loop that calls a handler is as tight
+as a plain ``for`` loop, with one clock read per call, or one per batch for
+handlers that have proved to cost less than a clock read.
+
+Deadlines without a scope per call. Plain sync handlers cannot be
+interrupted, so they are timed and an overrun is reported. Async handlers
+run under one cancel scope per batch, and a single watchdog task cancels it
+when the call in progress has not finished within its deadline. Blocking sync
+handlers run in a worker thread and are abandoned at their deadline.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable
+from itertools import groupby
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import msgspec
+from msgspec.structs import force_setattr
+
+from ._clock import Clock, MonotonicClock
+from ._events import (
+    BudgetReport,
+    Event,
+    HandlerFailed,
+    HandlerStateChanged,
+    HandlerTimedOut,
+    HandlerUsage,
+    HealthCheckTick,
+)
+from ._logging import get_logger
+from ._subscription import (
+    DeliveryMode,
+    ErrorPolicy,
+    HandlerState,
+    OverBudgetPolicy,
+    Subscription,
+    SubscriptionStats,
+    handler_name,
+)
+
+__all__ = ["BusClosed", "BusFull", "BusStats", "CloseReport", "EventBus"]
+
+_log = get_logger("eventbus")
+
+#: A handler whose calls all took less than this is timed per batch, not per call:
+#: below it, reading the clock would cost as much as the call itself.
+FAST_CALL = 2e-6
+#: Calls timed one by one before a handler may switch to per-batch timing.
+CALIBRATION_CALLS = 256
+#: At most this many events are handed to handlers as one batch.
+MAX_BATCH = 1024
+
+_DIAGNOSTICS = (HandlerFailed, HandlerTimedOut)
+_OVERRUN_ADVICE = (
+    "a plain sync handler cannot be interrupted; declare it blocking=True to run it "
+    "in a worker thread that is abandoned at the deadline, or make it async"
+)
+
+
+class BusClosed(RuntimeError):
+    """The bus is closed (or not started): it accepts no more events."""
+
+
+class BusFull(anyio.WouldBlock):
+    """``publish_nowait`` found the inbox full; nothing was dropped."""
+
+
+class BusStats(msgspec.Struct, frozen=True, kw_only=True):
+    published: int
+    delivered: int
+    failed: int
+    timed_out: int
+    skipped: int
+    queued: int
+    abandoned: int
+    subscriptions: tuple[SubscriptionStats, ...]
+
+
+class CloseReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``aclose`` did: ``abandoned`` deliveries were never made."""
+
+    drained: bool
+    abandoned: int
+    published: int
+    delivered: int
+
+
+class _Guard:
+    """What one runner (the dispatcher or a lane) is awaiting, for the watchdog."""
+
+    __slots__ = ("progress", "scope", "seen_at", "seen_progress", "seen_scope", "sub")
+
+    def __init__(self) -> None:
+        self.sub: Subscription | None = None
+        self.scope: anyio.CancelScope | None = None
+        self.progress = 0
+        self.seen_scope: anyio.CancelScope | None = None
+        self.seen_progress = -1
+        self.seen_at = 0.0
+
+
+class _Lane:
+    """A handler's own task and bounded FIFO: a slow handler delays only itself."""
+
+    __slots__ = ("bus", "capacity", "guard", "queue", "room", "running", "sleeping", "sub", "wake")
+
+    def __init__(self, bus: EventBus, sub: Subscription, capacity: int) -> None:
+        self.bus = bus
+        self.sub = sub
+        self.capacity = capacity
+        self.queue: deque[Event] = deque()
+        self.wake = anyio.Event()
+        self.room: anyio.Event | None = None
+        self.sleeping = False
+        self.running = False
+        self.guard = _Guard()
+        bus._guards.append(self.guard)
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
+
+    async def put(self, events: list[Event]) -> None:
+        queue = self.queue
+        while len(queue) + len(events) > self.capacity:
+            room = self.capacity - len(queue)
+            if room > 0:
+                queue.extend(events[:room])
+                events = events[room:]
+                self._wake()
+            self.room = anyio.Event()
+            await self.room.wait()
+        queue.extend(events)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.sleeping:
+            self.sleeping = False
+            self.wake.set()
+
+    async def run(self) -> None:
+        queue = self.queue
+        bus = self.bus
+        while True:
+            if not queue:
+                if not self.sub.active:
+                    bus._guards.remove(self.guard)
+                    return
+                self.sleeping = True
+                self.wake = anyio.Event()
+                bus._maybe_idle()
+                await self.wake.wait()
+                continue
+            n = min(len(queue), MAX_BATCH)
+            batch = [queue.popleft() for _ in range(n)]
+            if self.room is not None:
+                self.room.set()
+                self.room = None
+            self.running = True
+            try:
+                await bus._run(self.sub, batch, self.guard)
+            finally:
+                self.running = False
+
+
+class EventBus:
+    """Carries events from publishers to handlers, in order, under deadlines.
+
+    Use it as ``async with EventBus() as bus:``; leaving the block drains what
+    was published (within ``drain_timeout``) and stops the bus. A handler with
+    ``on_error="raise"`` that fails makes the exception propagate out of the
+    ``async with``.
+
+    ``buffer`` bounds the inbox (and each lane, unless given its own):
+    ``publish`` waits when it is full and ``publish_nowait`` raises ``BusFull``.
+    ``timeout`` is the default deadline of one handler call, in real seconds.
+    ``clock`` drives timestamps and health-check periods (``period`` seconds);
+    ``budget`` is the share of a period handlers may use together.
+    """
+
+    def __init__(
+        self,
+        *,
+        buffer: int = 1024,
+        timeout: float = 30.0,
+        clock: Clock | None = None,
+        period: float = 2.0,
+        budget: float = 0.05,
+        drain_timeout: float = 10.0,
+    ) -> None:
+        if buffer < 1:
+            raise ValueError(f"buffer must be at least 1, got {buffer}")
+        if timeout <= 0 or period <= 0 or drain_timeout < 0:
+            raise ValueError("timeout and period must be positive, drain_timeout not negative")
+        if not 0 < budget <= 1:
+            raise ValueError(f"budget is a share of the period, in (0, 1], got {budget}")
+        self.buffer = buffer
+        self.timeout = timeout
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
+        self._now: Callable[[], float] = self.clock.now
+        self.period = period
+        self.budget = budget
+        self.drain_timeout = drain_timeout
+
+        self._subs: list[Subscription] = []
+        self._routes: dict[type[Event], tuple[Subscription, ...]] = {}
+        self._next_index = 0
+
+        self._inbox: deque[Event] = deque()
+        self._room: anyio.Event | None = None
+        self._wake = anyio.Event()
+        self._sleeping = False
+        self._dispatching = False
+        self._idle: anyio.Event | None = None
+
+        self._seq = 0
+        self._period_index = 0
+        self._period_start = 0.0
+        self._period_end = math.inf
+
+        # Watchdog over async calls: one guard per runner (the dispatcher, each lane).
+        self._guards: list[_Guard] = []
+        self._dispatch_guard = _Guard()
+        self._guards.append(self._dispatch_guard)
+        self._watchdog_wake: anyio.Event | None = None
+
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._task_scopes: list[anyio.CancelScope] = []
+        self._open = False
+        self._closing = False
+        self._close_report: CloseReport | None = None
+        self._failure: BaseException | None = None
+        self._abandoned = 0
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._tg is not None:
+            raise RuntimeError("an EventBus can be started only once")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        now = self._now()
+        self._period_start = now
+        self._period_end = now + self.period
+        self._open = True
+        self._start(self._dispatch_loop)
+        self._start(self._watchdog)
+        self._start(self._period_ticker)
+        for sub in self._subs:
+            if sub.lane is not None:
+                self._start(sub.lane.run)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        assert self._tg is not None
+        cancelled = exc is not None and isinstance(exc, anyio.get_cancelled_exc_class())
+        if self._failure is None and not self._closing:
+            await self.aclose(drain=not cancelled)
+        self._tg.cancel_scope.cancel()
+        # A cancellation goes to the task group, which swallows its own; any other
+        # exception of the body is not the task group's business: keep it unwrapped.
+        if cancelled:
+            swallowed = await self._tg.__aexit__(exc_type, exc, tb)
+        else:
+            swallowed = await self._tg.__aexit__(None, None, None)
+        if self._failure is not None:
+            raise self._failure
+        return bool(swallowed) and cancelled
+
+    def _start(self, loop: Callable[[], Any]) -> None:
+        assert self._tg is not None
+
+        async def guarded() -> None:
+            with anyio.CancelScope() as scope:
+                self._task_scopes.append(scope)
+                await loop()
+
+        self._tg.start_soon(guarded)
+
+    async def aclose(self, *, drain: bool = True, timeout: float | None = None) -> CloseReport:
+        """Stop accepting events, deliver what was accepted (unless ``drain=False``,
+        or until ``timeout``), stop the bus's tasks, and say what was not delivered."""
+        if self._close_report is not None:
+            return self._close_report
+        self._open = False
+        self._closing = True
+        drained = True
+        if drain:
+            with anyio.move_on_after(self.drain_timeout if timeout is None else timeout):
+                await self.wait_idle()
+            drained = self._is_idle()
+        abandoned = self._undelivered()
+        self._abandoned += abandoned
+        for scope in self._task_scopes:
+            scope.cancel()
+        stats = self.stats()
+        self._close_report = CloseReport(
+            drained=drained and abandoned == 0,
+            abandoned=abandoned,
+            published=stats.published,
+            delivered=stats.delivered,
+        )
+        if abandoned:
+            _log.warning("bus closed with undelivered events", abandoned=abandoned)
+        return self._close_report
+
+    def _fail(self, exc: BaseException) -> None:
+        """A handler with ``on_error="raise"`` failed: stop everything, re-raise on exit."""
+        if self._failure is None:
+            self._failure = exc
+            self._open = False
+            self._abandoned += self._undelivered()
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+
+    # --- subscribing -----------------------------------------------------------
+
+    def subscribe(
+        self,
+        event_types: type[Event] | Iterable[type[Event]],
+        handler: Callable[[Any], Any],
+        *,
+        name: str | None = None,
+        order: int = 0,
+        mode: DeliveryMode = "inline",
+        timeout: float | None = None,
+        on_error: ErrorPolicy = "log",
+        max_faults: int = 3,
+        blocking: bool = False,
+        buffer: int | None = None,
+        budget: float | None = None,
+        over_budget: OverBudgetPolicy = "warn",
+    ) -> Subscription:
+        """Call ``handler(event)`` for every event of ``event_types`` (subclasses included).
+
+        ``order``: lower runs first for one event, then registration order.
+        ``mode``: ``inline`` runs in the dispatcher (cheapest; a slow handler
+        delays the others) and ``lane`` gives the handler its own task and
+        bounded buffer. ``on_error``: ``log`` and go on, ``raise`` to fail
+        the bus, or ``disable`` after ``max_faults`` faults (timeouts count).
+        ``blocking=True`` runs a sync handler in a worker thread so its
+        deadline can abandon it. ``budget``: this handler's share of a
+        period; ``over_budget``: ``warn``, ``coalesce`` (only the newest
+        pending event of each type) or ``disable`` (until a period under budget).
+        """
+        types = (event_types,) if isinstance(event_types, type) else tuple(event_types)
+        if not types or not all(isinstance(t, type) and issubclass(t, Event) for t in types):
+            raise TypeError(f"event_types must be Event subclasses, got {event_types!r}")
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, got {handler!r}")
+        if mode not in ("inline", "lane"):
+            raise ValueError(f"mode must be 'inline' or 'lane', got {mode!r}")
+        if on_error not in ("log", "raise", "disable"):
+            raise ValueError(f"on_error must be 'log', 'raise' or 'disable', got {on_error!r}")
+        if over_budget not in ("warn", "coalesce", "disable"):
+            raise ValueError(f"over_budget must be 'warn', 'coalesce' or 'disable', got {over_budget!r}")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        if budget is not None and not 0 < budget <= 1:
+            raise ValueError(f"budget is a share of the period, in (0, 1], got {budget}")
+        if max_faults < 1:
+            raise ValueError(f"max_faults must be at least 1, got {max_faults}")
+        if self._closing or self._failure is not None:
+            raise BusClosed("the bus is closed")
+        sub = Subscription(
+            self,
+            types,
+            handler,
+            name=name or handler_name(handler),
+            index=self._next_index,
+            order=order,
+            mode=mode,
+            timeout=self.timeout if timeout is None else timeout,
+            on_error=on_error,
+            max_faults=max_faults,
+            blocking=blocking,
+            budget=budget,
+            over_budget=over_budget,
+        )
+        if blocking and sub.is_async:
+            raise ValueError(f"{sub.name}: blocking=True is for sync handlers; this one is async")
+        self._next_index += 1
+        if mode == "lane":
+            sub.lane = _Lane(self, sub, buffer or self.buffer)
+            if self._open:
+                self._start(sub.lane.run)
+        self._subs.append(sub)
+        self._subs.sort(key=lambda s: (s.order, s.index))
+        self._routes.clear()
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        if sub in self._subs:
+            self._subs.remove(sub)
+            self._routes.clear()
+        if sub.lane is not None:
+            sub.lane._wake()
+
+    @property
+    def subscriptions(self) -> tuple[Subscription, ...]:
+        return tuple(self._subs)
+
+    def _route(self, event_type: type[Event]) -> tuple[Subscription, ...]:
+        subs = tuple(s for s in self._subs if issubclass(event_type, s.types))
+        self._routes[event_type] = subs
+        return subs
+
+    # --- publishing ------------------------------------------------------------
+
+    async def publish(self, event: Event) -> None:
+        """Accept ``event``; waits while the inbox is full. Delivery happens in
+        the dispatcher: ``await wait_idle()`` to know it is done."""
+        if len(self._inbox) >= self.buffer:
+            await self._wait_room()
+        self._accept(event)
+
+    def publish_nowait(self, event: Event) -> None:
+        """Accept ``event`` or raise ``BusFull``; never drops it silently."""
+        if len(self._inbox) >= self.buffer:
+            raise BusFull(f"the bus inbox is full ({self.buffer} events waiting)")
+        self._accept(event)
+
+    def _accept(self, event: Event) -> None:
+        try:
+            if event.seq >= 0:
+                raise ValueError(f"{type(event).__name__} seq={event.seq} was already published")
+        except AttributeError:
+            raise TypeError(f"only Event instances can be published, got {event!r}") from None
+        if not self._open:
+            raise BusClosed("the bus is closed" if self._tg is not None else
+                            "the bus is not running: use `async with EventBus() as bus`")
+        self._inbox.append(event)
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.set()
+
+    def _emit(self, event: Event) -> None:
+        """Publish a diagnostic from inside the bus: it never waits for room,
+        so a full inbox cannot deadlock the dispatcher that reports it."""
+        if self._open or self._closing:
+            self._inbox.append(event)
+            if self._sleeping:
+                self._sleeping = False
+                self._wake.set()
+
+    async def _wait_room(self) -> None:
+        while len(self._inbox) >= self.buffer:
+            if not self._open:
+                return  # _accept raises the right error
+            if self._room is None:
+                self._room = anyio.Event()
+            await self._room.wait()
+
+    async def wait_idle(self) -> None:
+        """Return once every accepted event has been fully handled."""
+        while not self._is_idle():
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
+
+    def _is_idle(self) -> bool:
+        if self._inbox or self._dispatching:
+            return False
+        return all(
+            s.lane is None or (not s.lane.queue and not s.lane.running) for s in self._subs
+        )
+
+    def _maybe_idle(self) -> None:
+        if self._idle is not None and self._is_idle():
+            self._idle.set()
+            self._idle = None
+
+    def _undelivered(self) -> int:
+        count = sum(len(self._route(type(e))) for e in self._inbox)
+        return count + sum(s.lane.queued for s in self._subs if s.lane is not None)
+
+    # --- dispatching -------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        inbox = self._inbox
+        routes = self._routes
+        while True:
+            if not inbox:
+                self._dispatching = False
+                self._sleeping = True
+                self._wake = anyio.Event()
+                self._maybe_idle()
+                await self._wake.wait()
+                continue
+            self._dispatching = True
+            n = min(len(inbox), MAX_BATCH)
+            batch = [inbox.popleft() for _ in range(n)]
+            if self._room is not None:
+                self._room.set()
+                self._room = None
+            now = self._now()
+            if now >= self._period_end:
+                self._roll_period(now)
+            seq = self._seq
+            for event in batch:
+                force_setattr(event, "seq", seq)
+                if not event.time:  # a publisher (a replay) may bring its own time
+                    force_setattr(event, "time", now)
+                seq += 1
+            self._seq = seq
+            for event_type, group in groupby(batch, type):
+                subs = routes.get(event_type)
+                if subs is None:
+                    subs = self._route(event_type)
+                    routes = self._routes
+                if not subs:
+                    continue
+                events = list(group)
+                for sub in subs:
+                    if sub.lane is not None:
+                        await sub.lane.put(events)
+                    else:
+                        await self._run(sub, events, self._dispatch_guard)
+
+    async def _run(self, sub: Subscription, events: list[Event], guard: _Guard) -> None:
+        """Deliver ``events`` to one handler, in order, timed and guarded."""
+        if sub.state != "normal" or not sub.active:
+            if sub.state == "coalescing" and sub.active:
+                events = _newest_per_type(events, sub)
+            else:
+                sub.skipped += len(events)
+                sub.p_skipped += len(events)
+                return
+        if sub.blocking:
+            await self._run_blocking(sub, events)
+        elif sub.is_async:
+            await self._run_async(sub, events, guard)
+        elif sub.per_call:
+            self._run_sync_timed(sub, events)
+        else:
+            self._run_sync_batch(sub, events)
+
+    def _run_sync_timed(self, sub: Subscription, events: list[Event]) -> None:
+        fn = sub.handler
+        clock = self._now
+        timeout = sub.timeout
+        longest = 0.0
+        t0 = clock()
+        for i, event in enumerate(events):
+            try:
+                fn(event)
+            except Exception as exc:
+                if self._fault(sub, event, exc, events, i):
+                    break
+            t1 = clock()
+            elapsed = t1 - t0
+            t0 = t1
+            sub.p_total += elapsed
+            if elapsed > longest:
+                longest = elapsed
+                if elapsed > timeout:
+                    self._overrun(sub, event, elapsed, 1)
+        self._account_calls(sub, len(events), longest, timed_per_call=True)
+
+    def _run_sync_batch(self, sub: Subscription, events: list[Event]) -> None:
+        fn = sub.handler
+        t0 = self._now()
+        for i, event in enumerate(events):
+            try:
+                fn(event)
+            except Exception as exc:
+                if self._fault(sub, event, exc, events, i):
+                    break
+        elapsed = self._now() - t0
+        sub.p_total += elapsed
+        n = len(events)
+        if elapsed > sub.timeout:
+            self._overrun(sub, events[-1], elapsed, n)
+        self._account_calls(sub, n, elapsed / n, timed_per_call=False)
+
+    def _account_calls(self, sub: Subscription, n: int, longest: float, *, timed_per_call: bool) -> None:
+        sub.calls += n
+        sub.p_calls += n
+        if longest > sub.p_max:
+            sub.p_max = longest
+        if timed_per_call:
+            sub.fine_calls += n
+            if longest > sub.fine_max:
+                sub.fine_max = longest
+            if sub.fine_calls >= CALIBRATION_CALLS:
+                sub.per_call = sub.fine_max >= FAST_CALL
+                sub.fine_calls = 0
+                sub.fine_max = 0.0
+        elif longest >= FAST_CALL:
+            sub.per_call = True
+
+    async def _run_async(self, sub: Subscription, events: list[Event], guard: _Guard) -> None:
+        fn = sub.handler
+        clock = self._now
+        n = len(events)
+        i = 0
+        longest = 0.0
+        while i < n:
+            with anyio.CancelScope() as scope:
+                guard.sub = sub
+                guard.scope = scope
+                if self._watchdog_wake is not None:
+                    self._watchdog_wake.set()
+                    self._watchdog_wake = None
+                t0 = clock()
+                while i < n:
+                    event = events[i]
+                    i += 1
+                    guard.progress += 1
+                    try:
+                        await fn(event)
+                    except Exception as exc:
+                        if self._fault(sub, event, exc, events, i - 1):
+                            i = n
+                    t1 = clock()
+                    elapsed = t1 - t0
+                    t0 = t1
+                    sub.p_total += elapsed
+                    if elapsed > longest:
+                        longest = elapsed
+            guard.sub = guard.scope = None
+            if scope.cancelled_caught:
+                elapsed = clock() - t0
+                sub.p_total += elapsed
+                longest = max(longest, elapsed)
+                self._timed_out(sub, events[i - 1], elapsed, "cancelled")
+                if sub.state == "disabled":
+                    self._skip_rest(sub, n - i)
+                    break
+        self._account_calls(sub, n, longest, timed_per_call=True)
+
+    async def _watchdog(self) -> None:
+        """Cancels async calls that overran their deadline (real time).
+
+        A call counts as stuck when its runner's progress counter has not moved
+        for its timeout; the tolerance is one tick (at most 50 ms).
+        """
+        current_time = anyio.current_time
+        while True:
+            active = [g for g in self._guards if g.scope is not None]
+            if not active:
+                self._watchdog_wake = anyio.Event()
+                await self._watchdog_wake.wait()
+                continue
+            now = current_time()
+            tick = 0.05
+            for guard in active:
+                sub, scope = guard.sub, guard.scope
+                assert sub is not None and scope is not None
+                if guard.progress != guard.seen_progress or guard.seen_scope is not scope:
+                    guard.seen_progress = guard.progress
+                    guard.seen_scope = scope
+                    guard.seen_at = now
+                elif now - guard.seen_at >= sub.timeout:
+                    scope.cancel()
+                    guard.seen_at = math.inf
+                tick = min(tick, sub.timeout / 10)
+            await anyio.sleep(tick)
+
+    async def _run_blocking(self, sub: Subscription, events: list[Event]) -> None:
+        clock = self._now
+        longest = 0.0
+        for i, event in enumerate(events):
+            t0 = clock()
+            with anyio.move_on_after(sub.timeout) as scope:
+                try:
+                    await anyio.to_thread.run_sync(sub.handler, event, abandon_on_cancel=True)
+                except Exception as exc:
+                    if self._fault(sub, event, exc, events, i):
+                        break
+            elapsed = clock() - t0
+            sub.p_total += elapsed
+            longest = max(longest, elapsed)
+            if scope.cancelled_caught:
+                self._timed_out(sub, event, elapsed, "abandoned")
+                if sub.state == "disabled":
+                    self._skip_rest(sub, len(events) - i - 1)
+                    break
+        self._account_calls(sub, len(events), longest, timed_per_call=True)
+
+    # --- faults ------------------------------------------------------------------
+
+    def _fault(
+        self, sub: Subscription, event: Event, exc: Exception, events: list[Event], index: int
+    ) -> bool:
+        """Record a handler failure; True when the handler must get no more of ``events``."""
+        sub.failed += 1
+        sub.p_faults += 1
+        if sub.p_faults == 1:
+            _log.warning(
+                "handler failed",
+                handler=sub.name,
+                event_type=type(event).__name__,
+                event_seq=event.seq,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        if not isinstance(event, _DIAGNOSTICS):  # a failing diagnostic handler must not loop
+            self._emit(
+                HandlerFailed(
+                    handler=sub.name,
+                    event_seq=event.seq,
+                    event_type=type(event).__name__,
+                    error_type=type(exc).__qualname__,
+                    message=str(exc),
+                    traceback="".join(traceback.format_exception(exc)),
+                )
+            )
+        stop = self._apply_error_policy(sub, exc)
+        if stop:
+            self._skip_rest(sub, len(events) - index - 1)
+        return stop
+
+    def _apply_error_policy(self, sub: Subscription, exc: BaseException) -> bool:
+        sub.faults += 1
+        if sub.on_error == "raise":
+            self._fail(exc)
+            return True
+        if sub.on_error == "disable" and sub.faults >= sub.max_faults:
+            self._set_state(sub, "disabled", f"{sub.faults} faults (max_faults={sub.max_faults})")
+            return True
+        return False
+
+    def _timed_out(self, sub: Subscription, event: Event, elapsed: float, outcome: Any) -> None:
+        sub.timed_out += 1
+        sub.p_timeouts += 1
+        _log.warning(
+            "handler timed out",
+            handler=sub.name,
+            event_seq=event.seq,
+            timeout=sub.timeout,
+            elapsed=round(elapsed, 6),
+            outcome=outcome,
+        )
+        if not isinstance(event, _DIAGNOSTICS):
+            self._emit(
+                HandlerTimedOut(
+                    handler=sub.name,
+                    event_seq=event.seq,
+                    event_type=type(event).__name__,
+                    timeout=sub.timeout,
+                    elapsed=elapsed,
+                    outcome=outcome,
+                )
+            )
+        self._apply_error_policy(
+            sub, TimeoutError(f"{sub.name} took {elapsed:.3f}s, deadline {sub.timeout}s")
+        )
+
+    def _overrun(self, sub: Subscription, event: Event, elapsed: float, calls: int) -> None:
+        sub.timed_out += 1
+        sub.p_timeouts += 1
+        _log.warning(
+            "sync handler overran its deadline",
+            handler=sub.name,
+            event_seq=event.seq,
+            timeout=sub.timeout,
+            elapsed=round(elapsed, 6),
+            calls=calls,
+        )
+        if not isinstance(event, _DIAGNOSTICS):
+            self._emit(
+                HandlerTimedOut(
+                    handler=sub.name,
+                    event_seq=event.seq,
+                    event_type=type(event).__name__,
+                    timeout=sub.timeout,
+                    elapsed=elapsed,
+                    outcome="overrun",
+                    calls=calls,
+                    advice=_OVERRUN_ADVICE,
+                )
+            )
+        self._apply_error_policy(
+            sub, TimeoutError(f"{sub.name} took {elapsed:.3f}s, deadline {sub.timeout}s")
+        )
+
+    def _skip_rest(self, sub: Subscription, count: int) -> None:
+        if count > 0:
+            sub.skipped += count
+            sub.p_skipped += count
+
+    def _set_state(self, sub: Subscription, state: HandlerState, reason: str) -> None:
+        if sub.state == state:
+            return
+        sub.state = state
+        sub.state_reason = reason
+        if state == "normal":
+            sub.faults = 0
+        _log.warning("handler state changed", handler=sub.name, state=state, reason=reason)
+        self._emit(HandlerStateChanged(handler=sub.name, state=state, reason=reason))
+
+    # --- health-check periods and budgets ----------------------------------------------
+
+    async def _period_ticker(self) -> None:
+        """Ends periods while nothing is published (the dispatcher ends them otherwise)."""
+        while True:
+            end = self._period_end
+            await self.clock.sleep_until(end)
+            if self._period_end == end:
+                self._roll_period(self._now())
+
+    def _roll_period(self, now: float) -> None:
+        """Close every period that ended by ``now``: one tick and one budget report each."""
+        while now >= self._period_end:
+            start, end = self._period_start, self._period_end
+            self._emit(HealthCheckTick(period=self._period_index, start=start, end=end))
+            self._emit(self._budget_report(start, end))
+            self._period_index += 1
+            self._period_start = end
+            self._period_end = end + self.period
+
+    def _budget_report(self, start: float, end: float) -> BudgetReport:
+        length = end - start
+        usages = []
+        over = []
+        total = 0.0
+        for sub in self._subs:
+            budget = (sub.budget if sub.budget is not None else self.budget) * length
+            is_over = sub.p_total > budget
+            if sub.p_calls or sub.p_skipped or sub.p_faults or sub.p_timeouts:
+                usages.append(
+                    HandlerUsage(
+                        handler=sub.name,
+                        calls=sub.p_calls,
+                        total=sub.p_total,
+                        max=sub.p_max,
+                        timeouts=sub.p_timeouts,
+                        faults=sub.p_faults,
+                        skipped=sub.p_skipped,
+                        budget=budget,
+                        over_budget=is_over,
+                    )
+                )
+            if is_over:
+                over.append(sub)
+            total += sub.p_total
+            self._apply_budget_policy(sub, is_over)
+            sub.p_calls = sub.p_timeouts = sub.p_faults = sub.p_skipped = 0
+            sub.p_total = sub.p_max = 0.0
+        budget_total = self.budget * length
+        if over or total > budget_total:
+            worst = sorted(usages, key=lambda u: u.total, reverse=True)[:3]
+            _log.warning(
+                "callbacks over budget",
+                period=self._period_index,
+                total=round(total, 6),
+                budget=round(budget_total, 6),
+                worst={u.handler: round(u.total, 6) for u in worst},
+            )
+        return BudgetReport(
+            period=self._period_index,
+            start=start,
+            end=end,
+            budget=budget_total,
+            total=total,
+            fraction=total / length if length > 0 else 0.0,
+            handlers=tuple(usages),
+            over_budget=tuple(s.name for s in over),
+        )
+
+    def _apply_budget_policy(self, sub: Subscription, is_over: bool) -> None:
+        if is_over and sub.over_budget != "warn" and sub.state == "normal":
+            state: HandlerState = "coalescing" if sub.over_budget == "coalesce" else "disabled"
+            self._set_state(sub, state, "over budget")
+        elif not is_over and sub.state != "normal" and sub.state_reason == "over budget":
+            self._set_state(sub, "normal", "back under budget")
+
+    # --- figures -------------------------------------------------------------------
+
+    def stats(self) -> BusStats:
+        subs = tuple(s.stats() for s in self._subs)
+        return BusStats(
+            published=self._seq + len(self._inbox),
+            delivered=sum(s.calls for s in subs),
+            failed=sum(s.failed for s in subs),
+            timed_out=sum(s.timed_out for s in subs),
+            skipped=sum(s.skipped for s in subs),
+            queued=len(self._inbox) + sum(s.queued for s in subs),
+            abandoned=self._abandoned,
+            subscriptions=subs,
+        )
+
+
+def _newest_per_type(events: list[Event], sub: Subscription) -> list[Event]:
+    """Coalescing: keep only the newest event of each type, counting the rest as skipped."""
+    newest: dict[type[Event], Event] = {}
+    for event in events:
+        newest[type(event)] = event
+    kept = sorted(newest.values(), key=lambda e: e.seq)
+    skipped = len(events) - len(kept)
+    sub.skipped += skipped
+    sub.p_skipped += skipped
+    return kept

@@ -1,0 +1,3 @@
+"""handlers: training semantics on top of the event bus."""
+
+__all__: list[str] = []
