@@ -115,7 +115,7 @@ class _Guard:
 class _Lane:
     """A handler's own task and bounded FIFO: a slow handler delays only itself."""
 
-    __slots__ = ("bus", "capacity", "guard", "queue", "room", "running", "sleeping", "sub", "wake")
+    __slots__ = ("bus", "capacity", "guard", "in_hand", "queue", "room", "sleeping", "sub", "wake")
 
     def __init__(self, bus: EventBus, sub: Subscription, capacity: int) -> None:
         self.bus = bus
@@ -125,13 +125,13 @@ class _Lane:
         self.wake = anyio.Event()
         self.room: anyio.Event | None = None
         self.sleeping = False
-        self.running = False
+        self.in_hand = 0  # events taken from the queue and not yet handled
         self.guard = _Guard()
         bus._guards.append(self.guard)
 
     @property
     def queued(self) -> int:
-        return len(self.queue)
+        return len(self.queue) + self.in_hand
 
     async def put(self, events: list[Event]) -> None:
         queue = self.queue
@@ -169,11 +169,11 @@ class _Lane:
             if self.room is not None:
                 self.room.set()
                 self.room = None
-            self.running = True
+            self.in_hand = n
             try:
                 await bus._run(self.sub, batch, self.guard)
             finally:
-                self.running = False
+                self.in_hand = 0
 
 
 class EventBus:
@@ -224,6 +224,7 @@ class EventBus:
         self._wake = anyio.Event()
         self._sleeping = False
         self._dispatching = False
+        self._in_hand = 0  # deliveries of the dispatcher's current batch not yet made
         self._idle: anyio.Event | None = None
 
         self._seq = 0
@@ -295,16 +296,19 @@ class EventBus:
 
         self._tg.start_soon(guarded)
 
-    async def aclose(self, *, drain: bool = True, timeout: float | None = None) -> CloseReport:
+    async def aclose(
+        self, *, drain: bool = True, drain_timeout: float | None = None
+    ) -> CloseReport:
         """Stop accepting events, deliver what was accepted (unless ``drain=False``,
-        or until ``timeout``), stop the bus's tasks, and say what was not delivered."""
+        or until ``drain_timeout``), stop the bus's tasks, and say what was not delivered."""
         if self._close_report is not None:
             return self._close_report
         self._open = False
         self._closing = True
         drained = True
         if drain:
-            with anyio.move_on_after(self.drain_timeout if timeout is None else timeout):
+            limit = self.drain_timeout if drain_timeout is None else drain_timeout
+            with anyio.move_on_after(limit):
                 await self.wait_idle()
             drained = self._is_idle()
         abandoned = self._undelivered()
@@ -371,7 +375,9 @@ class EventBus:
         if on_error not in ("log", "raise", "disable"):
             raise ValueError(f"on_error must be 'log', 'raise' or 'disable', got {on_error!r}")
         if over_budget not in ("warn", "coalesce", "disable"):
-            raise ValueError(f"over_budget must be 'warn', 'coalesce' or 'disable', got {over_budget!r}")
+            raise ValueError(
+                f"over_budget must be 'warn', 'coalesce' or 'disable', got {over_budget!r}"
+            )
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if budget is not None and not 0 < budget <= 1:
@@ -445,8 +451,11 @@ class EventBus:
         except AttributeError:
             raise TypeError(f"only Event instances can be published, got {event!r}") from None
         if not self._open:
-            raise BusClosed("the bus is closed" if self._tg is not None else
-                            "the bus is not running: use `async with EventBus() as bus`")
+            raise BusClosed(
+                "the bus is closed"
+                if self._tg is not None
+                else "the bus is not running: use `async with EventBus() as bus`"
+            )
         self._inbox.append(event)
         if self._sleeping:
             self._sleeping = False
@@ -479,9 +488,7 @@ class EventBus:
     def _is_idle(self) -> bool:
         if self._inbox or self._dispatching:
             return False
-        return all(
-            s.lane is None or (not s.lane.queue and not s.lane.running) for s in self._subs
-        )
+        return all(s.lane is None or not s.lane.queued for s in self._subs)
 
     def _maybe_idle(self) -> None:
         if self._idle is not None and self._is_idle():
@@ -489,7 +496,7 @@ class EventBus:
             self._idle = None
 
     def _undelivered(self) -> int:
-        count = sum(len(self._route(type(e))) for e in self._inbox)
+        count = self._in_hand + sum(len(self._route(type(e))) for e in self._inbox)
         return count + sum(s.lane.queued for s in self._subs if s.lane is not None)
 
     # --- dispatching -------------------------------------------------------------
@@ -521,19 +528,22 @@ class EventBus:
                     force_setattr(event, "time", now)
                 seq += 1
             self._seq = seq
+            segments = []
             for event_type, group in groupby(batch, type):
                 subs = routes.get(event_type)
                 if subs is None:
                     subs = self._route(event_type)
-                    routes = self._routes
-                if not subs:
-                    continue
-                events = list(group)
+                if subs:
+                    events = list(group)
+                    segments.append((subs, events))
+                    self._in_hand += len(subs) * len(events)
+            for subs, events in segments:
                 for sub in subs:
                     if sub.lane is not None:
                         await sub.lane.put(events)
                     else:
                         await self._run(sub, events, self._dispatch_guard)
+                    self._in_hand -= len(events)
 
     async def _run(self, sub: Subscription, events: list[Event], guard: _Guard) -> None:
         """Deliver ``events`` to one handler, in order, timed and guarded."""
@@ -591,7 +601,9 @@ class EventBus:
             self._overrun(sub, events[-1], elapsed, n)
         self._account_calls(sub, n, elapsed / n, timed_per_call=False)
 
-    def _account_calls(self, sub: Subscription, n: int, longest: float, *, timed_per_call: bool) -> None:
+    def _account_calls(
+        self, sub: Subscription, n: int, longest: float, *, timed_per_call: bool
+    ) -> None:
         sub.calls += n
         sub.p_calls += n
         if longest > sub.p_max:
@@ -704,7 +716,7 @@ class EventBus:
         """Record a handler failure; True when the handler must get no more of ``events``."""
         sub.failed += 1
         sub.p_faults += 1
-        if sub.p_faults == 1:
+        if sub.p_faults == 1:  # once per period: the budget report has the count
             _log.warning(
                 "handler failed",
                 handler=sub.name,
@@ -741,14 +753,15 @@ class EventBus:
     def _timed_out(self, sub: Subscription, event: Event, elapsed: float, outcome: Any) -> None:
         sub.timed_out += 1
         sub.p_timeouts += 1
-        _log.warning(
-            "handler timed out",
-            handler=sub.name,
-            event_seq=event.seq,
-            timeout=sub.timeout,
-            elapsed=round(elapsed, 6),
-            outcome=outcome,
-        )
+        if sub.p_timeouts == 1:  # once per period: the budget report has the count
+            _log.warning(
+                "handler timed out",
+                handler=sub.name,
+                event_seq=event.seq,
+                timeout=sub.timeout,
+                elapsed=round(elapsed, 6),
+                outcome=outcome,
+            )
         if not isinstance(event, _DIAGNOSTICS):
             self._emit(
                 HandlerTimedOut(
@@ -767,14 +780,15 @@ class EventBus:
     def _overrun(self, sub: Subscription, event: Event, elapsed: float, calls: int) -> None:
         sub.timed_out += 1
         sub.p_timeouts += 1
-        _log.warning(
-            "sync handler overran its deadline",
-            handler=sub.name,
-            event_seq=event.seq,
-            timeout=sub.timeout,
-            elapsed=round(elapsed, 6),
-            calls=calls,
-        )
+        if sub.p_timeouts == 1:
+            _log.warning(
+                "sync handler overran its deadline",
+                handler=sub.name,
+                event_seq=event.seq,
+                timeout=sub.timeout,
+                elapsed=round(elapsed, 6),
+                calls=calls,
+            )
         if not isinstance(event, _DIAGNOSTICS):
             self._emit(
                 HandlerTimedOut(
@@ -893,7 +907,7 @@ class EventBus:
             failed=sum(s.failed for s in subs),
             timed_out=sum(s.timed_out for s in subs),
             skipped=sum(s.skipped for s in subs),
-            queued=len(self._inbox) + sum(s.queued for s in subs),
+            queued=len(self._inbox) + self._in_hand + sum(s.queued for s in subs),
             abandoned=self._abandoned,
             subscriptions=subs,
         )

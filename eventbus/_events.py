@@ -237,17 +237,25 @@ class BudgetReport(Event, frozen=True, kw_only=True):
 
 
 class StateSnapshotted(Event, frozen=True, kw_only=True):
-    """Callback states were written for a checkpoint (``errors``: key -> why not)."""
+    """Callback states were written for a checkpoint (``errors``: key -> why not).
+
+    ``error`` says why nothing was written (a location outside the state
+    root, an I/O error); ``path`` is then empty.
+    """
 
     run_id: str
     checkpoint: str
     path: str
     keys: tuple[str, ...] = ()
     errors: dict[str, str] = msgspec.field(default_factory=dict)
+    error: str = ""
 
 
 class StateRestored(Event, frozen=True, kw_only=True):
-    """Callback states were restored; ``missing``: saved but not live, ``unsaved``: live but not saved."""
+    """Callback states were restored.
+
+    ``missing``: saved but no longer live; ``unsaved``: live but never saved.
+    """
 
     run_id: str
     checkpoint: str
@@ -255,3 +263,5 @@ class StateRestored(Event, frozen=True, kw_only=True):
     missing: tuple[str, ...] = ()
     unsaved: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    #: Classes whose saved and live instance counts differ: ``"Class: N saved, M live"``.
+    mismatched: tuple[str, ...] = ()
