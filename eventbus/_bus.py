@@ -245,6 +245,7 @@ class EventBus:
         self._close_report: CloseReport | None = None
         self._failure: BaseException | None = None
         self._abandoned = 0
+        self._stop_listening: Callable[[], None] | None = None
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -259,7 +260,11 @@ class EventBus:
         self._open = True
         self._start(self._dispatch_loop)
         self._start(self._watchdog)
-        self._start(self._period_ticker)
+        add_listener = getattr(self.clock, "add_listener", None)
+        if add_listener is not None:
+            self._stop_listening = add_listener(self._on_clock_moved)
+        else:
+            self._start(self._period_ticker)
         for sub in self._subs:
             if sub.lane is not None:
                 self._start(sub.lane.run)
@@ -282,6 +287,9 @@ class EventBus:
             swallowed = await self._tg.__aexit__(exc_type, exc, tb)
         else:
             swallowed = await self._tg.__aexit__(None, None, None)
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening = None
         if self._failure is not None:
             raise self._failure
         return bool(swallowed) and cancelled
@@ -315,6 +323,9 @@ class EventBus:
         self._abandoned += abandoned
         for scope in self._task_scopes:
             scope.cancel()
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening = None
         stats = self.stats()
         self._close_report = CloseReport(
             drained=drained and abandoned == 0,
@@ -513,8 +524,11 @@ class EventBus:
                 await self._wake.wait()
                 continue
             self._dispatching = True
-            n = min(len(inbox), MAX_BATCH)
-            batch = [inbox.popleft() for _ in range(n)]
+            if len(inbox) <= MAX_BATCH:
+                batch = list(inbox)
+                inbox.clear()
+            else:
+                batch = [inbox.popleft() for _ in range(MAX_BATCH)]
             if self._room is not None:
                 self._room.set()
                 self._room = None
@@ -569,11 +583,11 @@ class EventBus:
         timeout = sub.timeout
         longest = 0.0
         t0 = clock()
-        for i, event in enumerate(events):
+        for event in events:
             try:
                 fn(event)
             except Exception as exc:
-                if self._fault(sub, event, exc, events, i):
+                if self._fault(sub, event, exc, events, _index_of(events, event)):
                     break
             t1 = clock()
             elapsed = t1 - t0
@@ -588,11 +602,11 @@ class EventBus:
     def _run_sync_batch(self, sub: Subscription, events: list[Event]) -> None:
         fn = sub.handler
         t0 = self._now()
-        for i, event in enumerate(events):
+        for event in events:
             try:
                 fn(event)
             except Exception as exc:
-                if self._fault(sub, event, exc, events, i):
+                if self._fault(sub, event, exc, events, _index_of(events, event)):
                     break
         elapsed = self._now() - t0
         sub.p_total += elapsed
@@ -823,6 +837,10 @@ class EventBus:
 
     # --- health-check periods and budgets ----------------------------------------------
 
+    def _on_clock_moved(self, now: float) -> None:
+        if now >= self._period_end and (self._open or self._closing):
+            self._roll_period(now)
+
     async def _period_ticker(self) -> None:
         """Ends periods while nothing is published (the dispatcher ends them otherwise)."""
         while True:
@@ -911,6 +929,11 @@ class EventBus:
             abandoned=self._abandoned,
             subscriptions=subs,
         )
+
+
+def _index_of(events: list[Event], event: Event) -> int:
+    """Position of ``event`` itself (not an equal one); only on the rare fault path."""
+    return next(i for i, e in enumerate(events) if e is event)
 
 
 def _newest_per_type(events: list[Event], sub: Subscription) -> list[Event]:

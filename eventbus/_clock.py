@@ -8,6 +8,7 @@ replays run on virtual time, instantly and deterministically, as
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -44,6 +45,17 @@ class VirtualClock:
         self._now = start
         self._sleepers: list[tuple[float, int, anyio.Event]] = []
         self._counter = 0
+        self._listeners: list[Callable[[float], None]] = []
+
+    def add_listener(self, listener: Callable[[float], None]) -> Callable[[], None]:
+        """Call ``listener(now)`` synchronously whenever the clock moves.
+
+        A bus listens to end its health-check periods at the exact moment
+        virtual time passes them, with no task switch to race against.
+        Returns a function that removes the listener.
+        """
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
 
     def now(self) -> float:
         return self._now
@@ -53,6 +65,8 @@ class VirtualClock:
         if when < self._now:
             raise ValueError(f"virtual clock cannot go back from {self._now} to {when}")
         self._now = when
+        for listener in list(self._listeners):
+            listener(when)
         due = [s for s in self._sleepers if s[0] <= when]
         if due:
             self._sleepers = [s for s in self._sleepers if s[0] > when]
