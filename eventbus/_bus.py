@@ -581,64 +581,69 @@ class EventBus:
         fn = sub.handler
         clock = self._now
         timeout = sub.timeout
-        longest = 0.0
+        calls = len(events)
+        longest = total = 0.0
         t0 = clock()
         for event in events:
             try:
                 fn(event)
             except Exception as exc:
                 if self._fault(sub, event, exc, events, _index_of(events, event)):
+                    calls = _index_of(events, event) + 1
+                    total += clock() - t0
                     break
             t1 = clock()
             elapsed = t1 - t0
             t0 = t1
-            sub.p_total += elapsed
+            total += elapsed
             if elapsed > longest:
                 longest = elapsed
                 if elapsed > timeout:
                     self._overrun(sub, event, elapsed, 1)
-        self._account_calls(sub, len(events), longest, timed_per_call=True)
+        self._account(sub, calls, total, longest, timed_per_call=True)
 
     def _run_sync_batch(self, sub: Subscription, events: list[Event]) -> None:
         fn = sub.handler
+        calls = len(events)
         t0 = self._now()
         for event in events:
             try:
                 fn(event)
             except Exception as exc:
                 if self._fault(sub, event, exc, events, _index_of(events, event)):
+                    calls = _index_of(events, event) + 1
                     break
-        elapsed = self._now() - t0
-        sub.p_total += elapsed
-        n = len(events)
-        if elapsed > sub.timeout:
-            self._overrun(sub, events[-1], elapsed, n)
-        self._account_calls(sub, n, elapsed / n, timed_per_call=False)
+        total = self._now() - t0
+        if total > sub.timeout:
+            self._overrun(sub, events[calls - 1], total, calls)
+        # Per-batch timing knows only the mean: it stands in for the longest call.
+        self._account(sub, calls, total, total / calls, timed_per_call=False)
 
-    def _account_calls(
-        self, sub: Subscription, n: int, longest: float, *, timed_per_call: bool
+    def _account(
+        self, sub: Subscription, calls: int, total: float, longest: float, *, timed_per_call: bool
     ) -> None:
-        sub.calls += n
-        sub.p_calls += n
+        """Add one batch's figures; decide how the handler's next calls are timed."""
+        sub.calls += calls
+        sub.p_calls += calls
+        sub.p_total += total
         if longest > sub.p_max:
             sub.p_max = longest
         if timed_per_call:
-            sub.fine_calls += n
-            if longest > sub.fine_max:
-                sub.fine_max = longest
+            sub.fine_calls += calls
+            sub.fine_total += total
             if sub.fine_calls >= CALIBRATION_CALLS:
-                sub.per_call = sub.fine_max >= FAST_CALL
+                sub.per_call = sub.fine_total / sub.fine_calls >= FAST_CALL
                 sub.fine_calls = 0
-                sub.fine_max = 0.0
-        elif longest >= FAST_CALL:
+                sub.fine_total = 0.0
+        elif calls and total / calls >= FAST_CALL:
             sub.per_call = True
 
     async def _run_async(self, sub: Subscription, events: list[Event], guard: _Guard) -> None:
         fn = sub.handler
         clock = self._now
         n = len(events)
-        i = 0
-        longest = 0.0
+        calls = i = 0
+        longest = total = 0.0
         while i < n:
             with anyio.CancelScope() as scope:
                 guard.sub = sub
@@ -650,6 +655,7 @@ class EventBus:
                 while i < n:
                     event = events[i]
                     i += 1
+                    calls += 1
                     guard.progress += 1
                     try:
                         await fn(event)
@@ -659,19 +665,20 @@ class EventBus:
                     t1 = clock()
                     elapsed = t1 - t0
                     t0 = t1
-                    sub.p_total += elapsed
+                    total += elapsed
                     if elapsed > longest:
                         longest = elapsed
             guard.sub = guard.scope = None
             if scope.cancelled_caught:
                 elapsed = clock() - t0
-                sub.p_total += elapsed
-                longest = max(longest, elapsed)
+                total += elapsed
+                if elapsed > longest:
+                    longest = elapsed
                 self._timed_out(sub, events[i - 1], elapsed, "cancelled")
                 if sub.state == "disabled":
                     self._skip_rest(sub, n - i)
                     break
-        self._account_calls(sub, n, longest, timed_per_call=True)
+        self._account(sub, calls, total, longest, timed_per_call=True)
 
     async def _watchdog(self) -> None:
         """Cancels async calls that overran their deadline (real time).
@@ -703,8 +710,10 @@ class EventBus:
 
     async def _run_blocking(self, sub: Subscription, events: list[Event]) -> None:
         clock = self._now
-        longest = 0.0
+        calls = 0
+        longest = total = 0.0
         for i, event in enumerate(events):
+            calls += 1
             t0 = clock()
             with anyio.move_on_after(sub.timeout) as scope:
                 try:
@@ -713,14 +722,15 @@ class EventBus:
                     if self._fault(sub, event, exc, events, i):
                         break
             elapsed = clock() - t0
-            sub.p_total += elapsed
-            longest = max(longest, elapsed)
+            total += elapsed
+            if elapsed > longest:
+                longest = elapsed
             if scope.cancelled_caught:
                 self._timed_out(sub, event, elapsed, "abandoned")
                 if sub.state == "disabled":
                     self._skip_rest(sub, len(events) - i - 1)
                     break
-        self._account_calls(sub, len(events), longest, timed_per_call=True)
+        self._account(sub, calls, total, longest, timed_per_call=True)
 
     # --- faults ------------------------------------------------------------------
 

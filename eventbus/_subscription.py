@@ -64,7 +64,7 @@ class Subscription:
         "failed",
         "faults",
         "fine_calls",
-        "fine_max",
+        "fine_total",
         "handler",
         "index",
         "is_async",
@@ -141,7 +141,7 @@ class Subscription:
         # Timing mode: per call (exact) until calls prove cheap, then per batch.
         self.per_call = True
         self.fine_calls = 0
-        self.fine_max = 0.0
+        self.fine_total = 0.0
 
     def matches(self, event_type: type[Event]) -> bool:
         return issubclass(event_type, self.types)
