@@ -24,12 +24,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import groupby
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import anyio
 import msgspec
 from msgspec.structs import force_setattr
 
+from ._budget import close_period, newest_per_type
 from ._clock import Clock, MonotonicClock
 from ._events import (
     BudgetReport,
@@ -37,9 +38,9 @@ from ._events import (
     HandlerFailed,
     HandlerStateChanged,
     HandlerTimedOut,
-    HandlerUsage,
     HealthCheckTick,
 )
+from ._lanes import MAX_BATCH, Guard, Lane
 from ._logging import get_logger
 from ._subscription import (
     DeliveryMode,
@@ -55,13 +56,11 @@ __all__ = ["BusClosed", "BusFull", "BusStats", "CloseReport", "EventBus"]
 
 _log = get_logger("eventbus")
 
-#: A handler whose calls all took less than this is timed per batch, not per call:
+#: A handler whose mean call time is below this is timed per batch, not per call:
 #: below it, reading the clock would cost as much as the call itself.
 FAST_CALL = 2e-6
 #: Calls timed one by one before a handler may switch to per-batch timing.
 CALIBRATION_CALLS = 256
-#: At most this many events are handed to handlers as one batch.
-MAX_BATCH = 1024
 
 _DIAGNOSTICS = (HandlerFailed, HandlerTimedOut)
 _OVERRUN_ADVICE = (
@@ -96,84 +95,6 @@ class CloseReport(msgspec.Struct, frozen=True, kw_only=True):
     abandoned: int
     published: int
     delivered: int
-
-
-class _Guard:
-    """What one runner (the dispatcher or a lane) is awaiting, for the watchdog."""
-
-    __slots__ = ("progress", "scope", "seen_at", "seen_progress", "seen_scope", "sub")
-
-    def __init__(self) -> None:
-        self.sub: Subscription | None = None
-        self.scope: anyio.CancelScope | None = None
-        self.progress = 0
-        self.seen_scope: anyio.CancelScope | None = None
-        self.seen_progress = -1
-        self.seen_at = 0.0
-
-
-class _Lane:
-    """A handler's own task and bounded FIFO: a slow handler delays only itself."""
-
-    __slots__ = ("bus", "capacity", "guard", "in_hand", "queue", "room", "sleeping", "sub", "wake")
-
-    def __init__(self, bus: EventBus, sub: Subscription, capacity: int) -> None:
-        self.bus = bus
-        self.sub = sub
-        self.capacity = capacity
-        self.queue: deque[Event] = deque()
-        self.wake = anyio.Event()
-        self.room: anyio.Event | None = None
-        self.sleeping = False
-        self.in_hand = 0  # events taken from the queue and not yet handled
-        self.guard = _Guard()
-        bus._guards.append(self.guard)
-
-    @property
-    def queued(self) -> int:
-        return len(self.queue) + self.in_hand
-
-    async def put(self, events: list[Event]) -> None:
-        queue = self.queue
-        while len(queue) + len(events) > self.capacity:
-            room = self.capacity - len(queue)
-            if room > 0:
-                queue.extend(events[:room])
-                events = events[room:]
-                self._wake()
-            self.room = anyio.Event()
-            await self.room.wait()
-        queue.extend(events)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self.sleeping:
-            self.sleeping = False
-            self.wake.set()
-
-    async def run(self) -> None:
-        queue = self.queue
-        bus = self.bus
-        while True:
-            if not queue:
-                if not self.sub.active:
-                    bus._guards.remove(self.guard)
-                    return
-                self.sleeping = True
-                self.wake = anyio.Event()
-                bus._maybe_idle()
-                await self.wake.wait()
-                continue
-            n = min(len(queue), MAX_BATCH)
-            batch = [queue.popleft() for _ in range(n)]
-            if self.room is not None:
-                self.room.set()
-                self.room = None
-            self.in_hand = n
-            try:
-                await bus._run(self.sub, batch, self.guard)
-            finally:
-                self.in_hand = 0
 
 
 class EventBus:
@@ -217,6 +138,8 @@ class EventBus:
 
         self._subs: list[Subscription] = []
         self._routes: dict[type[Event], tuple[Subscription, ...]] = {}
+        self._barriers: set[type[Event]] = set()  # types delivered one event at a time
+        self._taps: list[Callable[[list[Event]], None]] = []
         self._next_index = 0
 
         self._inbox: deque[Event] = deque()
@@ -224,7 +147,9 @@ class EventBus:
         self._wake = anyio.Event()
         self._sleeping = False
         self._dispatching = False
-        self._in_hand = 0  # deliveries of the dispatcher's current batch not yet made
+        self._in_hand = 0  # deliveries of the dispatcher's batch not yet handed to a runner
+        self._running_tasks = 0
+        self._tasks_stopped: anyio.Event | None = None
         self._idle: anyio.Event | None = None
 
         self._seq = 0
@@ -233,8 +158,8 @@ class EventBus:
         self._period_end = math.inf
 
         # Watchdog over async calls: one guard per runner (the dispatcher, each lane).
-        self._guards: list[_Guard] = []
-        self._dispatch_guard = _Guard()
+        self._guards: list[Guard] = []
+        self._dispatch_guard = Guard()
         self._guards.append(self._dispatch_guard)
         self._watchdog_wake: anyio.Event | None = None
 
@@ -291,6 +216,8 @@ class EventBus:
             self._stop_listening()
             self._stop_listening = None
         if self._failure is not None:
+            # Counted now that every task has stopped and accounted for its calls.
+            self._abandoned += self._undelivered()
             raise self._failure
         return bool(swallowed) and cancelled
 
@@ -298,11 +225,27 @@ class EventBus:
         assert self._tg is not None
 
         async def guarded() -> None:
-            with anyio.CancelScope() as scope:
-                self._task_scopes.append(scope)
-                await loop()
+            self._running_tasks += 1
+            try:
+                with anyio.CancelScope() as scope:
+                    self._task_scopes.append(scope)
+                    await loop()
+            finally:
+                self._running_tasks -= 1
+                if not self._running_tasks and self._tasks_stopped is not None:
+                    self._tasks_stopped.set()
 
         self._tg.start_soon(guarded)
+
+    async def _stop_tasks(self) -> None:
+        """Cancel the bus's tasks and wait until they are gone (their ``finally``
+        blocks account for the calls they made, so what is left is exact)."""
+        self._tasks_stopped = anyio.Event()
+        for scope in self._task_scopes:
+            scope.cancel()
+        if self._running_tasks:
+            with anyio.CancelScope(shield=True):
+                await self._tasks_stopped.wait()
 
     async def aclose(
         self, *, drain: bool = True, drain_timeout: float | None = None
@@ -318,11 +261,15 @@ class EventBus:
             limit = self.drain_timeout if drain_timeout is None else drain_timeout
             with anyio.move_on_after(limit):
                 await self.wait_idle()
+                # The unfinished period is reported too, and delivered like the others.
+                now = self._now()
+                if now > self._period_start:
+                    self.emit(self._budget_report(self._period_start, now, partial=True))
+                    await self.wait_idle()
             drained = self._is_idle()
+        await self._stop_tasks()
         abandoned = self._undelivered()
         self._abandoned += abandoned
-        for scope in self._task_scopes:
-            scope.cancel()
         if self._stop_listening is not None:
             self._stop_listening()
             self._stop_listening = None
@@ -342,7 +289,6 @@ class EventBus:
         if self._failure is None:
             self._failure = exc
             self._open = False
-            self._abandoned += self._undelivered()
             if self._tg is not None:
                 self._tg.cancel_scope.cancel()
 
@@ -363,6 +309,7 @@ class EventBus:
         buffer: int | None = None,
         budget: float | None = None,
         over_budget: OverBudgetPolicy = "warn",
+        barrier: bool = False,
     ) -> Subscription:
         """Call ``handler(event)`` for every event of ``event_types`` (subclasses included).
 
@@ -375,6 +322,10 @@ class EventBus:
         deadline can abandon it. ``budget``: this handler's share of a
         period; ``over_budget``: ``warn``, ``coalesce`` (only the newest
         pending event of each type) or ``disable`` (until a period under budget).
+        ``barrier=True``: each event of ``event_types`` reaches every handler
+        before the next event reaches any (handlers otherwise get a batch each,
+        in turn): for a handler that must see the others' state as of that
+        event, such as the state store snapshotting at each checkpoint.
         """
         types = (event_types,) if isinstance(event_types, type) else tuple(event_types)
         if not types or not all(isinstance(t, type) and issubclass(t, Event) for t in types):
@@ -411,12 +362,13 @@ class EventBus:
             blocking=blocking,
             budget=budget,
             over_budget=over_budget,
+            barrier=barrier,
         )
         if blocking and sub.is_async:
             raise ValueError(f"{sub.name}: blocking=True is for sync handlers; this one is async")
         self._next_index += 1
         if mode == "lane":
-            sub.lane = _Lane(self, sub, buffer or self.buffer)
+            sub.lane = Lane(self, sub, buffer or self.buffer)
             if self._open:
                 self._start(sub.lane.run)
         self._subs.append(sub)
@@ -431,6 +383,26 @@ class EventBus:
         if sub.lane is not None:
             sub.lane._wake()
 
+    def add_tap(self, tap: Callable[[list[Event]], None]) -> Callable[[], None]:
+        """Call ``tap(batch)`` with every batch the dispatcher takes, stamped, in
+        sequence order, before any handler sees it; returns a remover.
+
+        For observers of everything (the event-log recorder): one call per
+        batch instead of one per event, and no timing or deadline. A tap that
+        raises is logged and removed; it must not block.
+        """
+        self._taps.append(tap)
+        return lambda: self._taps.remove(tap) if tap in self._taps else None
+
+    @property
+    def period_end(self) -> float:
+        """When the current health-check period ends, on the bus clock.
+
+        A replay waits for the bus to go idle before moving a virtual clock
+        past it, so every event is accounted to the period it belongs to.
+        """
+        return self._period_end
+
     @property
     def subscriptions(self) -> tuple[Subscription, ...]:
         return tuple(self._subs)
@@ -438,6 +410,10 @@ class EventBus:
     def _route(self, event_type: type[Event]) -> tuple[Subscription, ...]:
         subs = tuple(s for s in self._subs if issubclass(event_type, s.types))
         self._routes[event_type] = subs
+        if any(s.barrier for s in subs):
+            self._barriers.add(event_type)
+        else:
+            self._barriers.discard(event_type)
         return subs
 
     # --- publishing ------------------------------------------------------------
@@ -472,9 +448,15 @@ class EventBus:
             self._sleeping = False
             self._wake.set()
 
-    def _emit(self, event: Event) -> None:
-        """Publish a diagnostic from inside the bus: it never waits for room,
-        so a full inbox cannot deadlock the dispatcher that reports it."""
+    def emit(self, event: Event) -> None:
+        """Publish from inside a handler: never waits, even past ``buffer``.
+
+        A handler runs in the dispatcher (or its lane); waiting there for
+        room in the inbox that only the dispatcher empties would deadlock.
+        Derived events (gathered rounds, diagnostics, state snapshots) come
+        this way; they are bounded by the events that cause them. Events
+        emitted while the bus drains on close are still delivered.
+        """
         if self._open or self._closing:
             self._inbox.append(event)
             if self._sleeping:
@@ -507,8 +489,11 @@ class EventBus:
             self._idle = None
 
     def _undelivered(self) -> int:
+        """Deliveries not made: in the inbox, in the dispatcher's batch, queued in
+        lanes, and left in a runner's batch when it was stopped."""
         count = self._in_hand + sum(len(self._route(type(e))) for e in self._inbox)
-        return count + sum(s.lane.queued for s in self._subs if s.lane is not None)
+        count += sum(guard.pending for guard in self._guards)
+        return count + sum(len(s.lane.queue) for s in self._subs if s.lane is not None)
 
     # --- dispatching -------------------------------------------------------------
 
@@ -542,34 +527,43 @@ class EventBus:
                     force_setattr(event, "time", now)
                 seq += 1
             self._seq = seq
-            segments = []
+            for tap in tuple(self._taps):
+                try:
+                    tap(batch)
+                except Exception as exc:
+                    _log.error("event tap failed and was removed", tap=repr(tap), error=repr(exc))
+                    self._taps.remove(tap)
+            segments: list[tuple[tuple[Subscription, ...], list[Event]]] = []
             for event_type, group in groupby(batch, type):
                 subs = routes.get(event_type)
                 if subs is None:
                     subs = self._route(event_type)
                 if subs:
                     events = list(group)
-                    segments.append((subs, events))
+                    if event_type in self._barriers:
+                        segments.extend((subs, [event]) for event in events)
+                    else:
+                        segments.append((subs, events))
                     self._in_hand += len(subs) * len(events)
             for subs, events in segments:
                 for sub in subs:
                     if sub.lane is not None:
                         await sub.lane.put(events)
                     else:
+                        self._in_hand -= len(events)
                         await self._run(sub, events, self._dispatch_guard)
-                    self._in_hand -= len(events)
 
-    async def _run(self, sub: Subscription, events: list[Event], guard: _Guard) -> None:
+    async def _run(self, sub: Subscription, events: list[Event], guard: Guard) -> None:
         """Deliver ``events`` to one handler, in order, timed and guarded."""
         if sub.state != "normal" or not sub.active:
             if sub.state == "coalescing" and sub.active:
-                events = _newest_per_type(events, sub)
+                events = newest_per_type(events, sub)
             else:
                 sub.skipped += len(events)
                 sub.p_skipped += len(events)
                 return
         if sub.blocking:
-            await self._run_blocking(sub, events)
+            await self._run_blocking(sub, events, guard)
         elif sub.is_async:
             await self._run_async(sub, events, guard)
         elif sub.per_call:
@@ -598,8 +592,10 @@ class EventBus:
             total += elapsed
             if elapsed > longest:
                 longest = elapsed
-                if elapsed > timeout:
-                    self._overrun(sub, event, elapsed, 1)
+            if elapsed > timeout and self._timed_out(sub, event, elapsed, "overrun"):
+                calls = _index_of(events, event) + 1
+                self._skip_rest(sub, len(events) - calls)
+                break
         self._account(sub, calls, total, longest, timed_per_call=True)
 
     def _run_sync_batch(self, sub: Subscription, events: list[Event]) -> None:
@@ -615,7 +611,7 @@ class EventBus:
                     break
         total = self._now() - t0
         if total > sub.timeout:
-            self._overrun(sub, events[calls - 1], total, calls)
+            self._timed_out(sub, events[calls - 1], total, "overrun", calls)
         # Per-batch timing knows only the mean: it stands in for the longest call.
         self._account(sub, calls, total, total / calls, timed_per_call=False)
 
@@ -638,47 +634,55 @@ class EventBus:
         elif calls and total / calls >= FAST_CALL:
             sub.per_call = True
 
-    async def _run_async(self, sub: Subscription, events: list[Event], guard: _Guard) -> None:
+    async def _run_async(self, sub: Subscription, events: list[Event], guard: Guard) -> None:
         fn = sub.handler
         clock = self._now
         n = len(events)
         calls = i = 0
         longest = total = 0.0
-        while i < n:
-            with anyio.CancelScope() as scope:
-                guard.sub = sub
-                guard.scope = scope
-                if self._watchdog_wake is not None:
-                    self._watchdog_wake.set()
-                    self._watchdog_wake = None
-                t0 = clock()
-                while i < n:
-                    event = events[i]
-                    i += 1
-                    calls += 1
-                    guard.progress += 1
-                    try:
-                        await fn(event)
-                    except Exception as exc:
-                        if self._fault(sub, event, exc, events, i - 1):
-                            i = n
-                    t1 = clock()
-                    elapsed = t1 - t0
-                    t0 = t1
+        guard.pending = n
+        try:
+            while i < n:
+                with anyio.CancelScope() as scope:
+                    guard.sub = sub
+                    guard.scope = scope
+                    if self._watchdog_wake is not None:
+                        self._watchdog_wake.set()
+                        self._watchdog_wake = None
+                    t0 = clock()
+                    while i < n:
+                        event = events[i]
+                        i += 1
+                        calls += 1
+                        guard.progress += 1
+                        try:
+                            await fn(event)
+                        except Exception as exc:
+                            if self._fault(sub, event, exc, events, i - 1):
+                                i = n
+                        t1 = clock()
+                        elapsed = t1 - t0
+                        t0 = t1
+                        total += elapsed
+                        if elapsed > longest:
+                            longest = elapsed
+                guard.sub = guard.scope = None
+                if scope.cancelled_caught:
+                    elapsed = clock() - t0
                     total += elapsed
                     if elapsed > longest:
                         longest = elapsed
+                    if self._timed_out(sub, events[i - 1], elapsed, "cancelled"):
+                        self._skip_rest(sub, n - i)
+                        break
+            guard.pending = 0
+        finally:
+            # Also when the bus is stopped mid-batch: the calls made are counted,
+            # and the events not reached stay pending (abandoned, in the close report).
             guard.sub = guard.scope = None
-            if scope.cancelled_caught:
-                elapsed = clock() - t0
-                total += elapsed
-                if elapsed > longest:
-                    longest = elapsed
-                self._timed_out(sub, events[i - 1], elapsed, "cancelled")
-                if sub.state == "disabled":
-                    self._skip_rest(sub, n - i)
-                    break
-        self._account(sub, calls, total, longest, timed_per_call=True)
+            if guard.pending:
+                guard.pending = n - calls
+            self._account(sub, calls, total, longest, timed_per_call=True)
 
     async def _watchdog(self) -> None:
         """Cancels async calls that overran their deadline (real time).
@@ -708,29 +712,34 @@ class EventBus:
                 tick = min(tick, sub.timeout / 10)
             await anyio.sleep(tick)
 
-    async def _run_blocking(self, sub: Subscription, events: list[Event]) -> None:
+    async def _run_blocking(self, sub: Subscription, events: list[Event], guard: Guard) -> None:
         clock = self._now
+        n = len(events)
         calls = 0
         longest = total = 0.0
-        for i, event in enumerate(events):
-            calls += 1
-            t0 = clock()
-            with anyio.move_on_after(sub.timeout) as scope:
-                try:
-                    await anyio.to_thread.run_sync(sub.handler, event, abandon_on_cancel=True)
-                except Exception as exc:
-                    if self._fault(sub, event, exc, events, i):
-                        break
-            elapsed = clock() - t0
-            total += elapsed
-            if elapsed > longest:
-                longest = elapsed
-            if scope.cancelled_caught:
-                self._timed_out(sub, event, elapsed, "abandoned")
-                if sub.state == "disabled":
-                    self._skip_rest(sub, len(events) - i - 1)
+        guard.pending = n
+        try:
+            for i, event in enumerate(events):
+                calls += 1
+                t0 = clock()
+                with anyio.move_on_after(sub.timeout) as scope:
+                    try:
+                        await anyio.to_thread.run_sync(sub.handler, event, abandon_on_cancel=True)
+                    except Exception as exc:
+                        if self._fault(sub, event, exc, events, i):
+                            break
+                elapsed = clock() - t0
+                total += elapsed
+                if elapsed > longest:
+                    longest = elapsed
+                if scope.cancelled_caught and self._timed_out(sub, event, elapsed, "abandoned"):
+                    self._skip_rest(sub, n - i - 1)
                     break
-        self._account(sub, calls, total, longest, timed_per_call=True)
+            guard.pending = 0
+        finally:
+            if guard.pending:
+                guard.pending = n - calls
+            self._account(sub, calls, total, longest, timed_per_call=True)
 
     # --- faults ------------------------------------------------------------------
 
@@ -749,7 +758,7 @@ class EventBus:
                 error=f"{type(exc).__name__}: {exc}",
             )
         if not isinstance(event, _DIAGNOSTICS):  # a failing diagnostic handler must not loop
-            self._emit(
+            self.emit(
                 HandlerFailed(
                     handler=sub.name,
                     event_seq=event.seq,
@@ -774,7 +783,15 @@ class EventBus:
             return True
         return False
 
-    def _timed_out(self, sub: Subscription, event: Event, elapsed: float, outcome: Any) -> None:
+    def _timed_out(
+        self,
+        sub: Subscription,
+        event: Event,
+        elapsed: float,
+        outcome: Literal["cancelled", "abandoned", "overrun"],
+        calls: int = 1,
+    ) -> bool:
+        """Record a call past its deadline; True when the handler must get no more events."""
         sub.timed_out += 1
         sub.p_timeouts += 1
         if sub.p_timeouts == 1:  # once per period: the budget report has the count
@@ -785,9 +802,10 @@ class EventBus:
                 timeout=sub.timeout,
                 elapsed=round(elapsed, 6),
                 outcome=outcome,
+                calls=calls,
             )
         if not isinstance(event, _DIAGNOSTICS):
-            self._emit(
+            self.emit(
                 HandlerTimedOut(
                     handler=sub.name,
                     event_seq=event.seq,
@@ -795,38 +813,11 @@ class EventBus:
                     timeout=sub.timeout,
                     elapsed=elapsed,
                     outcome=outcome,
-                )
-            )
-        self._apply_error_policy(
-            sub, TimeoutError(f"{sub.name} took {elapsed:.3f}s, deadline {sub.timeout}s")
-        )
-
-    def _overrun(self, sub: Subscription, event: Event, elapsed: float, calls: int) -> None:
-        sub.timed_out += 1
-        sub.p_timeouts += 1
-        if sub.p_timeouts == 1:
-            _log.warning(
-                "sync handler overran its deadline",
-                handler=sub.name,
-                event_seq=event.seq,
-                timeout=sub.timeout,
-                elapsed=round(elapsed, 6),
-                calls=calls,
-            )
-        if not isinstance(event, _DIAGNOSTICS):
-            self._emit(
-                HandlerTimedOut(
-                    handler=sub.name,
-                    event_seq=event.seq,
-                    event_type=type(event).__name__,
-                    timeout=sub.timeout,
-                    elapsed=elapsed,
-                    outcome="overrun",
                     calls=calls,
-                    advice=_OVERRUN_ADVICE,
+                    advice=_OVERRUN_ADVICE if outcome == "overrun" else "",
                 )
             )
-        self._apply_error_policy(
+        return self._apply_error_policy(
             sub, TimeoutError(f"{sub.name} took {elapsed:.3f}s, deadline {sub.timeout}s")
         )
 
@@ -843,7 +834,7 @@ class EventBus:
         if state == "normal":
             sub.faults = 0
         _log.warning("handler state changed", handler=sub.name, state=state, reason=reason)
-        self._emit(HandlerStateChanged(handler=sub.name, state=state, reason=reason))
+        self.emit(HandlerStateChanged(handler=sub.name, state=state, reason=reason))
 
     # --- health-check periods and budgets ----------------------------------------------
 
@@ -863,60 +854,29 @@ class EventBus:
         """Close every period that ended by ``now``: one tick and one budget report each."""
         while now >= self._period_end:
             start, end = self._period_start, self._period_end
-            self._emit(HealthCheckTick(period=self._period_index, start=start, end=end))
-            self._emit(self._budget_report(start, end))
+            self.emit(HealthCheckTick(period=self._period_index, start=start, end=end))
+            self.emit(self._budget_report(start, end))
             self._period_index += 1
             self._period_start = end
             self._period_end = end + self.period
 
-    def _budget_report(self, start: float, end: float) -> BudgetReport:
-        length = end - start
-        usages = []
-        over = []
-        total = 0.0
-        for sub in self._subs:
-            budget = (sub.budget if sub.budget is not None else self.budget) * length
-            is_over = sub.p_total > budget
-            if sub.p_calls or sub.p_skipped or sub.p_faults or sub.p_timeouts:
-                usages.append(
-                    HandlerUsage(
-                        handler=sub.name,
-                        calls=sub.p_calls,
-                        total=sub.p_total,
-                        max=sub.p_max,
-                        timeouts=sub.p_timeouts,
-                        faults=sub.p_faults,
-                        skipped=sub.p_skipped,
-                        budget=budget,
-                        over_budget=is_over,
-                    )
-                )
-            if is_over:
-                over.append(sub)
-            total += sub.p_total
-            self._apply_budget_policy(sub, is_over)
-            sub.p_calls = sub.p_timeouts = sub.p_faults = sub.p_skipped = 0
-            sub.p_total = sub.p_max = 0.0
-        budget_total = self.budget * length
-        if over or total > budget_total:
-            worst = sorted(usages, key=lambda u: u.total, reverse=True)[:3]
+    def _budget_report(self, start: float, end: float, *, partial: bool = False) -> BudgetReport:
+        report, over = close_period(
+            self._subs, self._period_index, start, end, self.budget, partial=partial
+        )
+        if not partial:  # at close, a policy would change nothing
+            for sub in self._subs:
+                self._apply_budget_policy(sub, sub in over)
+        if report.over_budget or report.total > report.budget:
+            worst = sorted(report.handlers, key=lambda u: u.total, reverse=True)[:3]
             _log.warning(
                 "callbacks over budget",
-                period=self._period_index,
-                total=round(total, 6),
-                budget=round(budget_total, 6),
+                period=report.period,
+                total=round(report.total, 6),
+                budget=round(report.budget, 6),
                 worst={u.handler: round(u.total, 6) for u in worst},
             )
-        return BudgetReport(
-            period=self._period_index,
-            start=start,
-            end=end,
-            budget=budget_total,
-            total=total,
-            fraction=total / length if length > 0 else 0.0,
-            handlers=tuple(usages),
-            over_budget=tuple(s.name for s in over),
-        )
+        return report
 
     def _apply_budget_policy(self, sub: Subscription, is_over: bool) -> None:
         if is_over and sub.over_budget != "warn" and sub.state == "normal":
@@ -944,15 +904,3 @@ class EventBus:
 def _index_of(events: list[Event], event: Event) -> int:
     """Position of ``event`` itself (not an equal one); only on the rare fault path."""
     return next(i for i, e in enumerate(events) if e is event)
-
-
-def _newest_per_type(events: list[Event], sub: Subscription) -> list[Event]:
-    """Coalescing: keep only the newest event of each type, counting the rest as skipped."""
-    newest: dict[type[Event], Event] = {}
-    for event in events:
-        newest[type(event)] = event
-    kept = sorted(newest.values(), key=lambda e: e.seq)
-    skipped = len(events) - len(kept)
-    sub.skipped += skipped
-    sub.p_skipped += skipped
-    return kept

@@ -7,13 +7,14 @@ replays run on virtual time, instantly and deterministically, as
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import anyio
 
-__all__ = ["Clock", "MonotonicClock", "VirtualClock"]
+__all__ = ["Clock", "FastForwardClock", "MonotonicClock", "VirtualClock"]
 
 
 @runtime_checkable
@@ -65,13 +66,11 @@ class VirtualClock:
         if when < self._now:
             raise ValueError(f"virtual clock cannot go back from {self._now} to {when}")
         self._now = when
-        for listener in list(self._listeners):
+        for listener in self._listeners:
             listener(when)
-        due = [s for s in self._sleepers if s[0] <= when]
-        if due:
-            self._sleepers = [s for s in self._sleepers if s[0] > when]
-            for _, _, event in sorted(due, key=lambda s: (s[0], s[1])):
-                event.set()
+        sleepers = self._sleepers
+        while sleepers and sleepers[0][0] <= when:
+            heapq.heappop(sleepers)[2].set()
 
     def advance(self, seconds: float) -> None:
         self.set(self._now + seconds)
@@ -82,5 +81,32 @@ class VirtualClock:
             return
         self._counter += 1
         event = anyio.Event()
-        self._sleepers.append((deadline, self._counter, event))
+        heapq.heappush(self._sleepers, (deadline, self._counter, event))
         await event.wait()
+
+
+class FastForwardClock(VirtualClock):
+    """Real time that can jump ahead over idle gaps.
+
+    Between jumps it runs at real speed, so a handler's measured cost is its
+    real cost; ``set``/``advance`` skip forward to the next scheduled event,
+    so a benchmark or a replay covers hours of a run's timeline in the time
+    its callbacks really take. It never goes back: setting an earlier time
+    is a no-op (real time already passed it).
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        super().__init__(start)
+        self._offset = start - time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() + self._offset
+
+    def set(self, when: float) -> None:
+        now = self.now()
+        if when > now:
+            self._offset += when - now
+        else:
+            when = now
+        self._now = when
+        super().set(when)

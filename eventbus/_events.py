@@ -224,7 +224,11 @@ class HandlerUsage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BudgetReport(Event, frozen=True, kw_only=True):
-    """Callback overhead of one health-check period against its budget."""
+    """Callback overhead of one health-check period against its budget.
+
+    ``partial``: the last, unfinished period of a bus that closed (so a run
+    shorter than a period still reports what its callbacks cost).
+    """
 
     period: int
     start: float
@@ -234,6 +238,7 @@ class BudgetReport(Event, frozen=True, kw_only=True):
     fraction: float
     handlers: tuple[HandlerUsage, ...] = ()
     over_budget: tuple[str, ...] = ()
+    partial: bool = False
 
 
 class StateSnapshotted(Event, frozen=True, kw_only=True):

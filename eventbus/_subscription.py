@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 if TYPE_CHECKING:
-    from ._bus import EventBus, _Lane
+    from ._bus import EventBus
     from ._events import Event
+    from ._lanes import Lane
 
 __all__ = ["DeliveryMode", "ErrorPolicy", "OverBudgetPolicy", "Subscription", "SubscriptionStats"]
 
@@ -58,6 +59,7 @@ class Subscription:
     __slots__ = (
         "_bus",
         "active",
+        "barrier",
         "blocking",
         "budget",
         "calls",
@@ -106,6 +108,7 @@ class Subscription:
         blocking: bool,
         budget: float | None,
         over_budget: OverBudgetPolicy,
+        barrier: bool = False,
     ) -> None:
         self._bus = bus
         self.types = types
@@ -121,7 +124,8 @@ class Subscription:
         self.is_async = _is_async_callable(handler)
         self.budget = budget
         self.over_budget: OverBudgetPolicy = over_budget
-        self.lane: _Lane | None = None
+        self.barrier = barrier
+        self.lane: Lane | None = None
         self.active = True
         self.state: HandlerState = "normal"
         self.state_reason = ""

@@ -179,3 +179,18 @@ async def test_warn_policy_keeps_delivering() -> None:
             await bus.wait_idle()
     assert seen == [0, 1, 2]
     assert sub.state == "normal"
+
+
+async def test_closing_reports_the_unfinished_period() -> None:
+    clock = VirtualClock()
+    reports: list[BudgetReport] = []
+    async with EventBus(clock=clock, period=10.0) as bus:
+        bus.subscribe(BudgetReport, reports.append)
+        bus.subscribe(Report, costs(clock, 0.25), name="short-run")
+        await bus.publish(report(0))
+        await bus.wait_idle()
+        clock.set(3.0)
+    assert len(reports) == 1
+    final = reports[0]
+    assert (final.partial, final.start, final.end) == (True, 0.0, 3.0)
+    assert [(u.handler, u.calls, u.total) for u in final.handlers] == [("short-run", 1, 0.25)]

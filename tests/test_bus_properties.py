@@ -94,7 +94,7 @@ def events_for(producer: int, count: int, kinds: list[bool]) -> list[Event]:
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     specs=st.lists(sub_specs(), min_size=1, max_size=5),
     producers=st.lists(
@@ -112,16 +112,19 @@ async def test_every_handler_gets_its_events_in_order_and_counts_add_up(
     specs: list[Spec], producers: list[tuple[int, list[bool], list[bool]]], buffer: int
 ) -> None:
     # Hangs are only for async handlers, and a few per example keep it fast.
+    hanging = 0
     for spec in specs:
         hangs = 0
         for i, action in enumerate(spec.actions):
             if action == "hang":
                 hangs += 1
-                if hangs > 1 or not spec.is_async:
+                if hangs > 1 or hanging >= 2 or not spec.is_async:
                     spec.actions[i] = "ok"
+        hanging += "hang" in spec.actions
 
     published: list[Event] = []
-    async with EventBus(buffer=buffer, timeout=0.02) as bus:
+    # The deadline is far above what a non-hanging call takes even on a loaded machine.
+    async with EventBus(buffer=buffer, timeout=0.1) as bus:
         subs = [
             bus.subscribe(
                 TOPICS[s.topic],

@@ -35,7 +35,11 @@ Register = Callable[["argparse._SubParsersAction[Any]"], None]
 
 def _command_modules() -> list[Register]:
     # Imported here so that `eventbus --help` stays fast and each group stays optional.
-    registers: list[Register] = []
+    from ._bench import register as register_bench
+    from ._demo import register as register_demo
+    from ._log import register as register_log
+
+    registers: list[Register] = [register_demo, register_bench, register_log]
     return registers
 
 

@@ -1,9 +1,88 @@
-"""Shared pieces of the command-line modules."""
+"""Shared pieces of the command-line modules: errors, loading callbacks, opening logs."""
 
 from __future__ import annotations
 
-__all__ = ["CliError"]
+import contextlib
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from eventbus import LogError, LogReader
+
+__all__ = ["CliError", "check_log_tail", "load_object", "reading_log"]
 
 
 class CliError(Exception):
     """A user's mistake (bad file, bad argument): shown as one line, exit code 2."""
+
+
+@contextlib.contextmanager
+def reading_log(path: Path, *, skip_corrupt: bool = False) -> Iterator[LogReader]:
+    """Open a log; every way a user's file can be bad becomes a one-line ``CliError``."""
+    try:
+        reader = LogReader(path, skip_corrupt=skip_corrupt)
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except LogError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        with reader:
+            yield reader
+    except LogError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def check_log_tail(reader: LogReader) -> None:
+    """After the output: a torn tail or skipped records are an error the user sees."""
+    if reader.truncated is not None:
+        raise CliError(reader.truncated.describe(reader.path))
+    if reader.skipped:
+        raise CliError(
+            f"{reader.path}: skipped {reader.skipped} corrupt record(s); first: {reader.errors[0]}"
+        )
+
+
+def load_object(spec: str) -> Any:
+    """``module:attr`` → the object; classes and zero-argument factories are called."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"{spec!r}: expected MODULE:NAME, e.g. mypkg.callbacks:LossLogger")
+    if os.getcwd() not in sys.path:  # like `python -m`: modules of the current directory
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"{spec!r}: cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CliError(f"{spec!r}: {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(target, type) or (is_function(target) and takes_no_arguments(target)):
+        try:
+            target = target()
+        except Exception as exc:
+            raise CliError(f"{spec!r}: creating it failed: {type(exc).__name__}: {exc}") from None
+    return target
+
+
+def is_function(obj: Any) -> bool:
+    return inspect.isfunction(obj) or inspect.ismethod(obj)
+
+
+def takes_no_arguments(func: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(
+        p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
+    )

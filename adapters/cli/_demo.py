@@ -1,0 +1,63 @@
+"""``eventbus demo``: run the demo trainer and print what happened."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from adapters.demo import main_sync
+from eventbus import configure_logging
+
+from ._common import CliError
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "demo",
+        help="run the demo trainer (N async workers, callbacks, checkpoints)",
+        description="Train a linear regression with N async workers reporting every step; "
+        "gather the reports into rounds for the built-in callbacks; print a summary.",
+    )
+    parser.add_argument("--workers", type=int, default=4, help="number of ranks (default 4)")
+    parser.add_argument("--steps", type=int, default=100, help="SGD steps per worker (default 100)")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)"
+    )
+    parser.add_argument(
+        "--fail-rank", type=int, default=None, help="this rank fails once, halfway (restarts)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="checkpoint directory (default: temp)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="data and sampling seed (default 0)")
+    parser.add_argument(
+        "--period", type=float, default=0.5, help="health-check period, seconds (default 0.5)"
+    )
+    parser.add_argument(
+        "--step-time", type=float, default=0.01, help="seconds per step of rank 0 (default 0.01)"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging("INFO")
+    try:
+        summary = main_sync(
+            workers=args.workers,
+            steps=args.steps,
+            checkpoint_every=args.checkpoint_every,
+            fail_rank=args.fail_rank,
+            out=args.out,
+            seed=args.seed,
+            period=args.period,
+            step_time=args.step_time,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    print(f"checkpoints in {summary.out}")
+    for line in summary.lines():
+        print(line)
+    return 0

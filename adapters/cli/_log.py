@@ -1,0 +1,398 @@
+"""``eventbus show | replay | convert | stats``: event logs from the command line.
+
+A user's bad file (missing, not a log, truncated, corrupt) is a ``CliError``:
+one line naming the file and the place, exit code 2, never a traceback.
+Output already printed (the records before a torn tail) stays valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from eventbus import (
+    Event,
+    EventBus,
+    EventFilter,
+    HandlerFailed,
+    HandlerTimedOut,
+    LogError,
+    LogReader,
+    LogRecorder,
+    ReplaySummary,
+    Report,
+    WorkerFailure,
+    replay_file,
+)
+
+from ._common import CliError, check_log_tail, load_object, reading_log
+
+__all__ = ["register"]
+
+#: Methods that make an object a training callback (wired by ``handlers``).
+TRAINING_HOOKS = ("after_report", "after_exception", "before_run", "after_run")
+_SUMMARY_WIDTH = 80
+_COMMON_FIELDS = frozenset({"seq", "time", "rank", "type"})
+
+
+def register(subparsers: Any) -> None:
+    show = subparsers.add_parser(
+        "show", help="print the events of a log", description="Print the events of a log."
+    )
+    show.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
+    show.add_argument("--json", action="store_true", help="one JSON object per line")
+    show.add_argument("--limit", type=int, default=None, help="print at most N events")
+    _add_filters(show)
+    show.set_defaults(func=_show)
+
+    replay = subparsers.add_parser(
+        "replay",
+        help="replay a log against callbacks",
+        description=(
+            "Replay a log into a fresh bus (instantly, on virtual time, unless --speed) "
+            "against callbacks, and print what each one cost. Exit code 1 if any failed "
+            "or timed out."
+        ),
+    )
+    replay.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
+    replay.add_argument(
+        "--callbacks",
+        nargs="+",
+        default=[],
+        metavar="MODULE:NAME",
+        help="objects to replay against: handler callables (get every event) or training "
+        "callbacks (after_report/after_exception/...); classes and zero-argument "
+        "factories are called first",
+    )
+    replay.add_argument(
+        "--speed", type=float, default=None, help="real time at this pace (1 = as recorded)"
+    )
+    replay.add_argument("--period", type=float, default=None, help="health-check period (s)")
+    replay.add_argument("--timeout", type=float, default=30.0, help="deadline per call (s)")
+    _add_filters(replay)
+    replay.set_defaults(func=_replay)
+
+    convert = subparsers.add_parser(
+        "convert",
+        help="convert a log between msgpack and JSON Lines",
+        description="Convert a log; the output encoding follows its extension (.jsonl) or --to.",
+    )
+    convert.add_argument("input", type=Path)
+    convert.add_argument("output", type=Path)
+    convert.add_argument("--to", choices=("msgpack", "jsonl"), default=None)
+    convert.add_argument(
+        "--skip-corrupt", action="store_true", help="leave corrupt records out (counted)"
+    )
+    convert.set_defaults(func=_convert)
+
+    stats = subparsers.add_parser("stats", help="counts, time span, rounds and failures of a log")
+    stats.add_argument("log", type=Path)
+    stats.add_argument("--json", action="store_true", help="print one JSON object")
+    stats.add_argument("--skip-corrupt", action="store_true", help="count corrupt records")
+    stats.set_defaults(func=_stats)
+
+
+def _add_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--type", action="append", default=[], help="event type (repeatable)")
+    parser.add_argument("--rank", action="append", type=int, default=[], help="rank (repeatable)")
+    parser.add_argument("--from-seq", type=int, default=None, help="first sequence number")
+    parser.add_argument("--to-seq", type=int, default=None, help="last sequence number")
+    parser.add_argument(
+        "--skip-corrupt", action="store_true", help="skip corrupt records (counted)"
+    )
+
+
+def _filter(args: argparse.Namespace) -> EventFilter:
+    try:
+        return EventFilter.of(
+            types=args.type, ranks=args.rank, from_seq=args.from_seq, to_seq=args.to_seq
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+# --- show ----------------------------------------------------------------------------------
+
+
+def _summary(event: Event) -> str:
+    """``field=value`` of the fields that say what happened, cut to one line."""
+    parts = []
+    for field in msgspec.structs.fields(event):
+        if field.name in _COMMON_FIELDS:
+            continue
+        value = getattr(event, field.name)
+        if value in (None, "", (), {}) or field.name == "traceback":
+            continue
+        text = msgspec.json.encode(value).decode() if not isinstance(value, str) else value
+        parts.append(f"{field.name}={text}")
+    line = " ".join(parts).replace("\n", " ")
+    return line if len(line) <= _SUMMARY_WIDTH else line[: _SUMMARY_WIDTH - 1] + "…"
+
+
+def _show(args: argparse.Namespace) -> int:
+    keep = _filter(args)
+    shown = 0
+    out = sys.stdout
+    encode = msgspec.json.encode
+    try:
+        with reading_log(args.log, skip_corrupt=args.skip_corrupt) as reader:
+            if not args.json:
+                out.write(f"{'seq':>8}  {'time':>14}  {'type':<20} {'rank':>4}  summary\n")
+            for event in reader:
+                if args.limit is not None and shown >= args.limit:
+                    break
+                if not keep(event):
+                    continue
+                shown += 1
+                if args.json:
+                    out.write(encode(event).decode())
+                    out.write("\n")
+                else:
+                    rank = getattr(event, "rank", None)
+                    out.write(
+                        f"{event.seq:>8}  {event.time:>14.6f}  {type(event).__name__:<20} "
+                        f"{'-' if rank is None else rank:>4}  {_summary(event)}\n"
+                    )
+            out.flush()
+            check_log_tail(reader)
+    except BrokenPipeError:  # `eventbus show LOG | head`
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+# --- convert --------------------------------------------------------------------------------
+
+
+def _convert(args: argparse.Namespace) -> int:
+    if args.input.resolve() == args.output.resolve():
+        raise CliError(f"{args.output}: the output must be a different file from the input")
+    written = 0
+    with reading_log(args.input, skip_corrupt=args.skip_corrupt) as reader:
+        try:
+            recorder = LogRecorder(
+                args.output,
+                run_id=reader.header.run_id,
+                created=reader.header.created,
+                format=args.to,
+                fsync="never",
+            )
+        except OSError as exc:
+            raise CliError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
+        with recorder:
+            for event in reader:
+                recorder.record(event)
+                written += 1
+    print(f"{args.output}: {written} events ({recorder.format})")
+    check_log_tail(reader)
+    return 0
+
+
+# --- stats ----------------------------------------------------------------------------------
+
+
+class LogStats(msgspec.Struct, kw_only=True):
+    events: int = 0
+    run_id: str = ""
+    schema_version: int = 0
+    first_time: float | None = None
+    last_time: float | None = None
+    span: float = 0.0
+    by_type: dict[str, int] = msgspec.field(default_factory=dict)
+    by_rank: dict[int, int] = msgspec.field(default_factory=dict)
+    reports_per_rank: dict[int, int] = msgspec.field(default_factory=dict)
+    complete_rounds: int = 0
+    world_size: int = 0
+    worker_failures: dict[int, int] = msgspec.field(default_factory=dict)
+    handler_failures: int = 0
+    handler_timeouts: int = 0
+    truncated_at: int | None = None
+    skipped_corrupt: int = 0
+
+
+def _collect_stats(reader: LogReader) -> LogStats:
+    by_type: Counter[str] = Counter()
+    by_rank: Counter[int] = Counter()
+    reports: Counter[int] = Counter()
+    failures: Counter[int] = Counter()
+    round_ranks: dict[tuple[str, int], set[int]] = {}
+    world = 0
+    first = last = None
+    handler_failures = handler_timeouts = 0
+    for event in reader:
+        by_type[type(event).__name__] += 1
+        if first is None:
+            first = event.time
+        last = event.time
+        rank = getattr(event, "rank", None)
+        if rank is not None:
+            by_rank[rank] += 1
+        if isinstance(event, Report):
+            reports[event.rank] += 1
+            world = max(world, event.world_size)
+            round_ranks.setdefault((event.run_id, event.index), set()).add(event.rank)
+        elif isinstance(event, WorkerFailure):
+            failures[event.rank] += 1
+        elif isinstance(event, HandlerFailed):
+            handler_failures += 1
+        elif isinstance(event, HandlerTimedOut):
+            handler_timeouts += 1
+    return LogStats(
+        events=sum(by_type.values()),
+        run_id=reader.header.run_id,
+        schema_version=reader.header.schema_version,
+        first_time=first,
+        last_time=last,
+        span=(last - first) if first is not None and last is not None else 0.0,
+        by_type=dict(by_type.most_common()),
+        by_rank=dict(sorted(by_rank.items())),
+        reports_per_rank=dict(sorted(reports.items())),
+        complete_rounds=sum(1 for ranks in round_ranks.values() if len(ranks) >= world),
+        world_size=world,
+        worker_failures=dict(sorted(failures.items())),
+        handler_failures=handler_failures,
+        handler_timeouts=handler_timeouts,
+        truncated_at=reader.truncated.offset if reader.truncated else None,
+        skipped_corrupt=reader.skipped,
+    )
+
+
+def _stats(args: argparse.Namespace) -> int:
+    with reading_log(args.log, skip_corrupt=args.skip_corrupt) as reader:
+        stats = _collect_stats(reader)
+    if args.json:
+        print(msgspec.json.encode(stats).decode())
+    else:
+        span = (
+            f"{stats.first_time:.6f} .. {stats.last_time:.6f} ({stats.span:.3f} s)"
+            if stats.first_time is not None and stats.last_time is not None
+            else "-"
+        )
+        print(f"log:       {args.log} (run {stats.run_id or '-'}, schema {stats.schema_version})")
+        print(f"events:    {stats.events}")
+        print(f"time span: {span}")
+        print(
+            f"rounds:    {stats.complete_rounds} complete across {stats.world_size} rank(s); "
+            f"reports per rank: {_pairs(stats.reports_per_rank)}"
+        )
+        print(
+            f"failures:  workers {_pairs(stats.worker_failures)}; handlers failed "
+            f"{stats.handler_failures}, timed out {stats.handler_timeouts}"
+        )
+        print("by type:")
+        for name, count in stats.by_type.items():
+            print(f"  {name:<22} {count:>10}")
+        if stats.by_rank:
+            print("by rank:")
+            for rank, count in stats.by_rank.items():
+                print(f"  {rank:<22} {count:>10}")
+    check_log_tail(reader)
+    return 0
+
+
+def _pairs(counts: dict[int, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in counts.items()) or "none"
+
+
+# --- replay ---------------------------------------------------------------------------------
+
+
+def _wire(specs: list[str]) -> Callable[[EventBus], None]:
+    """Load every ``--callbacks`` object now (errors before the replay starts)."""
+    training: list[Any] = []
+    plain: list[tuple[str, Callable[[Any], Any]]] = []
+    for spec in specs:
+        obj = load_object(spec)
+        if any(callable(getattr(obj, hook, None)) for hook in TRAINING_HOOKS):
+            training.append(obj)
+        elif callable(obj):
+            plain.append((spec, obj))
+        else:
+            raise CliError(
+                f"{spec!r}: neither a handler (callable) nor a training callback "
+                f"(with {'/'.join(TRAINING_HOOKS)})"
+            )
+    attach: Callable[[EventBus, list[Any]], Any] | None = None
+    if training:
+        try:
+            from handlers import attach_user_callbacks
+        except ImportError:
+            raise CliError(
+                "training callbacks need handlers.attach_user_callbacks, "
+                "which this installation does not have"
+            ) from None
+        attach = attach_user_callbacks
+
+    def setup(bus: EventBus) -> None:
+        for spec, handler in plain:
+            bus.subscribe(Event, handler, name=spec)
+        if attach is not None:
+            attach(bus, training)
+
+    return setup
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if not args.callbacks:
+        raise CliError("nothing to replay against: give --callbacks MODULE:NAME ...")
+    if args.speed is not None and args.speed <= 0:
+        raise CliError(f"--speed must be positive, got {args.speed}")
+    if args.timeout <= 0 or (args.period is not None and args.period <= 0):
+        raise CliError("--timeout and --period must be positive")
+    keep = _filter(args)
+    setup = _wire(args.callbacks)
+    with reading_log(args.log, skip_corrupt=args.skip_corrupt):
+        pass  # a bad file is reported before any bus starts
+    try:
+        summary = anyio.run(
+            lambda: replay_file(
+                args.log,
+                setup,
+                speed=args.speed,
+                period=args.period,
+                filter=keep,
+                skip_corrupt=args.skip_corrupt,
+                real_time=True,
+                timeout=args.timeout,
+            )
+        )
+    except LogError as exc:
+        raise CliError(str(exc)) from None
+    _print_replay(summary)
+    if summary.truncated is not None:
+        raise CliError(summary.truncated.describe(args.log))
+    return 1 if summary.failed or summary.timed_out else 0
+
+
+def _print_replay(summary: ReplaySummary) -> None:
+    span = (
+        summary.last_time - summary.first_time
+        if summary.first_time is not None and summary.last_time is not None
+        else 0.0
+    )
+    print(
+        f"replayed {summary.replayed} events ({summary.filtered} filtered out) over "
+        f"{span:.3f} s of recorded time; delivered {summary.bus.delivered}, "
+        f"failed {summary.failed}, timed out {summary.timed_out}"
+        + (f", {summary.skipped_corrupt} corrupt skipped" if summary.skipped_corrupt else "")
+        + f"; took {summary.wall_time:.3f} s"
+    )
+    print(
+        f"{'handler':<40} {'calls':>8} {'failed':>6} {'t/o':>4} {'skipped':>7} "
+        f"{'total ms':>9} {'mean µs':>8} {'max ms':>8}  state"
+    )
+    for h in summary.handlers:
+        mean = h.total / h.calls * 1e6 if h.calls else 0.0
+        print(
+            f"{h.name[:40]:<40} {h.calls:>8} {h.failed:>6} {h.timed_out:>4} {h.skipped:>7} "
+            f"{h.total * 1e3:>9.3f} {mean:>8.2f} {h.max * 1e3:>8.3f}  {h.state}"
+        )

@@ -1,0 +1,175 @@
+"""The event-log file format: header, record framing, errors.
+
+Two encodings of one log. *msgpack* (the default): a fixed binary header,
+then one length-prefixed msgpack record per event, so a reader can skip,
+stream and detect a torn tail without parsing. *JSON Lines* (``.jsonl``): a
+header object on the first line, then one event per line, for people and
+other tools. ``docs/log-format.md`` describes both byte by byte.
+
+Only this module knows the framing; the recorder and the reader share it.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from ._events import SCHEMA_VERSION
+
+__all__ = [
+    "LOG_FORMAT_VERSION",
+    "LOG_MAGIC",
+    "CorruptLogError",
+    "LogError",
+    "LogFormat",
+    "LogFormatError",
+    "LogHeader",
+    "TruncatedTail",
+    "format_for_path",
+]
+
+#: PNG-style: a non-ASCII first byte and CR LF / ^Z / LF catch text-mode mangling.
+LOG_MAGIC = b"\x89EVB\r\n\x1a\n"
+#: Version of the framing (header and record layout), independent of the event schema.
+LOG_FORMAT_VERSION = 1
+#: ``LOG_MAGIC``, format version (u16), schema version (u16), metadata length (u32), little-endian.
+PREFIX = struct.Struct("<8sHHI")
+#: A record: payload length (u32 little-endian), then the msgpack payload.
+RECORD_LENGTH = struct.Struct("<I")
+#: Longer payloads are not events: the length prefix itself is corrupt.
+MAX_RECORD = 64 * 1024 * 1024
+#: The key of a JSON Lines header line that marks it as an event log.
+JSONL_MARKER = "eventbus_log"
+
+LogFormat = Literal["msgpack", "jsonl"]
+
+
+class LogHeader(msgspec.Struct, frozen=True, kw_only=True):
+    """What a log says about itself. ``created`` is wall time (Unix seconds)."""
+
+    format_version: int = LOG_FORMAT_VERSION
+    schema_version: int = SCHEMA_VERSION
+    run_id: str = ""
+    created: float = msgspec.field(default_factory=time.time)
+    writer: str = "train-eventbus"
+
+
+class TruncatedTail(msgspec.Struct, frozen=True, kw_only=True):
+    """A record cut short at the end of the file (a crash mid-write).
+
+    ``offset`` is where the partial record starts, ``index`` the record number
+    it would have had, ``size`` how many of its bytes are there.
+    """
+
+    offset: int
+    index: int
+    size: int
+
+    def describe(self, path: str | Path) -> str:
+        return (
+            f"{path}: truncated at byte {self.offset} (record {self.index}, "
+            f"{self.size} bytes of a partial record); the {self.index} records before it are intact"
+        )
+
+
+class LogError(ValueError):
+    """A file that cannot be read as an event log; the message names file and place."""
+
+
+class LogFormatError(LogError):
+    """Not an event log, a damaged header, or a newer format/schema than this library."""
+
+
+class CorruptLogError(LogError):
+    """A record that is not a valid event, at byte ``offset``, record number ``index``."""
+
+    def __init__(self, path: str | Path, offset: int, index: int, reason: str) -> None:
+        self.path = str(path)
+        self.offset = offset
+        self.index = index
+        self.reason = reason
+        super().__init__(f"{path}: corrupt record {index} at byte {offset}: {reason}")
+
+
+_meta_encoder = msgspec.msgpack.Encoder()
+_meta_decoder = msgspec.msgpack.Decoder(LogHeader)
+_json_header_decoder = msgspec.json.Decoder(dict[str, object])
+
+
+def format_for_path(path: str | Path) -> LogFormat:
+    """The encoding a new log gets from its name: ``.jsonl`` is JSON Lines."""
+    return "jsonl" if Path(path).suffix.lower() == ".jsonl" else "msgpack"
+
+
+def encode_header(header: LogHeader, fmt: LogFormat) -> bytes:
+    if fmt == "jsonl":
+        fields = {
+            JSONL_MARKER: header.format_version,
+            "schema_version": header.schema_version,
+            "run_id": header.run_id,
+            "created": header.created,
+            "writer": header.writer,
+        }
+        return msgspec.json.encode(fields) + b"\n"
+    meta = _meta_encoder.encode(
+        {"run_id": header.run_id, "created": header.created, "writer": header.writer}
+    )
+    return PREFIX.pack(LOG_MAGIC, header.format_version, header.schema_version, len(meta)) + meta
+
+
+def check_versions(path: str | Path, header: LogHeader) -> None:
+    """Refuse what this library cannot read; older schemas decode with today's defaults."""
+    if header.format_version > LOG_FORMAT_VERSION or header.format_version < 1:
+        raise LogFormatError(
+            f"{path}: log format version {header.format_version} is not supported "
+            f"(this eventbus reads versions 1..{LOG_FORMAT_VERSION}); upgrade train-eventbus"
+        )
+    if header.schema_version > SCHEMA_VERSION:
+        raise LogFormatError(
+            f"{path}: log event schema version {header.schema_version} is newer than this "
+            f"eventbus understands ({SCHEMA_VERSION}); upgrade train-eventbus to read it"
+        )
+
+
+def decode_msgpack_header(path: str | Path, prefix: bytes, meta: bytes) -> LogHeader:
+    """``prefix`` is the fixed part (``PREFIX.size`` bytes), ``meta`` the metadata map."""
+    _, format_version, schema_version, _ = PREFIX.unpack(prefix)
+    try:
+        fields = _meta_decoder.decode(meta)
+    except msgspec.DecodeError as exc:
+        raise LogFormatError(f"{path}: damaged log header metadata: {exc}") from None
+    header = msgspec.structs.replace(
+        fields, format_version=format_version, schema_version=schema_version
+    )
+    check_versions(path, header)
+    return header
+
+
+def decode_jsonl_header(path: str | Path, line: bytes) -> LogHeader:
+    try:
+        fields = _json_header_decoder.decode(line)
+    except msgspec.DecodeError as exc:
+        raise LogFormatError(f"{path}: first line is not an event-log header: {exc}") from None
+    if JSONL_MARKER not in fields:
+        raise LogFormatError(
+            f"{path}: first line is not an event-log header (no {JSONL_MARKER!r} key)"
+        )
+    try:
+        header = msgspec.convert(
+            {
+                "format_version": fields[JSONL_MARKER],
+                "schema_version": fields.get("schema_version", SCHEMA_VERSION),
+                "run_id": fields.get("run_id", ""),
+                "created": fields.get("created", 0.0),
+                "writer": fields.get("writer", ""),
+            },
+            LogHeader,
+        )
+    except msgspec.ValidationError as exc:
+        raise LogFormatError(f"{path}: damaged event-log header: {exc}") from None
+    check_versions(path, header)
+    return header

@@ -1,0 +1,307 @@
+"""Replaying a recorded log into a bus: instantly on virtual time, or at recorded speed.
+
+Instant replay is deterministic. Under a ``VirtualClock`` each event is
+published with its recorded time after the clock is set to it; whenever the
+next event lies past the end of the bus's health-check period, the replay
+first waits until the bus is idle and, after publishing, until the period
+rolled and its tick and budget report were handled. Period boundaries,
+ticks and budget reports therefore fall between the same events on every
+replay, and only measured durations (handler times) differ from run to run.
+
+The bus's own diagnostics in the log (ticks, budget reports, handler faults)
+are left out by default: the replay bus produces its own.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import anyio
+import msgspec
+
+from ._bus import BusStats, EventBus
+from ._clock import FastForwardClock, MonotonicClock, VirtualClock
+from ._eventfilter import EventFilter
+from ._events import (
+    BudgetReport,
+    Event,
+    HandlerFailed,
+    HandlerStateChanged,
+    HandlerTimedOut,
+    HealthCheckTick,
+)
+from ._logformat import TruncatedTail
+from ._reader import LogReader
+
+__all__ = [
+    "BUS_DIAGNOSTICS",
+    "HandlerSummary",
+    "LogTiming",
+    "ReplaySummary",
+    "log_timing",
+    "replay",
+    "replay_file",
+]
+
+#: Events a bus makes itself; a replay bus makes its own, so recorded ones are skipped.
+BUS_DIAGNOSTICS: tuple[type[Event], ...] = (
+    HealthCheckTick,
+    BudgetReport,
+    HandlerFailed,
+    HandlerTimedOut,
+    HandlerStateChanged,
+)
+_USAGE_NAME = "eventbus.replay.usage"
+
+Source = str | os.PathLike[str] | Iterable[Event]
+
+
+class HandlerSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One handler over a replay; ``total``/``max``: seconds spent in it, as the
+    bus measures them (on its clock, so zero on a virtual clock)."""
+
+    name: str
+    calls: int
+    failed: int
+    timed_out: int
+    skipped: int
+    state: str
+    total: float
+    max: float
+
+
+class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What a replay delivered. ``replayed`` events were published, ``filtered``
+    left out (by the filter, or as recorded diagnostics)."""
+
+    replayed: int
+    filtered: int
+    first_time: float | None
+    last_time: float | None
+    handlers: tuple[HandlerSummary, ...]
+    bus: BusStats
+    truncated: TruncatedTail | None = None
+    skipped_corrupt: int = 0
+    #: Real seconds the replay took, handlers included.
+    wall_time: float = 0.0
+
+    @property
+    def failed(self) -> int:
+        return self.bus.failed
+
+    @property
+    def timed_out(self) -> int:
+        return self.bus.timed_out
+
+    def handler(self, name: str) -> HandlerSummary:
+        for summary in self.handlers:
+            if summary.name == name:
+                return summary
+        raise KeyError(f"no handler named {name!r}; handlers: {[h.name for h in self.handlers]}")
+
+
+class _Usage:
+    """Sums each handler's time over the budget reports of the replay."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = {}
+        self.max: dict[str, float] = {}
+
+    def __call__(self, report: BudgetReport) -> None:
+        for usage in report.handlers:
+            self.total[usage.handler] = self.total.get(usage.handler, 0.0) + usage.total
+            self.max[usage.handler] = max(self.max.get(usage.handler, 0.0), usage.max)
+
+
+async def replay(
+    bus: EventBus,
+    source: Source,
+    *,
+    speed: float | None = None,
+    filter: EventFilter | None = None,
+    include_diagnostics: bool = False,
+    skip_corrupt: bool = False,
+) -> ReplaySummary:
+    """Publish the events of ``source`` (a log path, or events) into a running ``bus``.
+
+    ``speed=None``: instantly, on the bus's ``VirtualClock`` (required),
+    keeping recorded times. ``speed=1.0``: at recorded pace on a real clock
+    (``2.0`` twice as fast); the bus stamps its own times. Returns once every
+    replayed event was handled.
+    """
+    instant = speed is None
+    if instant and not isinstance(bus.clock, VirtualClock):
+        raise ValueError("an instant replay needs a bus with a VirtualClock (or give speed=)")
+    if speed is not None and not (speed > 0 and math.isfinite(speed)):
+        raise ValueError(f"speed must be a positive number, got {speed}")
+    reader: LogReader | None = None
+    events: Iterable[Event]
+    if isinstance(source, str | os.PathLike):
+        events = reader = LogReader(source, skip_corrupt=skip_corrupt)
+    else:
+        events = source
+    keep = None if filter is None or filter.empty else filter
+    usage = _Usage()
+    usage_sub = bus.subscribe(BudgetReport, usage, name=_USAGE_NAME, order=sys.maxsize)
+    replace = msgspec.structs.replace
+    replayed = filtered = 0
+    started = time.perf_counter()
+    first_time: float | None = None
+    last_time: float | None = None
+    try:
+        if isinstance(bus.clock, VirtualClock) and instant:
+            clock = bus.clock
+            for event in events:
+                t = event.time
+                if first_time is None:
+                    first_time = t
+                last_time = t
+                if (not include_diagnostics and isinstance(event, BUS_DIAGNOSTICS)) or (
+                    keep is not None and not keep(event)
+                ):
+                    filtered += 1
+                    continue
+                replayed += 1
+                if t > clock.now():
+                    if t >= bus.period_end:
+                        await _cross_period(bus, clock, t, replace(event, seq=-1))
+                        continue
+                    clock.set(t)
+                await bus.publish(replace(event, seq=-1))
+            if last_time is not None and last_time > clock.now():
+                # The recorded run went on (its last ticks): let the periods roll as they did.
+                await _cross_period(bus, clock, last_time, None)
+        else:
+            assert speed is not None
+            now = bus.clock.now
+            start = now()
+            for event in events:
+                t = event.time
+                if first_time is None:
+                    first_time = t
+                last_time = t
+                if (not include_diagnostics and isinstance(event, BUS_DIAGNOSTICS)) or (
+                    keep is not None and not keep(event)
+                ):
+                    filtered += 1
+                    continue
+                replayed += 1
+                delay = start + (t - first_time) / speed - now()
+                if delay > 0:
+                    await anyio.sleep(delay)
+                await bus.publish(replace(event, seq=-1, time=0.0))
+        await bus.wait_idle()
+    finally:
+        usage_sub.cancel()
+        if reader is not None:
+            reader.close()
+    stats = bus.stats()
+    subs = {s.name: s for s in bus.subscriptions}
+    handlers = []
+    for figures in stats.subscriptions:
+        if figures.name == _USAGE_NAME:
+            continue
+        live = subs.get(figures.name)
+        handlers.append(
+            HandlerSummary(
+                name=figures.name,
+                calls=figures.calls,
+                failed=figures.failed,
+                timed_out=figures.timed_out,
+                skipped=figures.skipped,
+                state=figures.state,
+                total=usage.total.get(figures.name, 0.0) + (live.p_total if live else 0.0),
+                max=max(usage.max.get(figures.name, 0.0), live.p_max if live else 0.0),
+            )
+        )
+    return ReplaySummary(
+        replayed=replayed,
+        filtered=filtered,
+        first_time=first_time,
+        last_time=last_time,
+        handlers=tuple(handlers),
+        bus=stats,
+        truncated=reader.truncated if reader is not None else None,
+        skipped_corrupt=reader.skipped if reader is not None else 0,
+        wall_time=time.perf_counter() - started,
+    )
+
+
+async def _cross_period(bus: EventBus, clock: VirtualClock, t: float, event: Event | None) -> None:
+    """Move past a period end with the bus idle before and after, so the
+    period's tick and budget report fall at the same place on every replay
+    (moving a virtual clock ends the bus's periods at once)."""
+    await bus.wait_idle()
+    clock.set(t)
+    if event is not None:
+        await bus.publish(event)
+    await bus.wait_idle()
+
+
+class LogTiming(msgspec.Struct, frozen=True, kw_only=True):
+    """When the recorded bus started and its period (``None`` if the log has no tick)."""
+
+    start: float
+    period: float | None
+
+
+def log_timing(path: str | os.PathLike[str], *, skip_corrupt: bool = False) -> LogTiming:
+    """Read the start of a log until its first period report: a replay bus built
+    with this start and period rolls its periods where the recorded bus did."""
+    first: float | None = None
+    with LogReader(path, skip_corrupt=skip_corrupt) as reader:
+        for event in reader:
+            if first is None:
+                first = event.time
+            if isinstance(event, HealthCheckTick | BudgetReport) and event.end > event.start:
+                return LogTiming(start=event.start, period=event.end - event.start)
+    return LogTiming(start=first or 0.0, period=None)
+
+
+async def replay_file(
+    path: str | os.PathLike[str],
+    setup: Callable[[EventBus], Any],
+    *,
+    speed: float | None = None,
+    period: float | None = None,
+    filter: EventFilter | None = None,
+    include_diagnostics: bool = False,
+    skip_corrupt: bool = False,
+    real_time: bool = False,
+    **bus_options: Any,
+) -> ReplaySummary:
+    """Replay a log into a fresh bus: ``setup(bus)`` subscribes the handlers.
+
+    Instant replays get a ``VirtualClock`` starting where the recorded bus
+    started, with the recorded period (unless ``period`` is given), so ticks
+    and budget reports follow recorded time. ``real_time=True`` uses a
+    ``FastForwardClock`` instead: still instant (idle gaps are skipped), but
+    handlers are timed in real time, as the command line's replay reports
+    them. ``bus_options`` go to ``EventBus``.
+    """
+    if speed is None:
+        timing = log_timing(path, skip_corrupt=skip_corrupt)
+        clock: VirtualClock | MonotonicClock = (
+            FastForwardClock(timing.start) if real_time else VirtualClock(timing.start)
+        )
+        period = period or timing.period
+    else:
+        clock = MonotonicClock()
+    if period is not None:
+        bus_options["period"] = period
+    async with EventBus(clock=clock, **bus_options) as bus:
+        setup(bus)
+        summary = await replay(
+            bus,
+            path,
+            speed=speed,
+            filter=filter,
+            include_diagnostics=include_diagnostics,
+            skip_corrupt=skip_corrupt,
+        )
+    return summary

@@ -1,0 +1,393 @@
+"""Stateful callbacks: the protocol, their keys, taking states and putting them back.
+
+The format is Hugging Face's (``state()`` -> ``{"args": ..., "attributes": ...}``)
+so states move between the two, but the bookkeeping avoids the bugs HF and
+others shipped: every state has a unique key (two instances of one class are
+told apart by ``state_key``, and a duplicate is an error instead of a lost
+state); states are checked as strict JSON when they are taken, so a state
+that would not round-trip is reported then, naming the callback and the path
+inside its state, rather than discovered at resume; and restoring matches by
+key, keeps the callbacks' order and reports every mismatch instead of
+``zip``-truncating. This module does no I/O: files live in ``_state_files``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, Self, TypedDict, runtime_checkable
+
+import msgspec
+
+__all__ = [
+    "STATE_FORMAT_VERSION",
+    "CallbackState",
+    "RestorePlan",
+    "Snapshot",
+    "StateError",
+    "StateFormatError",
+    "StateKeyConflict",
+    "StateRestoreError",
+    "Stateful",
+    "StatefulCallback",
+    "check_state",
+    "is_stateful",
+    "plan_restore",
+    "rebuild",
+    "state_key_of",
+    "stateful_keys",
+    "take_states",
+]
+
+#: Bumped when the snapshot file changes shape incompatibly; files carry it.
+STATE_FORMAT_VERSION = 1
+
+
+class CallbackState(TypedDict):
+    """One callback's state, as Hugging Face's ``ExportableState.state()`` returns it."""
+
+    args: dict[str, Any]
+    attributes: dict[str, Any]
+
+
+class StateError(Exception):
+    """Base of the state store's errors."""
+
+
+class StateKeyConflict(StateError, ValueError):
+    """Two callbacks have the same state key: one state would overwrite the other."""
+
+
+class StateFormatError(StateError, ValueError):
+    """A snapshot (file or Hugging Face section) is malformed; the message says where."""
+
+
+class StateRestoreError(StateError):
+    """Strict restore found saved and live callbacks that do not match, or a rebuild failed."""
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A callback whose state survives a resume.
+
+    ``state()`` returns ``{"args": {...}, "attributes": {...}}`` of JSON
+    values. Restoring calls ``cls.from_state(state)`` when the class defines
+    it, else ``cls(**args)`` (so ``__init__`` runs) then sets each attribute.
+    An instance may define ``state_key`` (a ``str``) to tell several instances
+    of one class apart. ``isinstance(x, Stateful)`` only checks that a
+    ``state`` attribute exists; the store uses ``is_stateful``, which wants a
+    method on the class.
+    """
+
+    def state(self) -> CallbackState: ...
+
+
+class StatefulCallback:
+    """Base for stateful callbacks: list the names, get ``state``/``from_state``.
+
+    ``state_args`` names the ``__init__`` arguments to rebuild with (each
+    stored on the instance under the same name); ``state_attributes`` the
+    attributes set after ``__init__``. Override ``state``/``from_state`` for
+    anything else.
+    """
+
+    state_args: tuple[str, ...] = ()
+    state_attributes: tuple[str, ...] = ()
+
+    def state(self) -> CallbackState:
+        return {
+            "args": {name: getattr(self, name) for name in self.state_args},
+            "attributes": {name: getattr(self, name) for name in self.state_attributes},
+        }
+
+    @classmethod
+    def from_state(cls, state: CallbackState) -> Self:
+        instance: Self = _rebuild_default(cls, state)
+        return instance
+
+
+def is_stateful(callback: object) -> bool:
+    """Whether ``callback`` has a ``state()`` method (looked up on its class, so a
+    plain data attribute named ``state`` does not count)."""
+    return callable(getattr(type(callback), "state", None))
+
+
+def state_key_of(callback: object) -> str:
+    """``module.QualName``, plus ``[state_key]`` when the instance defines one."""
+    cls = type(callback)
+    key = f"{cls.__module__}.{cls.__qualname__}"
+    extra = getattr(callback, "state_key", None)
+    if extra is None:
+        return key
+    if not isinstance(extra, str):
+        raise TypeError(
+            f"{key}.state_key must be a str that tells its instances apart, got {extra!r}"
+        )
+    return f"{key}[{extra}]"
+
+
+def stateful_keys(callbacks: Sequence[object]) -> dict[str, object]:
+    """Key -> callback for the stateful ones, in order; a duplicate key is an error naming both."""
+    keyed: dict[str, object] = {}
+    positions: dict[str, int] = {}
+    for position, callback in enumerate(callbacks):
+        if not is_stateful(callback):
+            continue
+        key = state_key_of(callback)
+        if key in keyed:
+            raise StateKeyConflict(
+                f"callbacks #{positions[key]} {keyed[key]!r} and #{position} {callback!r} "
+                f"share the state key {key!r}; give each a distinct `state_key` attribute"
+            )
+        keyed[key] = callback
+        positions[key] = position
+    return keyed
+
+
+# --- strict JSON ---------------------------------------------------------------
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+
+
+def _member(path: str, key: str) -> str:
+    if _IDENTIFIER.match(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
+def _round_trips(value: Any) -> bool:
+    try:
+        return bool(_decoder.decode(_encoder.encode(value)) == value)
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        return False
+
+
+def _first_problem(value: Any, path: str, active: set[int]) -> str | None:
+    """Where and why ``value`` does not survive a JSON round trip (``None`` if it does).
+
+    Only called once the fast check failed, so building paths costs nothing
+    on the common path.
+    """
+    kind = type(value)
+    if kind is str or kind is bool or kind is int or value is None:
+        return None
+    if kind is float:
+        if math.isfinite(value):
+            return None
+        return f"{path}: {value!r} is not a JSON number (use None or a finite float)"
+    if isinstance(value, dict | list):
+        if id(value) in active:
+            return f"{path}: {kind.__name__} contains itself"
+        active.add(id(value))
+        try:
+            if isinstance(value, list):
+                items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
+            else:
+                for key in value:
+                    if not isinstance(key, str):
+                        kind_name = type(key).__name__
+                        return f"{path}: key {key!r} ({kind_name}) is not a str, as JSON keys are"
+                items = ((_member(path, key), item) for key, item in value.items())
+            for where, item in items:
+                problem = _first_problem(item, where, active)
+                if problem is not None:
+                    return problem
+            return None
+        finally:
+            active.discard(id(value))
+    if _round_trips(value):
+        return None  # a value-equal stand-in (an IntEnum, a numpy float): comes back plain
+    hint = " (use a list)" if kind is tuple else ""
+    name = (
+        kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    return f"{path}: {name} is not a JSON value{hint}"
+
+
+def check_state(state: Any, where: str = "") -> CallbackState:
+    """A copy of one state that JSON round-trips to an equal value, or ``ValueError``
+    naming the offending path (like ``attributes.best[2]``, prefixed by ``where``).
+
+    The rule is "comes back equal": str, int, finite float, bool, None, and
+    lists and str-keyed dicts of them. NaN and infinities are refused (JSON has
+    no such numbers and msgspec would write ``null``), and so are tuples, sets,
+    bytes and other objects, which would come back as something else. The copy
+    is what gets saved, so later changes to the live state cannot leak into it.
+    """
+    if type(state) is not dict:
+        raise ValueError(
+            f"{where or '<state>'}: state() must return a dict, got {type(state).__name__}"
+        )
+    unexpected = [f"{k!r}" for k in state if k not in ("args", "attributes")]
+    if unexpected:
+        raise ValueError(
+            f"{where or '<state>'}: unexpected key {', '.join(unexpected)}; "
+            "a state has only 'args' and 'attributes'"
+        )
+    for part in ("args", "attributes"):
+        if type(state.get(part)) is not dict:
+            kind = type(state.get(part)).__name__
+            raise ValueError(f"{_member(where, part)}: must be a dict, got {kind}")
+    try:
+        copy = _decoder.decode(_encoder.encode(state))
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        copy = None
+    if copy != state:
+        problem = _first_problem(state, where, set())
+        raise ValueError(problem or f"{where or '<state>'}: does not survive a JSON round trip")
+    return {"args": copy["args"], "attributes": copy["attributes"]}
+
+
+def take_states(callbacks: dict[str, object]) -> tuple[dict[str, CallbackState], dict[str, str]]:
+    """Every callback's state, checked; one that fails goes to ``errors`` (key -> why),
+    the others are still taken."""
+    states: dict[str, CallbackState] = {}
+    errors: dict[str, str] = {}
+    for key, callback in callbacks.items():
+        try:
+            raw = callback.state()  # type: ignore[attr-defined]
+        except Exception as exc:
+            errors[key] = f"state() raised {type(exc).__name__}: {exc}"
+            continue
+        try:
+            states[key] = check_state(raw)
+        except ValueError as exc:
+            errors[key] = str(exc)
+    return states, errors
+
+
+# --- snapshots ---------------------------------------------------------------------
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """The states of one checkpoint, in callback order.
+
+    ``keyed_by`` is ``"qualname"`` for our keys (``module.QualName[state_key]``)
+    and ``"class_name"`` for a snapshot read from Hugging Face, which keys by
+    class name alone (``Name``, or ``Name[i]`` for its list form). ``errors``
+    names the callbacks whose state could not be saved, and why.
+    """
+
+    format: int = STATE_FORMAT_VERSION
+    checkpoint: str = ""
+    run_id: str = ""
+    keyed_by: Literal["qualname", "class_name"] = "qualname"
+    states: dict[str, CallbackState] = msgspec.field(default_factory=dict)
+    errors: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+# --- restoring ----------------------------------------------------------------------
+
+
+def _class_of_key(key: str) -> str:
+    """The class part of a key: ``pkg.mod.Cls[x]`` -> ``pkg.mod.Cls``.
+
+    Module paths and qualnames never contain ``[``, so the first one starts the suffix.
+    """
+    return key.split("[", 1)[0]
+
+
+class RestorePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """Which live callback gets which saved state, and every mismatch found."""
+
+    matches: dict[int, str]  # position in the live list -> saved key
+    restored: tuple[str, ...]  # live keys that get a state
+    missing: tuple[str, ...]  # saved keys with no live callback
+    unsaved: tuple[str, ...]  # live keys with no saved state
+    mismatched: tuple[str, ...]  # "Class: N saved, M live"
+    warnings: tuple[str, ...]
+
+    @property
+    def clean(self) -> bool:
+        return not self.warnings
+
+
+def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan:
+    """Match live stateful callbacks to saved states by key, never by position alone.
+
+    For a Hugging Face snapshot (keyed by class name) the n-th live instance of
+    a class takes the n-th saved state of that class name; any difference in
+    counts is reported, not truncated.
+    """
+    live = stateful_keys(callbacks)
+    positions = {id(cb): i for i, cb in enumerate(callbacks)}
+    saved = snapshot.states
+    by_class = snapshot.keyed_by == "class_name"
+
+    # The key each live callback would have in the snapshot's key space.
+    lookup: dict[str, str] = {}  # normalized saved key -> saved key
+    for key in saved:
+        lookup[key if not by_class or key.endswith("]") else f"{key}[0]"] = key
+    seen: dict[str, int] = {}
+    matches: dict[int, str] = {}
+    restored: list[str] = []
+    unsaved: list[str] = []
+    live_classes: dict[str, int] = {}
+    for key, callback in live.items():
+        if by_class:
+            name = type(callback).__name__
+            index = seen[name] = seen.get(name, -1) + 1
+            wanted, group = f"{name}[{index}]", name
+        else:
+            wanted, group = key, _class_of_key(key)
+        live_classes[group] = live_classes.get(group, 0) + 1
+        saved_key = lookup.pop(wanted, None)
+        if saved_key is None:
+            unsaved.append(key)
+        else:
+            matches[positions[id(callback)]] = saved_key
+            restored.append(key)
+    missing = list(lookup.values())
+
+    saved_classes: dict[str, int] = {}
+    for key in saved:
+        group = _class_of_key(key)
+        saved_classes[group] = saved_classes.get(group, 0) + 1
+    mismatched = [
+        f"{group}: {count} saved, {live_classes[group]} live"
+        for group, count in saved_classes.items()
+        if live_classes.get(group, count) != count
+    ]
+
+    warnings: list[str] = []
+    if missing:
+        warnings.append(f"saved states with no live callback (dropped): {', '.join(missing)}")
+    for key in unsaved:
+        why = snapshot.errors.get(key)
+        detail = f" (its state could not be saved: {why})" if why else ""
+        warnings.append(f"live callback {key} has no saved state and starts fresh{detail}")
+    if mismatched:
+        warnings.append(f"instance counts differ between save and resume: {'; '.join(mismatched)}")
+    return RestorePlan(
+        matches=matches,
+        restored=tuple(restored),
+        missing=tuple(missing),
+        unsaved=tuple(unsaved),
+        mismatched=tuple(mismatched),
+        warnings=tuple(warnings),
+    )
+
+
+def _rebuild_default(cls: type[Any], state: CallbackState) -> Any:
+    instance = cls(**state["args"])
+    for name, value in state["attributes"].items():
+        setattr(instance, name, value)
+    return instance
+
+
+def rebuild(callback: object, state: CallbackState) -> object:
+    """A new instance of ``callback``'s class carrying ``state``.
+
+    ``cls.from_state`` when the class defines one, else ``cls(**args)`` so
+    ``__init__`` logic runs, then each attribute is set.
+    """
+    cls = type(callback)
+    from_state = getattr(cls, "from_state", None)
+    if callable(from_state):
+        return from_state(state)
+    return _rebuild_default(cls, state)

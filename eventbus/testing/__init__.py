@@ -1,0 +1,295 @@
+"""Testing helpers: build small logs, replay them against handlers, record a bus.
+
+Shipped in the library, as ``structlog.testing`` and ``trio.testing`` are,
+so users test their callbacks against a recorded run in a few lines. The
+pytest plugin (``eventbus.testing._plugin``, registered through the
+``pytest11`` entry point) wraps these helpers as fixtures:
+``event_log_factory``, ``replay_log`` and ``recorded_bus``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from .._bus import EventBus
+from .._clock import VirtualClock
+from .._events import Event, Report
+from .._logformat import LogFormat
+from .._reader import read_log
+from .._recorder import LogRecorder
+from .._replay import ReplaySummary, replay_file
+from .._subscription import _is_async_callable, handler_name
+
+__all__ = [
+    "BusRecording",
+    "EventCapture",
+    "ReplayResult",
+    "assert_rounds",
+    "replay_log",
+    "report_rounds",
+    "sample_event",
+    "write_log",
+]
+
+E = TypeVar("E", bound=Event)
+Handler = Callable[[Any], Any]
+
+
+# --- building events and logs ---------------------------------------------------------
+
+
+def _sample_value(info: msgspec.inspect.Type, name: str) -> Any:
+    """A plain valid value of a field's type: the smallest that validates."""
+    if isinstance(info, msgspec.inspect.StrType):
+        return name
+    if isinstance(info, msgspec.inspect.BoolType):
+        return False
+    if isinstance(info, msgspec.inspect.IntType):
+        return 0
+    if isinstance(info, msgspec.inspect.FloatType):
+        return 0.0
+    if isinstance(info, msgspec.inspect.LiteralType):
+        return info.values[0]
+    if isinstance(info, msgspec.inspect.UnionType):
+        if info.includes_none:
+            return None
+        return _sample_value(info.types[0], name)
+    if isinstance(info, msgspec.inspect.DictType):
+        return {}
+    if isinstance(info, msgspec.inspect.ListType):
+        return []
+    if isinstance(info, msgspec.inspect.VarTupleType):
+        return ()
+    if isinstance(info, msgspec.inspect.SetType | msgspec.inspect.FrozenSetType):
+        return set() if isinstance(info, msgspec.inspect.SetType) else frozenset()
+    if isinstance(info, msgspec.inspect.TupleType):
+        return tuple(_sample_value(item, name) for item in info.item_types)
+    if isinstance(info, msgspec.inspect.StructType):
+        return info.cls(**_required_fields(info))
+    if isinstance(info, msgspec.inspect.AnyType):
+        return None
+    raise TypeError(f"sample_event cannot fill field {name!r} of type {info!r}; pass it")
+
+
+def _required_fields(info: msgspec.inspect.StructType) -> dict[str, Any]:
+    return {f.name: _sample_value(f.type, f.name) for f in info.fields if f.required}
+
+
+def sample_event(cls: type[E], **fields: Any) -> E:
+    """An instance of event class ``cls`` with every required field filled
+    (strings by their field name, numbers 0, optionals ``None``); ``fields``
+    override. Handy to cover every event type: ``[sample_event(t) for t in event_types()]``.
+    """
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    values = _required_fields(info)
+    values.update(fields)
+    return cls(**values)
+
+
+def report_rounds(
+    rounds: int | Iterable[int],
+    *,
+    world_size: int = 2,
+    run_id: str = "run",
+    metrics: Callable[[int, int], dict[str, Any]] | None = None,
+) -> list[Report]:
+    """``Report`` events of every rank for each round, round by round.
+
+    ``metrics(rank, index)`` gives each report's metrics (default: a loss
+    that falls with the round).
+    """
+    indices = range(rounds) if isinstance(rounds, int) else rounds
+    make = metrics or (lambda rank, index: {"loss": 1.0 / (index + 1), "rank": rank})
+    return [
+        Report(
+            run_id=run_id, rank=rank, world_size=world_size, index=index, metrics=make(rank, index)
+        )
+        for index in indices
+        for rank in range(world_size)
+    ]
+
+
+def write_log(
+    path: str | os.PathLike[str],
+    events: Iterable[Event],
+    *,
+    run_id: str = "test",
+    format: LogFormat | None = None,
+    start: float = 0.0,
+    interval: float = 0.1,
+) -> Path:
+    """Write ``events`` as a log (JSON Lines for a ``.jsonl`` name).
+
+    Events not yet published (``seq=-1``) get consecutive sequence numbers,
+    and those without a time get ``start + i * interval``, as a bus would.
+    """
+    replace = msgspec.structs.replace
+    with LogRecorder(path, run_id=run_id, format=format, fsync="never") as recorder:
+        for i, given in enumerate(events):
+            event = given if given.seq >= 0 else replace(given, seq=i)
+            if not event.time:
+                event = replace(event, time=start + i * interval)
+            recorder.write(event)
+    return Path(path)
+
+
+# --- handlers that remember -------------------------------------------------------------
+
+
+class EventCapture:
+    """A handler that keeps every event it gets, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of_type(self, cls: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    @property
+    def types(self) -> list[str]:
+        return [type(e).__name__ for e in self.events]
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+def _capturing(handler: Handler, sink: list[Event]) -> Handler:
+    """Wrap ``handler`` so that what it is given is also kept (sync stays sync)."""
+    if _is_async_callable(handler):
+
+        async def capture_async(event: Event) -> Any:
+            sink.append(event)
+            return await handler(event)
+
+        return capture_async
+
+    def capture(event: Event) -> Any:
+        sink.append(event)
+        return handler(event)
+
+    return capture
+
+
+class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
+    """A replay's summary and, per handler passed (same order), the events it received."""
+
+    summary: ReplaySummary
+    received: tuple[list[Event], ...]
+    handlers: tuple[Handler, ...]
+
+    def events_of(self, handler: Handler) -> list[Event]:
+        for candidate, events in zip(self.handlers, self.received, strict=True):
+            if candidate is handler:
+                return events
+        raise KeyError(f"{handler!r} was not one of the replayed handlers")
+
+
+async def replay_log(
+    path: str | os.PathLike[str],
+    *handlers: Handler,
+    types: type[Event] | tuple[type[Event], ...] = Event,
+    subscribe: Callable[[EventBus], Any] | None = None,
+    **options: Any,
+) -> ReplayResult:
+    """Replay the log at ``path`` into a fresh bus on a ``VirtualClock``.
+
+    Each handler is subscribed to ``types`` (every event by default) in the
+    order given, and what it receives is kept in ``result.received``.
+    ``subscribe(bus)`` may wire anything else (training callbacks, say).
+    ``options`` go to ``eventbus.replay_file`` (``filter``, ``period``,
+    ``speed``, bus options such as ``timeout``).
+    """
+    received: tuple[list[Event], ...] = tuple([] for _ in handlers)
+
+    def setup(bus: EventBus) -> None:
+        for handler, sink in zip(handlers, received, strict=True):
+            bus.subscribe(types, _capturing(handler, sink), name=handler_name(handler))
+        if subscribe is not None:
+            subscribe(bus)
+
+    summary = await replay_file(path, setup, **options)
+    return ReplayResult(summary=summary, received=received, handlers=handlers)
+
+
+class BusRecording:
+    """Runs buses whose every event is recorded to ``path``; read them back after.
+
+    ``async with recording(**bus_options) as bus:`` gives a started
+    ``EventBus`` (on a ``VirtualClock`` unless ``clock=`` is passed); after
+    the block, ``events`` holds everything it carried, read back from the log.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._events: list[Event] | None = None
+
+    @asynccontextmanager
+    async def __call__(self, **bus_options: Any) -> AsyncIterator[EventBus]:
+        bus_options.setdefault("clock", VirtualClock())
+        self._events = None
+        with LogRecorder(self.path, fsync="never") as recorder:
+            bus = EventBus(**bus_options)
+            recorder.attach(bus)
+            async with bus:
+                yield bus
+
+    @property
+    def events(self) -> list[Event]:
+        if self._events is None:
+            contents = read_log(self.path)
+            assert contents.truncated is None, contents.truncated
+            self._events = contents.events
+        return self._events
+
+    def of_type(self, cls: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+
+# --- assertions --------------------------------------------------------------------------
+
+
+def assert_rounds(
+    events: Iterable[Event] | EventCapture,
+    rounds: Iterable[int],
+    *,
+    ranks: Sequence[int] | None = None,
+    run_id: str | None = None,
+) -> None:
+    """Assert that the ``Report`` events seen cover exactly ``rounds`` for every rank.
+
+    ``ranks`` defaults to every rank that reported. The error names, per
+    rank, the rounds missing and the rounds not expected.
+    """
+    seen: dict[int, list[int]] = {}
+    items = events.events if isinstance(events, EventCapture) else events
+    for event in items:
+        if isinstance(event, Report) and (run_id is None or event.run_id == run_id):
+            seen.setdefault(event.rank, []).append(event.index)
+    expected = sorted(rounds)
+    problems = []
+    for rank in ranks if ranks is not None else sorted(seen):
+        got = seen.get(rank, [])
+        if got != expected:
+            missing = sorted(set(expected) - set(got))
+            extra = sorted(set(got) - set(expected))
+            repeated = sorted({i for i in got if got.count(i) > 1})
+            problems.append(
+                f"rank {rank}: saw rounds {got}"
+                + (f", missing {missing}" if missing else "")
+                + (f", unexpected {extra}" if extra else "")
+                + (f", repeated {repeated}" if repeated else "")
+            )
+    if not seen and ranks is None and expected:
+        problems.append("no Report events at all")
+    if problems:
+        raise AssertionError(f"expected rounds {expected}; " + "; ".join(problems))

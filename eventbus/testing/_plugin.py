@@ -1,0 +1,48 @@
+"""The eventbus pytest plugin (entry point ``pytest11``): record/replay fixtures.
+
+Fixtures, all plain (not async), so they work with any async test runner:
+
+- ``event_log_factory``: ``event_log_factory(events, name="events.evlog")``
+  writes a small log in the test's ``tmp_path`` and returns its path.
+- ``replay_log``: ``await replay_log(path, handler, ...)`` replays a log into
+  a fresh bus on a virtual clock and returns a ``ReplayResult`` (summary and
+  what each handler received).
+- ``recorded_bus``: ``async with recorded_bus() as bus:`` runs a bus whose
+  events are recorded; ``recorded_bus.events`` afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .._events import Event
+from . import BusRecording, write_log
+from . import replay_log as _replay_log
+
+__all__ = ["event_log_factory", "recorded_bus", "replay_log"]
+
+
+@pytest.fixture
+def event_log_factory(tmp_path: Path) -> Callable[..., Path]:
+    """Build a log file from events in ``tmp_path`` (see ``eventbus.testing.write_log``)."""
+
+    def make(events: Iterable[Event], name: str = "events.evlog", **options: Any) -> Path:
+        return write_log(tmp_path / name, events, **options)
+
+    return make
+
+
+@pytest.fixture
+def replay_log() -> Callable[..., Any]:
+    """``await replay_log(path, *handlers, **options)`` (see ``eventbus.testing.replay_log``)."""
+    return _replay_log
+
+
+@pytest.fixture
+def recorded_bus(tmp_path: Path) -> BusRecording:
+    """Run a bus whose events are recorded to ``tmp_path / "recorded.evlog"``."""
+    return BusRecording(tmp_path / "recorded.evlog")

@@ -1,0 +1,85 @@
+"""Early stopping on a metric: the trainer reads ``should_stop``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from ._context import TrainRunContext
+from ._interfaces import UserCallback
+from ._metrics import mean_of
+
+__all__ = ["EarlyStopping"]
+
+
+class EarlyStopping(UserCallback):
+    """Sets ``should_stop`` after ``patience`` rounds without improvement of ``metric``.
+
+    The round's value is the mean over ranks; it improves when it beats the
+    best so far by more than ``threshold`` (lower for ``mode="min"``). Rounds
+    without the metric do not count. State (for the state store):
+    ``{"args": ..., "attributes": {best, wait, should_stop, rounds}}``.
+    """
+
+    def __init__(
+        self,
+        metric: str,
+        patience: int = 3,
+        threshold: float = 0.0,
+        mode: Literal["min", "max"] = "min",
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if patience < 1:
+            raise ValueError(f"patience must be at least 1, got {patience}")
+        if threshold < 0 or not math.isfinite(threshold):
+            raise ValueError(f"threshold must be a finite number >= 0, got {threshold}")
+        self.metric = metric
+        self.patience = patience
+        self.threshold = threshold
+        self.mode = mode
+        self.best: float | None = None
+        self.wait = 0
+        self.rounds = 0
+        self.should_stop = False
+
+    @property
+    def state_key(self) -> str:
+        return f"EarlyStopping(metric={self.metric!r}, mode={self.mode!r})"
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "args": {
+                "metric": self.metric,
+                "patience": self.patience,
+                "threshold": self.threshold,
+                "mode": self.mode,
+            },
+            "attributes": {
+                "best": self.best,
+                "wait": self.wait,
+                "rounds": self.rounds,
+                "should_stop": self.should_stop,
+            },
+        }
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        value = mean_of(metrics, self.metric)
+        if value is None:
+            return
+        self.rounds += 1
+        if self.best is None or self._improves(value):
+            self.best = value
+            self.wait = 0
+        else:
+            self.wait += 1
+            if self.wait >= self.patience:
+                self.should_stop = True
+
+    def _improves(self, value: float) -> bool:
+        assert self.best is not None
+        if self.mode == "min":
+            return value < self.best - self.threshold
+        return value > self.best + self.threshold

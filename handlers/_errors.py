@@ -1,0 +1,61 @@
+"""Exceptions that stand for what went wrong in workers, rebuilt from events (never unpickled)."""
+
+from __future__ import annotations
+
+from eventbus import WorkerFailure
+
+__all__ = ["WorkerError", "WorkerGroupError"]
+
+
+class WorkerError(Exception):
+    """A worker's exception as ``after_exception`` receives it.
+
+    The original object never crosses the bus (that would need pickle): this
+    carries its type name, message and formatted traceback as text.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        error_type: str,
+        message: str,
+        traceback: str = "",
+        *,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(f"{error_type}: {message}" if message else error_type)
+        self.rank = rank
+        self.error_type = error_type
+        self.message = message
+        self.traceback = traceback
+        self.retryable = retryable
+
+    @classmethod
+    def from_failure(cls, failure: WorkerFailure) -> WorkerError:
+        return cls(
+            failure.rank,
+            failure.error_type,
+            failure.message,
+            failure.traceback,
+            retryable=failure.retryable,
+        )
+
+    def to_failure(self, run_id: str) -> WorkerFailure:
+        return WorkerFailure(
+            run_id=run_id,
+            rank=self.rank,
+            error_type=self.error_type,
+            message=self.message,
+            traceback=self.traceback,
+            retryable=self.retryable,
+        )
+
+
+class WorkerGroupError(Exception):
+    """Workers failed and no restart was left: ``failures`` maps rank to its exception."""
+
+    def __init__(self, failures: dict[int, BaseException]) -> None:
+        ranks = ", ".join(str(r) for r in sorted(failures))
+        first = failures[min(failures)]
+        super().__init__(f"worker rank(s) {ranks} failed; first: {type(first).__name__}: {first}")
+        self.failures = failures

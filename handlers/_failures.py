@@ -1,0 +1,77 @@
+"""Failure gathering: the worker failures of one health-check period, delivered together.
+
+A failure belongs to the period its bus time falls in: the tick that ends a
+period can be dispatched after failures stamped in the next one (the
+dispatcher ends a period when it takes the next batch), so failures are
+split by time, not by arrival. Failures still pending when the run finishes
+are delivered then: none is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from eventbus import Event, EventBus, HealthCheckTick, RunFinished, Subscription, WorkerFailure
+
+from ._context import TrainRunContext
+from ._errors import WorkerError
+from ._interfaces import ExceptionCallback
+
+__all__ = ["ExceptionCallbackHandler"]
+
+
+class ExceptionCallbackHandler:
+    """Calls ``after_exception(run_context, {rank: WorkerError})`` once per period with failures.
+
+    A rank that failed twice in one period is reported with its first failure
+    (the cause; a second one is usually a consequence).
+    """
+
+    def __init__(
+        self,
+        exception_callbacks: Iterable[ExceptionCallback],
+        *,
+        context_for: Callable[[Event], TrainRunContext] | None = None,
+    ) -> None:
+        self.exception_callbacks = list(exception_callbacks)
+        self._context_for = context_for or TrainRunContext.from_event
+        self._pending: list[WorkerFailure] = []
+        #: Figures: failures seen, after_exception deliveries made.
+        self.failures = 0
+        self.deliveries = 0
+
+    def subscribe(self, bus: EventBus, *, order: int = -100) -> Subscription:
+        return bus.subscribe(
+            (WorkerFailure, HealthCheckTick, RunFinished),
+            self.handle,
+            name="handlers.ExceptionCallbackHandler",
+            order=order,
+        )
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, WorkerFailure):
+            self.failures += 1
+            self._pending.append(event)
+        elif isinstance(event, HealthCheckTick):
+            if self._pending:
+                due = [f for f in self._pending if f.time < event.end]
+                if due:
+                    self._pending = [f for f in self._pending if f.time >= event.end]
+                    self._deliver(due)
+        elif isinstance(event, RunFinished):
+            self.flush()
+
+    def flush(self) -> None:
+        """Deliver every pending failure now (the run is over)."""
+        due, self._pending = self._pending, []
+        if due:
+            self._deliver(due)
+
+    def _deliver(self, failures: list[WorkerFailure]) -> None:
+        exceptions: dict[int, Exception] = {}
+        for failure in failures:
+            exceptions.setdefault(failure.rank, WorkerError.from_failure(failure))
+        self.deliveries += 1
+        context = self._context_for(failures[0])
+        for callback in self.exception_callbacks:
+            callback.after_exception(context, exceptions)

@@ -1,0 +1,310 @@
+"""The Hugging Face adapter against a real ``Trainer`` (a tiny local model, CPU, a few steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
+    os.environ.setdefault(_name, "1")
+
+pytest.importorskip("torch", reason="torch is not installed (pip install '.[transformers]')")
+pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install '.[transformers]')"
+)
+
+import anyio  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+
+from adapters.transformers import EventBusCallback, run_with_failures  # noqa: E402
+from eventbus import (  # noqa: E402
+    STATE_FILENAME,
+    CheckpointSaved,
+    HandlerFailed,
+    HandlerTimedOut,
+    Report,
+    RunFinished,
+    RunStarted,
+    StatefulCallback,
+    read_log,
+)
+from handlers import RunResult, TrainRunContext, UserCallback  # noqa: E402
+
+MAX_STEPS = 10
+
+
+class TinyModel(nn.Module):  # type: ignore[misc]  # torch is untyped to mypy
+    """A linear regression: ``forward(**batch)`` returns the loss, as the Trainer expects."""
+
+    def __init__(self, fail_at_call: int | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 1)
+        self.fail_at_call = fail_at_call
+        self.calls = 0
+
+    def forward(self, x: Any, y: Any) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == self.fail_at_call:
+            raise RuntimeError(f"forward failed at call {self.calls}")
+        prediction = self.lin(x).squeeze(-1)
+        return {"loss": nn.functional.mse_loss(prediction, y)}
+
+
+class Regression(Dataset):  # type: ignore[misc]
+    def __init__(self, n: int = 64) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 4, generator=generator)
+        self.y = self.x.sum(-1)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"x": self.x[i], "y": self.y[i]}
+
+
+class Inputs(UserCallback):
+    """Keeps what each hook received."""
+
+    def __init__(self) -> None:
+        self.rounds: list[list[dict[str, Any]]] = []
+        self.exceptions: list[dict[int, Exception]] = []
+        self.results: list[RunResult] = []
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self.rounds.append(metrics)
+
+    def after_exception(
+        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
+    ) -> None:
+        self.exceptions.append(worker_exceptions)
+
+    def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
+        self.results.append(result)
+
+
+class RoundCounter(UserCallback, StatefulCallback):
+    """A stateful callback: how many rounds it saw, and the step of the last one."""
+
+    state_attributes = ("rounds", "last_step")
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.last_step = -1
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self.rounds += 1
+        self.last_step = metrics[0]["step"]
+
+
+class StopAfter(UserCallback):
+    def __init__(self, rounds: int) -> None:
+        self.limit = rounds
+        self.rounds = 0
+        self.should_stop = False
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self.rounds += 1
+        self.should_stop = self.rounds >= self.limit
+
+
+class Raises(UserCallback):
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        raise RuntimeError("a callback that always fails")
+
+
+class HangsAsync(UserCallback):
+    timeout: ClassVar[float | None] = 0.2
+
+    async def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        await anyio.sleep(3600)
+
+
+class HangsInThread(UserCallback):
+    timeout: ClassVar[float | None] = 0.2
+    blocking: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self.release.wait(30)
+
+
+def make_trainer(
+    output_dir: Path,
+    callback: EventBusCallback,
+    *,
+    max_steps: int = MAX_STEPS,
+    model: TinyModel | None = None,
+    **overrides: Any,
+) -> Any:
+    options: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "max_steps": max_steps,
+        "per_device_train_batch_size": 4,
+        "logging_steps": 2,
+        "save_steps": 5,
+        "save_strategy": "steps",
+        "report_to": "none",
+        "use_cpu": True,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        **overrides,
+    }
+    return transformers.Trainer(
+        model=model or TinyModel(),
+        args=transformers.TrainingArguments(**options),
+        train_dataset=Regression(),
+        callbacks=[callback],
+    )
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """10 steps, a report every 2 steps, checkpoints at steps 5 and 10, the log recorded."""
+    output = tmp_path_factory.mktemp("hf-run")
+    inputs, counter = Inputs(), RoundCounter()
+    callback = EventBusCallback([inputs, counter], log=True)
+    trainer = make_trainer(output, callback)
+    trainer.train()
+    return {"output": output, "inputs": inputs, "counter": counter, "callback": callback}
+
+
+def test_reports_arrive_in_order_one_round_per_log(first_run: dict[str, Any]) -> None:
+    inputs: Inputs = first_run["inputs"]
+    steps = [metrics[0]["step"] for metrics in inputs.rounds]
+    # A log every 2 steps, then the Trainer's summary log at the last step.
+    assert steps == [2, 4, 6, 8, 10, 10]
+    assert all(len(metrics) == 1 for metrics in inputs.rounds)  # one process: rank 0 only
+    assert all("loss" in metrics[0] for metrics in inputs.rounds[:-1])
+    assert "train_runtime" in inputs.rounds[-1][0]
+    (result,) = inputs.results
+    assert (result.status, result.rounds) == ("finished", 6)
+    close = first_run["callback"].close_report
+    assert close is not None and close.drained and close.abandoned == 0
+    assert first_run["callback"].dropped == 0
+
+
+def test_checkpoints_snapshot_the_states_as_of_the_checkpoint(first_run: dict[str, Any]) -> None:
+    output: Path = first_run["output"]
+    key = f"{RoundCounter.__module__}.{RoundCounter.__qualname__}"
+    # checkpoint-5 came after the reports of steps 2 and 4; checkpoint-10 after 2..10.
+    for step, rounds in ((5, 2), (10, 5)):
+        snapshot = json.loads((output / f"checkpoint-{step}" / STATE_FILENAME).read_text())
+        assert snapshot["states"][key]["attributes"] == {"rounds": rounds, "last_step": 2 * rounds}
+        trainer_state = json.loads(
+            (output / f"checkpoint-{step}" / "trainer_state.json").read_text()
+        )
+        section = trainer_state["stateful_callbacks"]
+        assert section["RoundCounter"]["attributes"]["rounds"] == rounds
+        assert "TrainerControl" in section  # HF's own entries are kept
+        assert trainer_state["global_step"] == step  # and the rest of HF's file
+
+
+def test_the_recorded_log_holds_the_run(first_run: dict[str, Any]) -> None:
+    callback: EventBusCallback = first_run["callback"]
+    assert callback.log_path is not None
+    events = read_log(callback.log_path).events
+    assert isinstance(events[0], RunStarted) and events[0].world_size == 1
+    reports = [e for e in events if isinstance(e, Report)]
+    assert [r.index for r in reports] == list(range(6))
+    saved = [e for e in events if isinstance(e, CheckpointSaved)]
+    assert [Path(e.checkpoint).name for e in saved] == ["checkpoint-5", "checkpoint-10"]
+    assert [e.status for e in events if isinstance(e, RunFinished)] == ["finished"]
+
+
+def copy_checkpoint(first_run: dict[str, Any], to: Path) -> Path:
+    shutil.copytree(first_run["output"] / "checkpoint-5", to / "checkpoint-5")
+    return to / "checkpoint-5"
+
+
+def test_resume_restores_our_stateful_callbacks(first_run: dict[str, Any], tmp_path: Path) -> None:
+    checkpoint = copy_checkpoint(first_run, tmp_path)
+    counter = RoundCounter()
+    callback = EventBusCallback([Inputs(), counter])
+    trainer = make_trainer(tmp_path, callback)
+    trainer.train(resume_from_checkpoint=str(checkpoint))  # found from the resumed step
+    assert callback.restored is not None and callback.restored.restored
+    restored = callback.callbacks[1]
+    assert isinstance(restored, RoundCounter) and restored is not counter
+    # 2 rounds before checkpoint-5, then the logs at steps 6, 8, 10 and the summary.
+    assert (restored.rounds, restored.last_step) == (6, 10)
+
+
+def test_resume_falls_back_to_trainer_state_json(first_run: dict[str, Any], tmp_path: Path) -> None:
+    """Without our snapshot file, the states merged into ``stateful_callbacks`` are used."""
+    (copy_checkpoint(first_run, tmp_path) / STATE_FILENAME).unlink()
+    callback = EventBusCallback([RoundCounter()])
+    trainer = make_trainer(tmp_path, callback, max_steps=6)
+    run_with_failures(trainer, resume_from_checkpoint=True)  # the latest: checkpoint-5
+    assert callback.restored is not None and len(callback.restored.restored) == 1
+    restored = callback.callbacks[0]
+    assert (restored.rounds, restored.last_step) == (2 + 2, 6)  # the log at 6, the summary
+
+
+def test_a_callback_asking_to_stop_stops_training(tmp_path: Path) -> None:
+    stopper = StopAfter(rounds=2)
+    callback = EventBusCallback([stopper])
+    trainer = make_trainer(tmp_path, callback, max_steps=200, logging_steps=1, save_steps=1000)
+    trainer.train()
+    assert stopper.should_stop
+    # The bus thread decides after the 2nd report (step 2); the next hooks see it.
+    assert 2 <= trainer.state.global_step < 200
+
+
+def test_failing_and_hanging_callbacks_do_not_stop_training(tmp_path: Path) -> None:
+    inputs, in_thread = Inputs(), HangsInThread()
+    callback = EventBusCallback([Raises(), HangsAsync(), in_thread, inputs], log=True)
+    trainer = make_trainer(tmp_path, callback)
+    try:
+        trainer.train()
+    finally:
+        in_thread.release.set()
+    assert trainer.state.global_step == MAX_STEPS
+    assert len(inputs.rounds) == 6  # every round still reached the healthy callback
+    assert callback.log_path is not None
+    events = read_log(callback.log_path).events
+    failed = [e.handler for e in events if isinstance(e, HandlerFailed)]
+    assert failed == ["Raises.after_report"] * 6
+    timed_out = {(e.handler, e.outcome) for e in events if isinstance(e, HandlerTimedOut)}
+    assert timed_out == {
+        ("HangsAsync.after_report", "cancelled"),
+        ("HangsInThread.after_report", "abandoned"),
+    }
+
+
+def test_an_exception_in_training_becomes_a_worker_failure(tmp_path: Path) -> None:
+    inputs = Inputs()
+    callback = EventBusCallback([inputs])
+    trainer = make_trainer(tmp_path, callback, model=TinyModel(fail_at_call=3))
+    with pytest.raises(RuntimeError, match="forward failed at call 3"):
+        run_with_failures(trainer)
+    (failures,) = inputs.exceptions
+    assert list(failures) == [0]
+    assert "forward failed at call 3" in str(failures[0])
+    (result,) = inputs.results
+    assert result.status == "failed" and "RuntimeError" in (result.error or "")
+    assert len(inputs.rounds) == 1  # the log at step 2 came before the failure

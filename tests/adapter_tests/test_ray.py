@@ -1,0 +1,245 @@
+"""The Ray Train v2 adapter against a real local Ray cluster (2 CPU workers).
+
+One cluster and two ``fit()`` calls for the whole module (each costs 15-35 s
+here): a run that reports 4 rounds with checkpoints, and a run whose rank 1
+fails. The callbacks run in Ray's controller process, so the test callback
+writes what it receives to a file that the test reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+# Before ray is imported: quiet, offline, faster polling (see docs/adapters.md).
+for _name, _value in {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_TRAIN_V2_ENABLED": "1",
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_TRAIN_METRICS_ENABLED": "0",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+pytest.importorskip("ray.train", reason="Ray Train is not installed (pip install '.[ray]')")
+
+import anyio  # noqa: E402
+import ray  # noqa: E402
+import ray.cloudpickle  # noqa: E402
+import ray.train  # noqa: E402
+from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: E402
+
+from adapters.ray import EventBusUserCallback, recorded_logs  # noqa: E402
+from eventbus import RunFinished, RunStarted, read_log, replay_file  # noqa: E402
+from handlers import (  # noqa: E402
+    RoundGathered,
+    RunResult,
+    TrainRunContext,
+    UserCallback,
+    attach_user_callbacks,
+)
+
+# The controller cannot import this test module: ship its classes by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ITERATIONS = 4
+FAIL_RANK, FAIL_AT = 1, 2
+
+
+class Inputs(UserCallback):
+    """Keeps what each hook received, as JSON values (to a file when given a path)."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self.calls: list[dict[str, Any]] = []
+
+    def _keep(self, call: dict[str, Any]) -> None:
+        self.calls.append(call)
+        if self.path is not None:
+            with open(self.path, "a", encoding="utf-8") as file:
+                file.write(json.dumps(call) + "\n")
+
+    def before_run(self, run_context: TrainRunContext) -> None:
+        self._keep({"hook": "before_run", "world_size": run_context.world_size})
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self._keep({"hook": "after_report", "metrics": metrics, "checkpoint": checkpoint})
+
+    def after_exception(
+        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
+    ) -> None:
+        failures = {str(rank): str(exc) for rank, exc in sorted(worker_exceptions.items())}
+        self._keep({"hook": "after_exception", "failures": failures})
+
+    def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
+        self._keep({"hook": "after_run", "status": result.status, "rounds": result.rounds})
+
+
+def train_fn(config: dict[str, Any]) -> None:
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    for i in range(ITERATIONS):
+        if rank == config.get("fail_rank") and i == config.get("fail_at"):
+            time.sleep(1.0)  # so the other rank's previous report is gathered first
+            raise ValueError(f"boom from rank {rank} at iteration {i}")
+        metrics = {"iteration": i, "rank": rank, "loss": 1.0 / (i + 1 + rank)}
+        if i % 2 == 1:
+            with tempfile.TemporaryDirectory() as directory:
+                Path(directory, "step.json").write_text(json.dumps({"iteration": i}))
+                checkpoint = ray.train.Checkpoint.from_directory(directory)
+                ray.train.report(metrics, checkpoint=checkpoint)
+        else:
+            ray.train.report(metrics)
+
+
+def expected_metrics(i: int) -> list[dict[str, Any]]:
+    return [{"iteration": i, "rank": r, "loss": 1.0 / (i + 1 + r)} for r in range(2)]
+
+
+class Fit:
+    """What one ``fit()`` left behind."""
+
+    def __init__(self, storage: Path, name: str, error: BaseException | None) -> None:
+        self.error = error
+        self.calls = [
+            json.loads(line) for line in (storage / f"{name}.jsonl").read_text().splitlines()
+        ]
+        self.logs = recorded_logs(storage, name)
+
+
+def run_fit(storage: Path, name: str, config: dict[str, Any]) -> Fit:
+    bus_callback = EventBusUserCallback([Inputs(str(storage / f"{name}.jsonl"))], period=1.0)
+    trainer = DataParallelTrainer(
+        train_fn,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(storage),
+            callbacks=[bus_callback, bus_callback.lifecycle],
+            failure_config=FailureConfig(max_failures=0),
+        ),
+    )
+    error: BaseException | None = None
+    try:
+        trainer.fit()
+    except Exception as exc:
+        error = exc
+    assert bus_callback.run_id == ""  # the driver's object is never called: the controller's is
+    return Fit(storage, name, error)
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Fit]]:
+    storage = tmp_path_factory.mktemp("ray-storage")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield {
+            "ok": run_fit(storage, "ok", {}),
+            "fail": run_fit(storage, "fail", {"fail_rank": FAIL_RANK, "fail_at": FAIL_AT}),
+        }
+    finally:
+        ray.shutdown()
+
+
+def test_gathered_reports_equal_what_the_workers_reported(fits: dict[str, Fit]) -> None:
+    fit = fits["ok"]
+    assert fit.error is None
+    hooks = [call["hook"] for call in fit.calls]
+    assert hooks == ["before_run"] + ["after_report"] * ITERATIONS + ["after_run"]
+    reports = [call for call in fit.calls if call["hook"] == "after_report"]
+    assert [r["metrics"] for r in reports] == [expected_metrics(i) for i in range(ITERATIONS)]
+    # Ray persists the checkpoints of odd iterations in the run's storage.
+    checkpoints = [r["checkpoint"] for r in reports]
+    assert [c is not None for c in checkpoints] == [i % 2 == 1 for i in range(ITERATIONS)]
+    for checkpoint in filter(None, checkpoints):
+        assert json.loads(Path(checkpoint, "step.json").read_text())["iteration"] in (1, 3)
+    assert fit.calls[0]["world_size"] == 2
+    assert fit.calls[-1] == {"hook": "after_run", "status": "finished", "rounds": ITERATIONS}
+
+
+def test_a_failing_worker_reaches_after_exception(fits: dict[str, Fit]) -> None:
+    fit = fits["fail"]
+    assert type(fit.error).__name__ == "WorkerGroupError"
+    hooks = [call["hook"] for call in fit.calls]
+    assert hooks == ["before_run"] + ["after_report"] * FAIL_AT + ["after_exception", "after_run"]
+    (failure,) = [call for call in fit.calls if call["hook"] == "after_exception"]
+    assert list(failure["failures"]) == [str(FAIL_RANK)]
+    assert f"boom from rank {FAIL_RANK} at iteration {FAIL_AT}" in failure["failures"]["1"]
+    assert fit.calls[-1]["status"] == "failed"
+
+
+@pytest.mark.parametrize("run", ["ok", "fail"])
+def test_recorded_log_replays_to_the_same_callback_inputs(fits: dict[str, Fit], run: str) -> None:
+    fit = fits[run]
+    (log,) = fit.logs  # one run, one log: the lifecycle and the callback shared one bus
+    events = read_log(log).events
+    assert isinstance(events[0], RunStarted)
+    assert sum(isinstance(e, RunFinished) for e in events) == 1
+    live_rounds = [e.metrics for e in events if isinstance(e, RoundGathered)]
+    assert live_rounds == [c["metrics"] for c in fit.calls if c["hook"] == "after_report"]
+
+    replayed = Inputs()
+    anyio.run(replay_file, log, lambda bus: attach_user_callbacks(bus, [replayed]))
+    assert replayed.calls == fit.calls
+
+
+# --- without a cluster: the controller's side, driven by hand ----------------------------
+
+
+def fake_run_context(storage: Path) -> SimpleNamespace:
+    """The fields of Ray's ``TrainRunContext`` the adapter reads."""
+    return SimpleNamespace(
+        run_id="run-1",
+        run_config=SimpleNamespace(
+            name="fake",
+            storage_context=SimpleNamespace(
+                storage_filesystem=SimpleNamespace(type_name="local"),
+                experiment_fs_path=str(storage / "fake"),
+            ),
+        ),
+        scaling_config=SimpleNamespace(num_workers=2),
+        train_loop_config={"lr": 0.1},
+    )
+
+
+def test_the_callback_pickles_as_configuration_and_keeps_its_lifecycle(tmp_path: Path) -> None:
+    inputs = Inputs()
+    bus_callback = EventBusUserCallback([inputs], period=1.0)
+    # Ray pickles the callback and its lifecycle in one list: one object on the other side.
+    copy, lifecycle = ray.cloudpickle.loads(
+        ray.cloudpickle.dumps([bus_callback, bus_callback.lifecycle])
+    )
+    assert lifecycle.owner is copy and copy.run_id == ""
+
+    lifecycle.after_controller_start(fake_run_context(tmp_path))
+    copy.after_report(run_context=None, metrics=[{"a": 1}, {"a": 2}], checkpoint=None)
+    copy.after_report(run_context=None, metrics=["not a dict", {"a": 2}], checkpoint=None)
+    # A started callback pickles too (Ray may ship it on): without its thread or bus.
+    again = ray.cloudpickle.loads(ray.cloudpickle.dumps(copy))
+    assert again.run_id == "" and again.attachment is None
+    lifecycle.after_controller_finish(SimpleNamespace(error=None))
+
+    (log,) = recorded_logs(tmp_path, "fake")
+    replayed = Inputs()
+    anyio.run(replay_file, log, lambda bus: attach_user_callbacks(bus, [replayed]))
+    expected = [
+        {"hook": "before_run", "world_size": 2},
+        {"hook": "after_report", "metrics": [{"a": 1}, {"a": 2}], "checkpoint": None},
+        {"hook": "after_run", "status": "finished", "rounds": 1},
+    ]
+    assert replayed.calls == expected  # the bad report was caught, logged, never raised into Ray
+    assert inputs.calls == []  # the driver's object is never called

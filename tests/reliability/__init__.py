@@ -1,0 +1,1 @@
+"""Reliability suite: faults, load, crashes, damaged input, cancellation, soak."""

@@ -1,0 +1,200 @@
+"""The run composition API: lifecycle exactly once on every way out, workers, restarts."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+
+from eventbus import CheckpointSaved, Event, RunFinished, RunStarted, WorkerFailure
+from handlers import (
+    Reporter,
+    RunResult,
+    TrainRunContext,
+    UserCallback,
+    WorkerGroupError,
+    open_run,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+class Lifecycle(UserCallback):
+    event_types: ClassVar[tuple[type[Event], ...]] = (RunStarted, RunFinished, WorkerFailure)
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.events: list[Event] = []
+        self.rounds: list[tuple[list[Any], str | None]] = []
+        self.result: RunResult | None = None
+        self.exceptions: list[dict[int, Exception]] = []
+
+    def before_run(self, run_context: TrainRunContext) -> None:
+        self.calls.append("before_run")
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self.calls.append("after_report")
+        self.rounds.append(([m["step"] for m in metrics], checkpoint))
+
+    async def after_exception(
+        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
+    ) -> None:
+        self.calls.append("after_exception")
+        self.exceptions.append(worker_exceptions)
+
+    def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
+        self.calls.append("after_run")
+        self.result = result
+
+    def on_event(self, run_context: TrainRunContext, event: Event) -> None:
+        self.events.append(event)
+
+    def check_once(self, status: str) -> None:
+        assert self.calls[0] == "before_run" and self.calls.count("before_run") == 1
+        assert self.calls[-1] == "after_run" and self.calls.count("after_run") == 1
+        kinds = [type(e) for e in self.events]
+        assert kinds.count(RunStarted) == 1 and kinds.count(RunFinished) == 1
+        assert self.result is not None and self.result.status == status
+
+
+def steps(n: int) -> Any:
+    async def worker(reporter: Reporter) -> None:
+        for step in range(n):
+            await reporter.report({"step": step}, checkpoint="ck" if step == n - 1 else None)
+
+    return worker
+
+
+async def test_success_runs_lifecycle_once_and_gathers_every_round() -> None:
+    cb = Lifecycle()
+    async with open_run(world_size=3, callbacks=[cb], name="t") as run:
+        await run.workers(steps(4))
+    cb.check_once("finished")
+    assert cb.rounds == [([s] * 3, "ck" if s == 3 else None) for s in range(4)]
+    assert run.result == cb.result
+    assert cb.result is not None and (cb.result.rounds, cb.result.reports) == (4, 12)
+    assert run.latest_checkpoint == "ck"
+
+
+async def test_started_workers_are_awaited_and_their_failures_become_events() -> None:
+    cb = Lifecycle()
+
+    async def broken(reporter: Reporter) -> None:
+        raise ValueError("bad weights")
+
+    async with open_run(world_size=2, callbacks=[cb]) as run:
+        run.start_worker(0, steps(2))
+        run.start_worker(1, broken)
+    cb.check_once("finished")
+    failures = [e for e in cb.events if isinstance(e, WorkerFailure)]
+    assert [(f.rank, f.error_type, f.message) for f in failures] == [
+        (1, "ValueError", "bad weights")
+    ]
+    assert [{r: str(e) for r, e in x.items()} for x in cb.exceptions] == [
+        {1: "ValueError: bad weights"}
+    ]
+
+
+async def test_body_failure_still_runs_after_run_once_and_propagates() -> None:
+    cb = Lifecycle()
+    with pytest.raises(KeyError):
+        async with open_run(world_size=1, callbacks=[cb]) as run:
+            await run.reporter(0).report({"step": 0})
+            raise KeyError("oops")
+    cb.check_once("failed")
+    assert cb.result is not None and "KeyError" in (cb.result.error or "")
+
+
+async def test_worker_group_failure_without_restarts_fails_the_run() -> None:
+    cb = Lifecycle()
+
+    async def flaky(reporter: Reporter) -> None:
+        await reporter.report({"step": 0})
+        if reporter.rank == 1:
+            raise RuntimeError("lost device")
+        await anyio.sleep(10)  # the group is stopped when rank 1 fails
+
+    with pytest.raises(WorkerGroupError) as info:
+        async with open_run(world_size=2, callbacks=[cb]) as run:
+            await run.workers(flaky)
+    assert list(info.value.failures) == [1]
+    cb.check_once("failed")
+    assert cb.calls.count("after_exception") == 1
+
+
+async def test_restart_resumes_from_the_latest_complete_checkpoint() -> None:
+    cb = Lifecycle()
+    resumed: list[str | None] = []
+
+    async def worker(reporter: Reporter) -> None:
+        resumed.append(reporter.latest_checkpoint)
+        start = 2 if reporter.latest_checkpoint else 0
+        for step in range(start, 4):
+            await reporter.report({"step": step}, checkpoint=f"ck{step}" if step == 1 else None)
+            if reporter.attempt == 0 and step == 1:
+                await reporter.run.bus.wait_idle()
+                if reporter.rank == 0:
+                    raise RuntimeError("crash after the checkpoint")
+                await anyio.sleep(10)
+
+    announced: list[CheckpointSaved] = []
+    async with open_run(world_size=2, callbacks=[cb]) as run:
+        run.bus.subscribe(CheckpointSaved, announced.append)
+        await run.workers(worker, max_restarts=1)
+    cb.check_once("finished")
+    assert resumed == [None, None, "ck1", "ck1"]
+    assert [m for m, _ in cb.rounds] == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    assert [(c.checkpoint, c.index, c.ranks) for c in announced] == [("ck1", 1, (0, 1))]
+    assert cb.result is not None and (cb.result.restarts, cb.result.failures) == (1, 1)
+
+
+@pytest.mark.parametrize("where", ["body", "workers"])
+async def test_cancellation_still_runs_after_run_once(where: str) -> None:
+    cb = Lifecycle()
+    with anyio.CancelScope() as scope:
+        async with open_run(world_size=2, callbacks=[cb]) as run:
+
+            async def worker(reporter: Reporter) -> None:
+                await reporter.report({"step": 0})
+                await anyio.sleep(10)
+
+            if where == "workers":
+                run.start_worker(0, worker)
+                run.start_worker(1, worker)
+                await run.bus.wait_idle()
+                await anyio.sleep(0.01)
+                scope.cancel()
+            else:
+                scope.cancel()
+                await anyio.sleep(10)
+    assert scope.cancelled_caught
+    cb.check_once("cancelled")
+
+
+async def test_should_stop_follows_callbacks_and_requests() -> None:
+    class Stopper(UserCallback):
+        should_stop = False
+
+        def after_report(self, *args: Any) -> None:
+            self.should_stop = True
+
+    stopper = Stopper()
+    async with open_run(world_size=1, callbacks=[stopper]) as run:
+        reporter = run.reporter(0)
+        assert not reporter.should_stop
+        await reporter.report({"step": 0})
+        await run.bus.wait_idle()
+        assert reporter.should_stop
+    async with open_run(world_size=1) as run:
+        run.request_stop()
+        assert run.reporter(0).should_stop
+
+
+async def test_open_run_rejects_what_it_cannot_do_yet() -> None:
+    with pytest.raises(NotImplementedError, match="event log recorder"):
+        open_run(world_size=1, log="run.log")
+    with pytest.raises(ValueError, match="world_size"):
+        open_run(world_size=0)

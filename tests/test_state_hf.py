@@ -1,0 +1,307 @@
+"""Hugging Face interop: ``stateful_callbacks`` of ``trainer_state.json``, both directions.
+
+The fixtures are written by hand the way HF writes the file
+(``json.dumps(asdict(state), indent=2, sort_keys=True) + "\\n"``), NaN in
+``log_history`` included, and must come back byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventbus import (
+    CallbackState,
+    StateFormatError,
+    StateStore,
+    from_hf_callbacks,
+    read_hf_trainer_state,
+    to_hf_callbacks,
+    write_hf_trainer_state,
+)
+
+
+class EarlyStoppingCallback:
+    """HF's early stopping state, as ``transformers`` writes it."""
+
+    def __init__(
+        self, early_stopping_patience: int = 1, early_stopping_threshold: float = 0.0
+    ) -> None:
+        self.early_stopping_patience = early_stopping_patience
+        self.early_stopping_threshold = early_stopping_threshold
+        self.early_stopping_patience_counter = 0
+
+    def state(self) -> CallbackState:
+        return {
+            "args": {
+                "early_stopping_patience": self.early_stopping_patience,
+                "early_stopping_threshold": self.early_stopping_threshold,
+            },
+            "attributes": {"early_stopping_patience_counter": self.early_stopping_patience_counter},
+        }
+
+
+class TrainerControl:
+    def __init__(self, **flags: bool) -> None:
+        self.flags = {
+            name: flags.get(name, False)
+            for name in (
+                "should_epoch_stop",
+                "should_evaluate",
+                "should_log",
+                "should_save",
+                "should_training_stop",
+            )
+        }
+
+    def state(self) -> CallbackState:
+        return {"args": dict(self.flags), "attributes": {}}
+
+
+class MetricSnapshot:
+    """Several per run: our key tells them apart, HF's list form keeps them by position."""
+
+    def __init__(self, metric: str = "loss") -> None:
+        self.metric = metric
+        self.best: float | None = None
+
+    @property
+    def state_key(self) -> str:
+        return self.metric
+
+    def state(self) -> CallbackState:
+        return {"args": {"metric": self.metric}, "attributes": {"best": self.best}}
+
+
+TRAINER_STATE = """\
+{
+  "best_global_step": null,
+  "best_metric": null,
+  "best_model_checkpoint": null,
+  "epoch": 1.0,
+  "eval_steps": 500,
+  "global_step": 10,
+  "is_hyper_param_search": false,
+  "is_local_process_zero": true,
+  "is_world_process_zero": true,
+  "log_history": [
+    {
+      "epoch": 0.5,
+      "grad_norm": NaN,
+      "learning_rate": 2.5e-05,
+      "loss": 1.2345,
+      "step": 5
+    }
+  ],
+  "logging_steps": 5,
+  "max_steps": 10,
+  "num_input_tokens_seen": 0,
+  "num_train_epochs": 1,
+  "save_steps": 500,
+  "stateful_callbacks": {
+    "EarlyStoppingCallback": {
+      "args": {
+        "early_stopping_patience": 3,
+        "early_stopping_threshold": 0.0
+      },
+      "attributes": {
+        "early_stopping_patience_counter": 2
+      }
+    },
+    "MetricSnapshot": [
+      {
+        "args": {
+          "metric": "loss"
+        },
+        "attributes": {
+          "best": 0.25
+        }
+      },
+      {
+        "args": {
+          "metric": "accuracy"
+        },
+        "attributes": {
+          "best": 0.875
+        }
+      }
+    ],
+    "TrainerControl": {
+      "args": {
+        "should_epoch_stop": false,
+        "should_evaluate": false,
+        "should_log": false,
+        "should_save": true,
+        "should_training_stop": false
+      },
+      "attributes": {}
+    }
+  },
+  "total_flos": 1.2345e+16,
+  "train_batch_size": 8,
+  "trial_name": null,
+  "trial_params": null
+}
+"""
+
+
+def fixture(tmp_path: Path, text: str = TRAINER_STATE, name: str = "trainer_state.json") -> Path:
+    path = tmp_path / "checkpoint-10" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_hf_fixture_read_and_written_back_byte_for_byte(tmp_path: Path) -> None:
+    path = fixture(tmp_path)
+    snapshot = read_hf_trainer_state(path)
+    assert snapshot.keyed_by == "class_name"
+    assert list(snapshot.states) == [
+        "EarlyStoppingCallback",
+        "MetricSnapshot[0]",
+        "MetricSnapshot[1]",
+        "TrainerControl",
+    ]
+    # Written into a copy whose section was emptied: the result is the original file.
+    copy = fixture(tmp_path, TRAINER_STATE, "copy.json")
+    document = json.loads(copy.read_text())
+    document["stateful_callbacks"] = {}
+    copy.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    write_hf_trainer_state(copy, snapshot)
+    assert copy.read_text(encoding="utf-8") == TRAINER_STATE
+
+
+def test_hf_states_restored_into_live_callbacks_and_written_back_identically(
+    tmp_path: Path,
+) -> None:
+    """The whole trip: HF file -> live callbacks (in our order) -> their states -> HF file."""
+    path = fixture(tmp_path)
+    live: list[object] = [
+        TrainerControl(),
+        MetricSnapshot("loss"),
+        EarlyStoppingCallback(),
+        MetricSnapshot("accuracy"),
+    ]
+    store = StateStore(tmp_path)
+    restored, report = store.restore(live, read_hf_trainer_state(path))
+    assert report.warnings == ()
+    assert [type(cb).__name__ for cb in restored] == [
+        "TrainerControl",
+        "MetricSnapshot",
+        "EarlyStoppingCallback",
+        "MetricSnapshot",
+    ]
+    early = restored[2]
+    assert isinstance(early, EarlyStoppingCallback)
+    assert (early.early_stopping_patience, early.early_stopping_patience_counter) == (3, 2)
+    # Our snapshot of them, turned back into HF's section, gives the same file. The
+    # list form follows callback order, which here matches the saved one.
+    store.snapshot("checkpoint-10")
+    path.write_text(TRAINER_STATE.replace('"should_save": true', '"should_save": false'))
+    write_hf_trainer_state(path, store.load("checkpoint-10"))
+    assert path.read_text(encoding="utf-8") == TRAINER_STATE
+
+
+def test_our_keys_map_to_hf_class_names_with_the_list_form_for_several(tmp_path: Path) -> None:
+    early = EarlyStoppingCallback(early_stopping_patience=4)
+    loss, accuracy = MetricSnapshot("loss"), MetricSnapshot("accuracy")
+    loss.best, accuracy.best = 0.5, 0.75
+    store = StateStore(tmp_path)
+    store.register([loss, early, accuracy])
+    store.snapshot("ckpt")
+    section = to_hf_callbacks(store.load("ckpt"))
+    assert list(section) == ["MetricSnapshot", "EarlyStoppingCallback"]
+    assert section["MetricSnapshot"] == [
+        {"args": {"metric": "loss"}, "attributes": {"best": 0.5}},
+        {"args": {"metric": "accuracy"}, "attributes": {"best": 0.75}},
+    ]
+    assert section["EarlyStoppingCallback"] == early.state()
+
+
+def test_hf_list_matched_by_position_count_mismatch_flagged_hf_zip_truncated(
+    tmp_path: Path,
+) -> None:
+    section: dict[str, Any] = {
+        "MetricSnapshot": [
+            {"args": {"metric": m}, "attributes": {"best": b}}
+            for m, b in (("loss", 0.1), ("accuracy", 0.9), ("f1", 0.5))
+        ]
+    }
+    restored, report = StateStore(tmp_path).restore(
+        [MetricSnapshot("x"), MetricSnapshot("y")], from_hf_callbacks(section)
+    )
+    assert [cb.metric for cb in restored] == ["loss", "accuracy"]  # type: ignore[attr-defined]
+    assert report.missing == ("MetricSnapshot[2]",)
+    assert report.mismatched == ("MetricSnapshot: 3 saved, 2 live",)
+
+    restored, report = StateStore(tmp_path).restore(
+        [MetricSnapshot("a"), MetricSnapshot("b")],
+        from_hf_callbacks({"MetricSnapshot": section["MetricSnapshot"][0]}),
+    )
+    assert [cb.metric for cb in restored] == ["loss", "b"]  # type: ignore[attr-defined]
+    assert report.unsaved == (f"{__name__}.MetricSnapshot[b]",)
+    assert report.mismatched == ("MetricSnapshot: 1 saved, 2 live",)
+
+
+def test_writing_hf_section_replaces_it_never_appends_hf_list_grew(tmp_path: Path) -> None:
+    path = fixture(tmp_path)
+    store = StateStore(tmp_path)
+    store.register([MetricSnapshot("loss"), MetricSnapshot("accuracy")])
+    store.snapshot("ckpt")
+    for _ in range(3):
+        write_hf_trainer_state(path, store.load("ckpt"))
+    document = json.loads(path.read_text())
+    assert list(document["stateful_callbacks"]) == ["MetricSnapshot"]
+    assert len(document["stateful_callbacks"]["MetricSnapshot"]) == 2
+    assert document["global_step"] == 10 and len(document["log_history"]) == 1
+
+
+def test_two_classes_with_one_name_cannot_be_written_to_hf(tmp_path: Path) -> None:
+    def make() -> type:
+        class MetricSnapshot:
+            def state(self) -> CallbackState:
+                return {"args": {}, "attributes": {}}
+
+        return MetricSnapshot
+
+    store = StateStore(tmp_path)
+    store.register([MetricSnapshot(), make()()])
+    store.snapshot("ckpt")
+    with pytest.raises(StateFormatError, match=r"MetricSnapshot and .*<locals>\.MetricSnapshot"):
+        to_hf_callbacks(store.load("ckpt"))
+
+
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        (
+            {"EarlyStoppingCallback": {"args": {}, "attributes": {"best": float("nan")}}},
+            "stateful_callbacks.EarlyStoppingCallback.attributes.best: nan",
+        ),
+        (
+            {"MetricSnapshot": [{"args": {}, "attributes": {}}, {"args": {}}]},
+            "stateful_callbacks.MetricSnapshot[1].attributes: must be a dict",
+        ),
+        ([1, 2], "stateful_callbacks: expected a mapping"),
+    ],
+)
+def test_bad_hf_section_names_the_offending_path(section: Any, where: str) -> None:
+    with pytest.raises(StateFormatError) as info:
+        from_hf_callbacks(section)
+    assert str(info.value).startswith(where)
+
+
+def test_trainer_state_without_section_or_file(tmp_path: Path) -> None:
+    path = fixture(tmp_path, '{"global_step": 3}')
+    assert read_hf_trainer_state(path).states == {}
+    new = tmp_path / "new" / "trainer_state.json"
+    write_hf_trainer_state(new, from_hf_callbacks({"TrainerControl": TrainerControl().state()}))
+    assert json.loads(new.read_text()) == {
+        "stateful_callbacks": {"TrainerControl": TrainerControl().state()}
+    }
+    broken = fixture(tmp_path, "{", "broken.json")
+    with pytest.raises(StateFormatError, match=r"broken\.json: not JSON"):
+        read_hf_trainer_state(broken)
