@@ -15,6 +15,7 @@ import math
 import random
 import sys
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -99,19 +100,47 @@ class DemoSummary:
     status: str = ""
     callback_seconds: dict[str, float] = field(default_factory=dict)
     periods: int = 0
+    log: Path | None = None
+    resumed_from: Path | None = None
+    restored: tuple[str, ...] = ()
+    early_stopping: str = ""
 
     def lines(self) -> list[str]:
         total = sum(self.callback_seconds.values())
         worst = sorted(self.callback_seconds.items(), key=lambda kv: kv[1], reverse=True)[:4]
         loss = f"{self.final_loss:.5f}" if self.final_loss is not None else "n/a"
+        resumed = (
+            [f"resumed from {self.resumed_from}: restored {_class_names(self.restored)}"]
+            if self.resumed_from is not None
+            else []
+        )
         return [
+            *resumed,
             f"run {self.status}: {self.rounds} rounds from {self.reports} reports",
             f"checkpoints: {self.checkpoints} in {self.out} (best by loss: {self.best_checkpoint})",
             f"failures: {self.failures}, restarts: {self.restarts}, "
             f"stopped early: {'yes' if self.stopped_early else 'no'}, final mean loss: {loss}",
+            f"early stopping: {self.early_stopping}",
             f"callback time: {total * 1e3:.3f} ms over {self.periods} health-check periods"
             + "".join(f"\n  {name}: {sec * 1e3:.3f} ms" for name, sec in worst),
+            *([f"event log: {self.log}"] if self.log is not None else []),
         ]
+
+
+def _class_names(keys: tuple[str, ...]) -> str:
+    """``pkg.mod.Class[state key]`` -> ``Class``: the summary names what was restored."""
+    return ", ".join(key.split("[")[0].rsplit(".", 1)[-1] for key in keys) or "nothing"
+
+
+def _demo_checkpoint(path: Path, workers: int) -> Path:
+    """``path`` resolved, once it is known to hold a checkpoint of every rank."""
+    path = path.resolve()
+    missing = [r for r in range(workers) if not (path / f"rank_{r}.json").is_file()]
+    if missing:
+        raise ValueError(
+            f"{path}: not a demo checkpoint of {workers} ranks (no rank_{missing[0]}.json)"
+        )
+    return path
 
 
 async def run_demo(
@@ -126,15 +155,28 @@ async def run_demo(
     step_time: float = 0.01,
     lr: float = 0.05,
     progress: TextIO | None = None,
+    resume: Path | None = None,
+    log: bool = True,
 ) -> DemoSummary:
-    """Train, and return what happened (see the module docstring)."""
+    """Train, and return what happened (see the module docstring).
+
+    ``resume``: a checkpoint of an earlier demo run; the workers start from
+    its weights and the callbacks from their saved state, in the same run
+    directory (unless ``out`` says otherwise). ``log``: record the run's
+    events to ``<out>/<run id>.evlog``.
+    """
     if workers < 1 or steps < 1 or checkpoint_every < 1:
         raise ValueError("workers, steps and checkpoint_every must be at least 1")
     if fail_rank is not None and not 0 <= fail_rank < workers:
         raise ValueError(f"--fail-rank {fail_rank} is outside 0..{workers - 1}")
+    if resume is not None:
+        resume = _demo_checkpoint(resume, workers)
+        out = out if out is not None else resume.parent
     out = out if out is not None else Path(tempfile.mkdtemp(prefix="eventbus-demo-"))
     out.mkdir(parents=True, exist_ok=True)
-    summary = DemoSummary(out=out)
+    run_id = f"demo-{uuid.uuid4().hex[:8]}"
+    log_path = out / f"{run_id}.evlog" if log else None
+    summary = DemoSummary(out=out, log=log_path, resumed_from=resume)
     stopping = EarlyStopping("loss", patience=20, threshold=1e-4)
     best = BestCheckpoints("loss", k=3)
     callbacks = [
@@ -148,8 +190,10 @@ async def run_demo(
     async def train(reporter: Reporter) -> None:
         rank = reporter.rank
         model = LinearModel()
-        if reporter.latest_checkpoint is not None:  # a restart: resume where the group was
-            text = await anyio.Path(reporter.latest_checkpoint, f"rank_{rank}.json").read_text()
+        # A restart resumes where the group was; a resumed run, from its checkpoint.
+        source = reporter.latest_checkpoint or (str(resume) if resume is not None else None)
+        if source is not None:
+            text = await anyio.Path(source, f"rank_{rank}.json").read_text()
             model = LinearModel.from_json(text)
         data = make_shard(seed * 1000 + rank + 1, 256)
         rng = random.Random(seed * 1000 + rank + 1 + 7919 * reporter.attempt)
@@ -172,10 +216,19 @@ async def run_demo(
         world_size=workers,
         callbacks=callbacks,
         name="demo",
+        run_id=run_id,
         period=period,
         storage=str(out),
         config={"steps": steps, "lr": lr, "checkpoint_every": checkpoint_every, "seed": seed},
+        log=summary.log,
+        state_dir=out,
+        resume_from=resume,
     ) as run:
+        if run.restored is not None:
+            summary.restored = run.restored.restored
+        # Resuming rebuilt the stateful callbacks: report on the live ones.
+        stopping = next(c for c in run.callbacks if isinstance(c, EarlyStopping))
+        best = next(c for c in run.callbacks if isinstance(c, BestCheckpoints))
 
         def on_budget(report: BudgetReport) -> None:
             summary.periods += 1
@@ -199,6 +252,12 @@ async def run_demo(
     summary.failures = result.failures
     summary.restarts = result.restarts
     summary.stopped_early = stopping.should_stop
+    summary.early_stopping = (
+        f"best loss {stopping.best:.5f}, {stopping.wait} rounds without improvement "
+        f"(patience {stopping.patience})"
+        if stopping.best is not None
+        else "no rounds yet"
+    )
     summary.best_checkpoint = best.best
     finite = [v for v in last_losses.values() if math.isfinite(v)]
     summary.final_loss = sum(finite) / len(finite) if finite else None

@@ -23,9 +23,12 @@ from eventbus import (
     CheckpointSaved,
     Clock,
     EventBus,
+    LogRecorder,
     Report,
     RunFinished,
     RunStarted,
+    StateRestored,
+    StateStore,
     WorkerFailure,
     WorkerGroupRestarted,
     get_logger,
@@ -106,9 +109,15 @@ class Run:
         clock: Clock | None,
         required_ranks: Iterable[int] | None,
         drain_timeout: float,
+        log: str | Path | None = None,
+        state_dir: str | Path | None = None,
+        resume_from: str | Path | None = None,
+        strict_state: bool = False,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
+        if resume_from is not None and state_dir is None:
+            raise ValueError("resume_from= needs state_dir=, where the callback states were saved")
         self.world_size = world_size
         self.name = name
         self.run_id = run_id or f"{name}-{uuid.uuid4().hex[:8]}"
@@ -123,6 +132,23 @@ class Run:
             period=period,
             budget=budget,
             drain_timeout=drain_timeout,
+        )
+        # Callback states: snapshotted at every checkpoint, restored (in place,
+        # order kept) before any callback runs when resuming.
+        self.state_store: StateStore | None = None
+        self.restored: StateRestored | None = None
+        if state_dir is not None:
+            self.state_store = StateStore(state_dir, strict=strict_state)
+            if resume_from is not None:
+                self.callbacks, self.restored = self.state_store.restore(
+                    self.callbacks, str(resume_from)
+                )
+            else:
+                self.state_store.register(self.callbacks)
+            self.state_store.attach(self.bus)
+        # The log records every event of the bus, from RunStarted to the last budget report.
+        self.recorder = (
+            LogRecorder(log, run_id=self.run_id).attach(self.bus) if log is not None else None
         )
         self.attachment: CallbackAttachment | None = None
         self.status: RunStatus | None = None
@@ -285,8 +311,6 @@ class Run:
     # --- lifecycle ------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        # Where the event log recorder (log=) and the state store (state_dir=,
-        # resume_from=) attach: after the callbacks, before RunStarted.
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:
@@ -294,8 +318,13 @@ class Run:
         except BaseException:
             self._bus_stop.set()
             await self._tg.__aexit__(None, None, None)
+            self._close_log()
             raise
         return self
+
+    def _close_log(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
 
     async def _start(self) -> None:
         assert self._tg is not None
@@ -320,6 +349,8 @@ class Run:
                 wall_time=time.time(),
             )
         )
+        if self.restored is not None:
+            await self.bus.publish(self.restored)
 
     async def _host_bus(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -359,11 +390,14 @@ class Run:
             await self._finish(self.status, error)
             self._bus_stop.set()
         # The bus task shields itself and has been told to stop: this only waits for it.
-        if cancelled:
-            assert exc is not None
-            await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
-        else:
-            await self._tg.__aexit__(None, None, None)
+        try:
+            if cancelled:
+                assert exc is not None
+                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            else:
+                await self._tg.__aexit__(None, None, None)
+        finally:
+            self._close_log()
         if self._bus_error is not None and exc is None:
             raise self._bus_error
         if cancelled and exc_type is None and exc is not None:
@@ -425,6 +459,7 @@ def open_run(
     log: str | Path | None = None,
     state_dir: str | Path | None = None,
     resume_from: str | Path | None = None,
+    strict_state: bool = False,
 ) -> Run:
     """Open a run: ``async with open_run(world_size=4, callbacks=[...]) as run:``.
 
@@ -433,13 +468,15 @@ def open_run(
     default deadline of one callback call, ``budget`` the callbacks' share of
     a period. ``RunStarted``/``RunFinished`` and ``before_run``/``after_run``
     happen exactly once, also when the body fails or is cancelled.
+
+    ``log``: record every event of the run to this file (msgpack, or JSON
+    Lines for ``.jsonl``), fsynced at every checkpoint. ``state_dir``: snapshot
+    every stateful callback at every checkpoint, into the checkpoint (which
+    must lie under ``state_dir``). ``resume_from``: a checkpoint under
+    ``state_dir`` whose callback states are restored before the run starts
+    (warnings for saved-but-missing and live-but-unsaved callbacks;
+    ``strict_state=True`` raises instead).
     """
-    for option, value in (("log", log), ("state_dir", state_dir), ("resume_from", resume_from)):
-        if value is not None:
-            raise NotImplementedError(
-                f"open_run({option}=...) is not wired yet: it arrives with the "
-                f"{'event log recorder' if option == 'log' else 'state store'}"
-            )
     if not math.isfinite(period) or period <= 0:
         raise ValueError(f"period must be a positive number of seconds, got {period}")
     return Run(
@@ -456,4 +493,8 @@ def open_run(
         clock=clock,
         required_ranks=required_ranks,
         drain_timeout=drain_timeout,
+        log=log,
+        state_dir=state_dir,
+        resume_from=resume_from,
+        strict_state=strict_state,
     )

@@ -40,3 +40,38 @@ def test_demo_bad_argument_is_a_one_line_error() -> None:
     proc = run_demo("--workers", "2", "--fail-rank", "5")
     assert proc.returncode == 2
     assert "fail-rank 5" in proc.stderr
+
+
+def test_demo_resumes_weights_and_callback_state_and_records_its_log(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    fast = ["--workers", "2", "--checkpoint-every", "5", "--step-time", "0.001"]
+    first = run_demo(*fast, "--steps", "20", "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    checkpoint = out / "checkpoint_000020"
+    saved = json.loads((checkpoint / "callback_state.json").read_text())
+    early = next(v for k, v in saved["states"].items() if "EarlyStopping" in k)
+
+    second = run_demo(*fast, "--steps", "30", "--resume", str(checkpoint))
+    assert second.returncode == 0, second.stderr
+    assert f"resumed from {checkpoint}: restored EarlyStopping, BestCheckpoints" in second.stdout
+    assert "run finished: 10 rounds from 20 reports" in second.stdout  # steps 21..30
+    assert (out / "checkpoint_000030" / "rank_1.json").exists()  # same run directory
+    # The callbacks went on from their saved state: early stopping counted every round of
+    # both runs, and the top-3 checkpoints still hold one from the first run.
+    resumed = json.loads((out / "checkpoint_000030" / "callback_state.json").read_text())
+    states = {k.split("[")[0].rsplit(".", 1)[-1]: v for k, v in resumed["states"].items()}
+    assert early["attributes"]["rounds"] == 20
+    assert states["EarlyStopping"]["attributes"]["rounds"] == 30
+    top = [path for _, path in states["BestCheckpoints"]["attributes"]["top"]]
+    assert len(top) == 3 and any(int(p[-6:]) <= 20 for p in top)
+    logs = sorted(out.glob("demo-*.evlog"))
+    assert len(logs) == 2
+    shown = subprocess.run(
+        [sys.executable, "-m", "adapters.cli", "stats", str(logs[-1])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "StateRestored" in shown.stdout and "Report" in shown.stdout

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 import pytest
 
-from eventbus import CheckpointSaved, Event, RunFinished, RunStarted, WorkerFailure
+from eventbus import (
+    BudgetReport,
+    CheckpointSaved,
+    Event,
+    Report,
+    RunFinished,
+    RunStarted,
+    StateRestoreError,
+    WorkerFailure,
+    read_log,
+    state_key_of,
+)
 from handlers import (
+    EarlyStopping,
     Reporter,
     RunResult,
     TrainRunContext,
@@ -193,8 +206,79 @@ async def test_should_stop_follows_callbacks_and_requests() -> None:
         assert run.reporter(0).should_stop
 
 
-async def test_open_run_rejects_what_it_cannot_do_yet() -> None:
-    with pytest.raises(NotImplementedError, match="event log recorder"):
-        open_run(world_size=1, log="run.log")
+async def test_open_run_rejects_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="world_size"):
         open_run(world_size=0)
+    with pytest.raises(ValueError, match="state_dir"):
+        open_run(world_size=1, resume_from=tmp_path / "ck")
+
+
+def snapshot_folders(root: Path) -> list[str]:
+    return sorted(p.parent.name for p in root.glob("ck-*/callback_state.json"))
+
+
+def checkpointing(n: int, root: Path) -> Any:
+    """Each rank reports ``n`` steps, naming a checkpoint under ``root`` every 2 steps."""
+
+    async def worker(reporter: Reporter) -> None:
+        for step in range(n):
+            checkpoint = str(root / f"ck-{step}") if step % 2 == 1 else None
+            await reporter.report({"step": step, "loss": 1.0 / (step + 1)}, checkpoint=checkpoint)
+            await anyio.lowlevel.checkpoint()
+
+    return worker
+
+
+async def test_log_records_the_whole_run_from_start_to_the_last_budget_report(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "run.evlog"
+    async with open_run(world_size=2, log=log, name="logged") as run:
+        await run.workers(steps(3))
+    events = read_log(log).events
+    assert isinstance(events[0], RunStarted)
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    assert sum(isinstance(e, Report) for e in events) == 6
+    assert any(isinstance(e, RunFinished) for e in events)
+    assert isinstance(events[-1], BudgetReport) and events[-1].partial
+    assert run.recorder is not None and run.recorder.closed
+
+
+async def test_state_is_snapshotted_at_each_checkpoint_and_restored_on_resume(
+    tmp_path: Path,
+) -> None:
+    early = EarlyStopping("loss", patience=50)
+    async with open_run(world_size=2, callbacks=[early], state_dir=tmp_path) as run:
+        await run.workers(checkpointing(6, tmp_path))
+    assert early.best == pytest.approx(1 / 6)
+    assert snapshot_folders(tmp_path) == ["ck-1", "ck-3", "ck-5"]
+
+    fresh = EarlyStopping("loss", patience=50)
+    async with open_run(
+        world_size=2,
+        callbacks=[fresh, Lifecycle()],
+        state_dir=tmp_path,
+        resume_from=tmp_path / "ck-3",
+        strict_state=False,
+    ) as resumed:
+        restored = resumed.callbacks[0]
+        assert isinstance(restored, EarlyStopping) and restored is not fresh
+        # As it was at ck-3 (after the round of step 3), before any new round.
+        assert restored.best == pytest.approx(1 / 4) and restored.wait == 0
+        assert isinstance(resumed.callbacks[1], Lifecycle)  # order kept
+    assert resumed.restored is not None
+    assert resumed.restored.restored == (state_key_of(fresh),)
+    assert resumed.restored.unsaved == () and resumed.restored.missing == ()
+
+
+async def test_strict_resume_refuses_a_callback_set_that_does_not_match(tmp_path: Path) -> None:
+    async with open_run(world_size=1, callbacks=[EarlyStopping("loss")], state_dir=tmp_path) as run:
+        await run.workers(checkpointing(2, tmp_path))
+    with pytest.raises(StateRestoreError, match="EarlyStopping"):
+        open_run(
+            world_size=1,
+            callbacks=[],
+            state_dir=tmp_path,
+            resume_from=tmp_path / "ck-1",
+            strict_state=True,
+        )

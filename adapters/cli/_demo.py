@@ -39,6 +39,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--step-time", type=float, default=0.01, help="seconds per step of rank 0 (default 0.01)"
     )
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="CHECKPOINT",
+        help="continue from a checkpoint of an earlier demo run: weights and callback state",
+    )
+    parser.add_argument(
+        "--no-log", action="store_true", help="do not record the event log (<out>/<run id>.evlog)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -54,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             period=args.period,
             step_time=args.step_time,
+            resume=args.resume,
+            log=not args.no_log,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
