@@ -62,12 +62,12 @@ from eventbus import (
     StateSnapshotted,
     StateStore,
     WorkerFailure,
+    atomic_write,
     get_logger,
     is_stateful,
     read_hf_trainer_state,
     to_hf_callbacks,
 )
-from eventbus._state_files import atomic_write
 from handlers import CallbackAttachment, attach_user_callbacks
 
 from ._bus_thread import Backend, BusThread

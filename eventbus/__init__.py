@@ -68,7 +68,7 @@ from ._state import (
     is_stateful,
     state_key_of,
 )
-from ._state_files import STATE_FILENAME, StatePathError
+from ._state_files import STATE_FILENAME, StatePathError, atomic_write
 from ._state_hf import (
     from_hf_callbacks,
     read_hf_trainer_state,
@@ -153,6 +153,7 @@ __all__ = [
     "WorkerFailure",
     "WorkerGroupRestarted",
     "__version__",
+    "atomic_write",
     "configure_logging",
     "decode_json",
     "decode_msgpack",

@@ -85,7 +85,7 @@ class LogReader:
             meta_size = PREFIX.unpack(start)[3]
             if meta_size > MAX_RECORD:
                 raise LogFormatError(f"{self.path}: damaged log header (metadata size {meta_size})")
-            meta = f.read(meta_size)
+            meta = f.read(min(meta_size, self._remaining(PREFIX.size)))
             if len(meta) < meta_size:
                 raise LogFormatError(
                     f"{self.path}: truncated log header ({PREFIX.size + len(meta)} of "
@@ -163,7 +163,9 @@ class LogReader:
             view.release()
             if not chunk:
                 break
-            need = size + 4 if pos + 4 <= end else 0
+            # A record longer than a chunk: read it whole, but never more than the
+            # file still holds (a damaged length must not allocate what it claims).
+            need = min(size + 4, self._remaining(base + end)) if pos + 4 <= end else 0
         self.count = index - self.skipped
         if pos < len(data):
             self.truncated = TruncatedTail(offset=base + pos, index=index, size=len(data) - pos)
@@ -190,6 +192,9 @@ class LogReader:
                 yield event
             offset += len(line)
             index += 1
+
+    def _remaining(self, offset: int) -> int:
+        return max(0, os.fstat(self._file.fileno()).st_size - offset)
 
     def close(self) -> None:
         self._file.close()

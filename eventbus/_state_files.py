@@ -68,6 +68,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, whole."""
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(path)
     temporary = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     # Created like any new file (the umask applies), or with the mode of the file it replaces.
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -88,6 +89,29 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _remove_leftovers(path: Path) -> None:
+    """Delete temporary files of ``path`` left by writers that died mid-write.
+
+    A temporary file names its writer's pid: one whose process is gone can
+    never be renamed into place. Those of live processes are left alone.
+    """
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = leftover.name[len(path.name) + 2 :].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        leftover.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def write_snapshot(path: Path, snapshot: Snapshot) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -159,3 +160,21 @@ def test_crash_during_rewrite_always_leaves_a_whole_snapshot(tmp_path: Path) -> 
     # Killed writers may leave their temporary files, never a damaged snapshot.
     leftovers = [p for p in (tmp_path / "ckpt").iterdir() if p.name != STATE_FILENAME]
     assert all(p.name.startswith(f".{STATE_FILENAME}.") and p.suffix == ".tmp" for p in leftovers)
+
+
+def test_leftovers_of_dead_writers_are_removed_on_the_next_write(tmp_path: Path) -> None:
+    target = tmp_path / "callback_state.json"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = tmp_path / f".callback_state.json.{dead.stdout.strip()}.abcd1234.tmp"
+    stale.write_bytes(b"half a snap")
+    live = tmp_path / f".callback_state.json.{os.getppid()}.abcd1234.tmp"
+    live.write_bytes(b"someone is writing")
+    atomic_write(target, b"{}")
+    assert not stale.exists()
+    assert live.exists()  # its writer may still rename it
+    assert target.read_bytes() == b"{}"

@@ -1,0 +1,35 @@
+"""The examples users copy still run as written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run_example(name: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_demo_trainer_example() -> None:
+    done = run_example("demo_trainer.py", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "rank 1 failed: RuntimeError: simulated failure" in done.stdout
+    assert "status='finished'" in done.stdout and "restarts=1" in done.stdout
+    assert "best checkpoint:" in done.stdout
+
+
+def test_hf_trainer_example() -> None:
+    pytest.importorskip("transformers")
+    done = run_example("hf_trainer.py", timeout=300)
+    assert done.returncode == 0, done.stderr
