@@ -34,7 +34,7 @@ from eventbus import (
     WorkerFailure,
     replay,
 )
-from handlers import TrainRunContext, WorkerError, attach_user_callbacks
+from handlers import TrainRunContext, WorkerError, attach_user_callbacks, implemented_hooks
 
 __all__ = [
     "BenchResult",
@@ -243,6 +243,7 @@ async def _direct(
     calls: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = []
     for callback in callbacks:
         cls = type(callback).__qualname__
+        hooks = implemented_hooks(callback)
         for hook, args_list in (
             ("before_run", [(context,)]),
             ("after_report", [(context, m, c) for m, c in rounds]),
@@ -251,9 +252,8 @@ async def _direct(
                 [(context, {f.rank: WorkerError.from_failure(f)}) for f in failures],
             ),
         ):
-            method = getattr(callback, hook, None)
-            if method is not None:
-                calls.extend((f"{cls}.{hook}", method, args) for args in args_list)
+            if hook in hooks:
+                calls.extend((f"{cls}.{hook}", hooks[hook], args) for args in args_list)
     per_call: dict[str, list[float]] = {}
     clock = time.perf_counter
     total = 0.0

@@ -22,7 +22,7 @@ from ._metrics_logger import MetricsLogger
 from ._progress import ProgressDisplay
 from ._reports import ReportCallbackHandler
 from ._run import Reporter, Run, WorkerFn, open_run
-from ._user import UserCallbackHandler
+from ._user import UserCallbackHandler, implemented_hooks
 
 __all__ = [
     "BestCheckpoints",
@@ -51,5 +51,6 @@ __all__ = [
     "WorkerFn",
     "WorkerGroupError",
     "attach_user_callbacks",
+    "implemented_hooks",
     "open_run",
 ]

@@ -22,7 +22,7 @@ from ._errors import WorkerError
 from ._events import FailuresGathered, RoundGathered, RunBegan, RunEnded
 from ._interfaces import UserCallback
 
-__all__ = ["UserCallbackHandler"]
+__all__ = ["UserCallbackHandler", "implemented_hooks"]
 
 _HOOKS: tuple[tuple[str, type[Event]], ...] = (
     ("before_run", RunBegan),
@@ -166,6 +166,16 @@ class UserCallbackHandler:
     def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
         self.run_context = run_context
         self._emit(RunEnded(origin=self.origin, result=result))
+
+
+def implemented_hooks(callback: Any) -> dict[str, Callable[..., Any]]:
+    """The training hooks ``callback`` really implements, by name (bound methods).
+
+    A ``UserCallback`` subclass implements what it overrides; any other object,
+    whatever hook methods it has.
+    """
+    hooks = {hook: _overridden(callback, hook) for hook, _ in _HOOKS}
+    return {hook: method for hook, method in hooks.items() if method is not None}
 
 
 def _overridden(callback: Any, hook: str) -> Callable[..., Any] | None:
