@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import anyio
@@ -149,30 +149,20 @@ async def replay(
     usage = _Usage()
     usage_sub = bus.subscribe(BudgetReport, usage, name=_USAGE_NAME, order=sys.maxsize)
     replace = msgspec.structs.replace
-    replayed = filtered = 0
+    selection = _Selection(events, keep, include_diagnostics)
     started = time.perf_counter()
-    first_time: float | None = None
-    last_time: float | None = None
     try:
         if isinstance(bus.clock, VirtualClock) and instant:
             clock = bus.clock
-            for event in events:
+            for event in selection:
                 t = event.time
-                if first_time is None:
-                    first_time = t
-                last_time = t
-                if (not include_diagnostics and isinstance(event, BUS_DIAGNOSTICS)) or (
-                    keep is not None and not keep(event)
-                ):
-                    filtered += 1
-                    continue
-                replayed += 1
                 if t > clock.now():
                     if t >= bus.period_end:
                         await _cross_period(bus, clock, t, replace(event, seq=-1))
                         continue
                     clock.set(t)
                 await bus.publish(replace(event, seq=-1))
+            last_time = selection.last_time
             if last_time is not None and last_time > clock.now():
                 # The recorded run went on (its last ticks): let the periods roll as they did.
                 await _cross_period(bus, clock, last_time, None)
@@ -180,18 +170,9 @@ async def replay(
             assert speed is not None
             now = bus.clock.now
             start = now()
-            for event in events:
-                t = event.time
-                if first_time is None:
-                    first_time = t
-                last_time = t
-                if (not include_diagnostics and isinstance(event, BUS_DIAGNOSTICS)) or (
-                    keep is not None and not keep(event)
-                ):
-                    filtered += 1
-                    continue
-                replayed += 1
-                delay = start + (t - first_time) / speed - now()
+            for event in selection:
+                assert selection.first_time is not None
+                delay = start + (event.time - selection.first_time) / speed - now()
                 if delay > 0:
                     await anyio.sleep(delay)
                 await bus.publish(replace(event, seq=-1, time=0.0))
@@ -220,16 +201,46 @@ async def replay(
             )
         )
     return ReplaySummary(
-        replayed=replayed,
-        filtered=filtered,
-        first_time=first_time,
-        last_time=last_time,
+        replayed=selection.replayed,
+        filtered=selection.filtered,
+        first_time=selection.first_time,
+        last_time=selection.last_time,
         handlers=tuple(handlers),
         bus=stats,
         truncated=reader.truncated if reader is not None else None,
         skipped_corrupt=reader.skipped if reader is not None else 0,
         wall_time=time.perf_counter() - started,
     )
+
+
+class _Selection:
+    """The events to replay, in order, counting what the filters left out and
+    noting the recorded time span (of every event, filtered or not)."""
+
+    def __init__(
+        self, events: Iterable[Event], keep: EventFilter | None, include_diagnostics: bool
+    ) -> None:
+        self.events = events
+        self.keep = keep
+        self.include_diagnostics = include_diagnostics
+        self.replayed = self.filtered = 0
+        self.first_time: float | None = None
+        self.last_time: float | None = None
+
+    def __iter__(self) -> Iterator[Event]:
+        keep = self.keep
+        skip_diagnostics = not self.include_diagnostics
+        for event in self.events:
+            if self.first_time is None:
+                self.first_time = event.time
+            self.last_time = event.time
+            if (skip_diagnostics and isinstance(event, BUS_DIAGNOSTICS)) or (
+                keep is not None and not keep(event)
+            ):
+                self.filtered += 1
+                continue
+            self.replayed += 1
+            yield event
 
 
 async def _cross_period(bus: EventBus, clock: VirtualClock, t: float, event: Event | None) -> None:
