@@ -68,6 +68,7 @@ class LogRecorder:
         self.batch_bytes = batch_bytes
         self.flush_interval = flush_interval
         self.header = LogHeader(run_id=run_id, created=time.time() if created is None else created)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
         self._buffer = bytearray(encode_header(self.header, self.format))
         self._last_flush = time.monotonic()

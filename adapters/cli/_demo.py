@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    print(f"checkpoints in {summary.out}")
     for line in summary.lines():
         print(line)
+    if summary.log is not None:
+        latest = max(summary.out.glob("checkpoint_*"), default=None)
+        print(f"next: eventbus show {summary.log} | eventbus stats {summary.log}")
+        if latest is not None and not summary.stopped_early:  # early stopping would hold
+            print(f"      eventbus demo --resume {latest} --steps {args.steps + 50}")
     return 0
