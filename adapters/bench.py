@@ -16,7 +16,7 @@ import inspect
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -32,7 +32,6 @@ from eventbus import (
     RunFinished,
     RunStarted,
     WorkerFailure,
-    replay,
 )
 from handlers import TrainRunContext, WorkerError, attach_user_callbacks, implemented_hooks
 
@@ -76,6 +75,12 @@ class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
+    """A bench run. ``bus_seconds``: the workload through the bus with the
+    callbacks; ``baseline_seconds``: the same with nothing attached (driving
+    the workload); ``floor_seconds``: the callbacks called directly.
+    ``overhead_per_event`` is what the runtime adds per event: bus - baseline -
+    floor; ``ratio`` is (bus - baseline) / floor."""
+
     events: int
     rounds: int
     periods: int
@@ -83,6 +88,7 @@ class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
     budget: float
     timeline: float
     bus_seconds: float
+    baseline_seconds: float
     floor_seconds: float
     ratio: float
     overhead_per_event: float
@@ -170,17 +176,38 @@ def run_bench(
     reports, bus_seconds, rounds = anyio.run(
         _through_bus, make_callbacks(), events, bus_options, progress
     )
-    floor_seconds, per_call = anyio.run(_direct, make_callbacks(), rounds, events)
+    # The same workload with nothing attached: what driving it costs, to take out.
+    _, baseline_seconds, _ = anyio.run(_through_bus, [], events, bus_options, None)
+    # Fresh callbacks for each pass: stateful ones see the run once each time.
+    floor_seconds = anyio.run(_floor, _direct_calls(make_callbacks(), rounds, events))
+    per_call = anyio.run(_per_call, _direct_calls(make_callbacks(), rounds, events))
     return _figures(
         events,
         reports=reports,
         rounds=rounds,
         bus_seconds=bus_seconds,
+        baseline_seconds=baseline_seconds,
         floor_seconds=floor_seconds,
         per_call=per_call,
         period=period,
         budget=budget,
     )
+
+
+def callback_name(callback: Any) -> str:
+    """How a callback is named in the figures: its class, or a function's own name."""
+    name = getattr(callback, "__qualname__", None)  # functions and methods have their own
+    return name if isinstance(name, str) else type(callback).__qualname__
+
+
+def _split(callbacks: list[Any]) -> tuple[list[Any], list[Any]]:
+    """Training callbacks (with training hooks) and plain bus handlers (callables)."""
+    training = [c for c in callbacks if implemented_hooks(c)]
+    plain = [c for c in callbacks if not implemented_hooks(c)]
+    for handler in plain:
+        if not callable(handler):
+            raise ValueError(f"{callback_name(handler)}: neither a training callback nor callable")
+    return training, plain
 
 
 async def _through_bus(
@@ -190,27 +217,43 @@ async def _through_bus(
     progress: Progress | None,
 ) -> tuple[list[BudgetReport], float, list[tuple[list[dict[str, Any]], str | None]]]:
     world_size = max((getattr(e, "world_size", 0) for e in events), default=0) or None
+    training, plain = _split(callbacks)
     clock = FastForwardClock(start=events[0].time)
     reports: list[BudgetReport] = []
     rounds: list[tuple[list[dict[str, Any]], str | None]] = []
+    copies = [msgspec.structs.replace(e, seq=-1) for e in events]  # a bus stamps what it gets
     started = time.perf_counter()
     async with EventBus(clock=clock, **bus_options) as bus:
         bus.subscribe(BudgetReport, reports.append, name="bench.budget_reports", order=10**9)
-        attach_user_callbacks(
-            bus, callbacks, world_size=world_size, report_callbacks=[_RoundRecorder(rounds)]
-        )
-        await replay(bus, _reporting(events, progress))
+        if training:
+            attach_user_callbacks(
+                bus, training, world_size=world_size, report_callbacks=[_RoundRecorder(rounds)]
+            )
+        workload_types = tuple({type(e) for e in events})
+        for handler in plain:
+            bus.subscribe(workload_types, handler, name=callback_name(handler))
+        await _drive(bus, clock, copies, progress)
         clock.set(clock.now() + bus.period)  # close the last period
         await bus.wait_idle()
     return reports, time.perf_counter() - started, rounds
 
 
-def _reporting(events: list[Event], progress: Progress | None) -> Iterator[Event]:
+async def _drive(
+    bus: EventBus, clock: FastForwardClock, events: list[Event], progress: Progress | None
+) -> None:
+    """Publish the workload at as little cost as possible (unlike ``replay``, which
+    moves the clock to every event): time runs for real within a period and jumps
+    only to the period the next event belongs to, once the bus is idle, so every
+    call is accounted to its period and the figures are the runtime's, not ours."""
+    publish = bus.publish
     step = max(1, len(events) // 100)
     for i, event in enumerate(events):
+        if event.time >= bus.period_end:
+            await bus.wait_idle()
+            clock.set(event.time)
+        await publish(event)
         if progress is not None and i % step == 0:
             progress(i / len(events))
-        yield event
     if progress is not None:
         progress(1.0)
 
@@ -227,12 +270,15 @@ class _RoundRecorder:
         self.rounds.append((metrics, checkpoint))
 
 
-async def _direct(
+Call = tuple[str, Callable[..., Any], tuple[Any, ...]]
+
+
+def _direct_calls(
     callbacks: list[Any],
     rounds: list[tuple[list[dict[str, Any]], str | None]],
     events: list[Event],
-) -> tuple[float, dict[str, list[float]]]:
-    """The floor: each callback method called in a plain loop, each call timed."""
+) -> list[Call]:
+    """The calls the run made to each callback, to make again with no runtime around."""
     started = next((e for e in events if isinstance(e, RunStarted)), None)
     context = (
         TrainRunContext.from_started(started)
@@ -240,32 +286,45 @@ async def _direct(
         else TrainRunContext.from_event(events[0])
     )
     failures = [e for e in events if isinstance(e, WorkerFailure)]
-    calls: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = []
-    for callback in callbacks:
-        cls = type(callback).__qualname__
+    arguments: dict[str, list[tuple[Any, ...]]] = {
+        "before_run": [(context,)],
+        "after_report": [(context, m, c) for m, c in rounds],
+        "after_exception": [(context, {f.rank: WorkerError.from_failure(f)}) for f in failures],
+    }
+    calls: list[Call] = []
+    training, plain = _split(callbacks)
+    for callback in training:
         hooks = implemented_hooks(callback)
-        for hook, args_list in (
-            ("before_run", [(context,)]),
-            ("after_report", [(context, m, c) for m, c in rounds]),
-            (
-                "after_exception",
-                [(context, {f.rank: WorkerError.from_failure(f)}) for f in failures],
-            ),
-        ):
+        for hook, args_list in arguments.items():
             if hook in hooks:
-                calls.extend((f"{cls}.{hook}", hooks[hook], args) for args in args_list)
+                name = f"{callback_name(callback)}.{hook}"
+                calls.extend((name, hooks[hook], args) for args in args_list)
+    for handler in plain:  # a bus handler gets every event of the workload
+        calls.extend((callback_name(handler), handler, (event,)) for event in events)
+    return calls
+
+
+async def _floor(calls: list[Call]) -> float:
+    """The floor: the same calls in a plain loop, timed as a whole."""
+    start = time.perf_counter()
+    for _, method, args in calls:
+        result = method(*args)
+        if result is not None and inspect.isawaitable(result):
+            await result
+    return time.perf_counter() - start
+
+
+async def _per_call(calls: list[Call]) -> dict[str, list[float]]:
+    """Each call timed on its own: the distribution (mean, p50, p99) per callback."""
     per_call: dict[str, list[float]] = {}
     clock = time.perf_counter
-    total = 0.0
     for name, method, args in calls:
         t0 = clock()
         result = method(*args)
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             await result
-        elapsed = clock() - t0
-        total += elapsed
-        per_call.setdefault(name, []).append(elapsed)
-    return total, per_call
+        per_call.setdefault(name, []).append(clock() - t0)
+    return per_call
 
 
 def _figures(
@@ -274,6 +333,7 @@ def _figures(
     reports: list[BudgetReport],
     rounds: list[tuple[list[dict[str, Any]], str | None]],
     bus_seconds: float,
+    baseline_seconds: float,
     floor_seconds: float,
     per_call: dict[str, list[float]],
     period: float,
@@ -319,8 +379,9 @@ def _figures(
         timeline=timeline,
         bus_seconds=bus_seconds,
         floor_seconds=floor_seconds,
-        ratio=bus_seconds / floor_seconds if floor_seconds else float("inf"),
-        overhead_per_event=max(0.0, bus_seconds - floor_seconds) / len(events),
+        ratio=(bus_seconds - baseline_seconds) / floor_seconds if floor_seconds else float("inf"),
+        baseline_seconds=baseline_seconds,
+        overhead_per_event=max(0.0, bus_seconds - baseline_seconds - floor_seconds) / len(events),
         callbacks=tuple(figures),
         per_period={name: series for name, series in per_period.items() if name in per_call},
     )

@@ -67,10 +67,11 @@ def test_figures_add_up() -> None:
 
     events = synthetic_events(Workload(world_size=4, rate=20, duration=5, failure_rate=0.02))
     result = run_bench(make, events, period=1.0, budget=0.05)
-    through_bus, direct = made
-    assert result.rounds == 100 == len(through_bus.rounds) == len(direct.rounds)
+    through_bus, floor, timed = made  # fresh callbacks for each pass
+    assert result.rounds == 100 == len(through_bus.rounds) == len(floor.rounds)
+    assert len(timed.rounds) == 100
     assert set(through_bus.rounds) == {4}
-    assert through_bus.failures == direct.failures > 0
+    assert through_bus.failures == floor.failures == timed.failures > 0
     figures = {f.name: f for f in result.callbacks}
     report = figures["Counting.after_report"]
     assert report.calls == 100
@@ -126,3 +127,20 @@ def test_cli_plot(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(done.stdout)["rounds"] == 25
+
+
+def test_a_plain_handler_gets_every_event_of_the_workload() -> None:
+    seen: list[list[Any]] = []
+
+    def make() -> list[Any]:
+        seen.append([])
+        return [seen[-1].append]
+
+    events = synthetic_events(Workload(world_size=2, rate=10, duration=2))
+    result = run_bench(make, events, period=1.0)
+    assert result.rounds == 0  # no training callback: nothing gathered
+    through_bus, floor, timed = seen
+    assert len(through_bus) == len(floor) == len(timed) == len(events)
+    figures = {f.name: f for f in result.callbacks}
+    assert figures["list.append"].calls == len(events)
+    assert result.baseline_seconds > 0
