@@ -149,6 +149,7 @@ class EventBus:
         self._dispatching = False
         self._in_hand = 0  # deliveries of the dispatcher's batch not yet handed to a runner
         self._running_tasks = 0
+        self._task_ids: set[int] = set()
         self._tasks_stopped: anyio.Event | None = None
         self._idle: anyio.Event | None = None
 
@@ -226,6 +227,7 @@ class EventBus:
 
         async def guarded() -> None:
             self._running_tasks += 1
+            self._task_ids.add(anyio.get_current_task().id)
             try:
                 with anyio.CancelScope() as scope:
                     self._task_scopes.append(scope)
@@ -254,6 +256,11 @@ class EventBus:
         or until ``drain_timeout``), stop the bus's tasks, and say what was not delivered."""
         if self._close_report is not None:
             return self._close_report
+        if anyio.get_current_task().id in self._task_ids:
+            raise RuntimeError(
+                "aclose() called from a handler: it would wait for itself; "
+                "leave the `async with EventBus()` block (or cancel it) instead"
+            )
         self._open = False
         self._closing = True
         drained = True

@@ -419,3 +419,18 @@ async def test_without_a_barrier_handlers_take_a_batch_each() -> None:
         for i in range(3):
             bus.publish_nowait(CheckpointSaved(run_id="r", checkpoint=f"c{i}", index=i))
     assert seen == [(0, 2), (1, 2), (2, 2)]
+
+
+async def test_closing_from_a_handler_is_a_clear_error() -> None:
+    failures: list[HandlerFailed] = []
+
+    async def closes(e: Report) -> None:
+        await bus.aclose()
+
+    async with EventBus() as bus:
+        bus.subscribe(Report, closes, name="closes")
+        bus.subscribe(HandlerFailed, failures.append)
+        await bus.publish(report(0))
+        await bus.wait_idle()
+    assert [(f.handler, f.error_type) for f in failures] == [("closes", "RuntimeError")]
+    assert "would wait for itself" in failures[0].message
