@@ -19,6 +19,7 @@ handlers run in a worker thread and are abandoned at their deadline.
 from __future__ import annotations
 
 import math
+import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -729,12 +730,15 @@ class EventBus:
             for i, event in enumerate(events):
                 calls += 1
                 t0 = clock()
+                call = _ThreadCall(sub.handler, event)
                 with anyio.move_on_after(sub.timeout) as scope:
                     try:
-                        await anyio.to_thread.run_sync(sub.handler, event, abandon_on_cancel=True)
+                        await anyio.to_thread.run_sync(call.run, abandon_on_cancel=True)
                     except Exception as exc:
                         if self._fault(sub, event, exc, events, i):
                             break
+                if scope.cancelled_caught:
+                    call.abandon()
                 elapsed = clock() - t0
                 total += elapsed
                 if elapsed > longest:
@@ -906,6 +910,34 @@ class EventBus:
             abandoned=self._abandoned,
             subscriptions=subs,
         )
+
+
+class _ThreadCall:
+    """A blocking handler's call in a worker thread, which its deadline may abandon.
+
+    Abandoned before its thread started, it never runs: run late, it would
+    overtake nothing but could be overtaken, breaking the handler's order.
+    Abandoned while running, it runs on in its thread (it cannot be stopped).
+    """
+
+    __slots__ = ("event", "handler", "lock", "state")
+
+    def __init__(self, handler: Callable[[Any], Any], event: Event) -> None:
+        self.handler = handler
+        self.event = event
+        self.lock = threading.Lock()
+        self.state = "waiting"
+
+    def run(self) -> None:
+        with self.lock:
+            if self.state == "abandoned":
+                return
+            self.state = "running"
+        self.handler(self.event)
+
+    def abandon(self) -> None:
+        with self.lock:
+            self.state = "abandoned"
 
 
 def _index_of(events: list[Event], event: Event) -> int:
