@@ -38,11 +38,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 
-from eventbus import BusClosed, CloseReport, Event, EventBus, get_logger
+from eventbus import BusClosed, CloseReport, Event, EventBus, LogRecorder, get_logger
 
 __all__ = ["BusThread"]
 
@@ -83,8 +84,8 @@ class BusThread:
     the deque is thread-safe, the figures are not meant for several.
 
     ``setup(bus)`` runs in the bus's thread before the bus starts (subscribe
-    handlers, attach a recorder there); its return value is ``setup_result``.
-    ``on_close()`` runs in that thread after the bus closed (close files).
+    handlers there); its return value is ``setup_result``. ``log``: record the
+    bus's events to this file (closed, so flushed, when the bus closes).
     ``poll_interval``: how long a handed-off event may wait before the bus
     thread looks (see the module docstring). ``bus_options`` go to ``EventBus``.
     """
@@ -93,7 +94,8 @@ class BusThread:
         self,
         setup: Callable[[EventBus], Any],
         *,
-        on_close: Callable[[], None] | None = None,
+        log: Path | None = None,
+        run_id: str = "",
         name: str = "eventbus",
         capacity: int = 1024,
         handoff_timeout: float = 5.0,
@@ -114,7 +116,8 @@ class BusThread:
         self.name = name
         self.backend: Backend = backend
         self._setup = setup
-        self._on_close = on_close
+        self._log = log
+        self._run_id = run_id
         self._bus_options = bus_options
         self.bus: EventBus | None = None
         self.setup_result: Any = None
@@ -291,7 +294,10 @@ class BusThread:
     async def _main(self) -> None:
         bus = EventBus(**self._bus_options)
         self.bus = bus
+        recorder: LogRecorder | None = None
         try:
+            if self._log is not None:
+                recorder = LogRecorder(self._log, run_id=self._run_id).attach(bus)
             self.setup_result = self._setup(bus)
             self._call_soon = _thread_safe_scheduler()
             async with bus:
@@ -300,8 +306,8 @@ class BusThread:
                 await self._pump(bus)
                 self.close_report = await bus.aclose()
         finally:
-            if self._on_close is not None:
-                self._on_close()
+            if recorder is not None:
+                recorder.close()
 
     def _wake_in_loop(self) -> None:
         if self._wake is not None:

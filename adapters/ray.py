@@ -48,7 +48,6 @@ from eventbus import (
     CloseReport,
     Event,
     EventBus,
-    LogRecorder,
     Report,
     RunFinished,
     RunStarted,
@@ -260,23 +259,14 @@ class EventBusUserCallback(UserCallback):  # type: ignore[misc]  # ray is untype
 
     def _start_bus(self, world_size: int) -> BusThread:
         callbacks = self.callbacks
-        log_path = self.log_path
-        run_id = self._run_id
-        recorder: list[LogRecorder] = []
 
         def setup(bus: EventBus) -> CallbackAttachment:
-            if log_path is not None:
-                log_path.parent.mkdir(parents=True, exist_ok=True)
-                recorder.append(LogRecorder(log_path, run_id=run_id).attach(bus))
             return attach_user_callbacks(bus, callbacks, world_size=world_size or None)
-
-        def on_close() -> None:
-            for item in recorder:
-                item.close()
 
         thread = BusThread(
             setup,
-            on_close=on_close,
+            log=self.log_path,
+            run_id=self._run_id,
             name="eventbus-ray-controller",
             capacity=self.bus_options["buffer"],
             handoff_timeout=self.handoff_timeout,

@@ -52,7 +52,6 @@ from eventbus import (
     CheckpointSaved,
     CloseReport,
     EventBus,
-    LogRecorder,
     Report,
     RunFinished,
     RunStarted,
@@ -349,14 +348,9 @@ class EventBusCallback(TrainerCallback):  # type: ignore[misc]  # transformers i
             self._dropped_before += self._thread.dropped
         callbacks = self._callbacks
         store = self._store if writes_checkpoints else None
-        log_path = self.log_path
-        recorder: list[LogRecorder] = []
         world_size, rank = self._world_size, self._rank
 
         def setup(bus: EventBus) -> CallbackAttachment:
-            if log_path is not None:
-                log_path.parent.mkdir(parents=True, exist_ok=True)
-                recorder.append(LogRecorder(log_path, run_id=self.run_id).attach(bus))
             # Each process runs its own bus and sees only its own rank's logs.
             attachment = attach_user_callbacks(
                 bus, callbacks, world_size=world_size, required_ranks=[rank]
@@ -371,13 +365,10 @@ class EventBusCallback(TrainerCallback):  # type: ignore[misc]  # transformers i
                 )
             return attachment
 
-        def on_close() -> None:
-            for item in recorder:
-                item.close()
-
         thread = BusThread(
             setup,
-            on_close=on_close,
+            log=self.log_path,
+            run_id=self.run_id,
             name=f"eventbus-hf-rank{rank}",
             capacity=self._bus_options["buffer"],
             handoff_timeout=self.handoff_timeout,
