@@ -535,12 +535,15 @@ class EventBus:
                     force_setattr(event, "time", now)
                 seq += 1
             self._seq = seq
-            for tap in tuple(self._taps):
-                try:
-                    tap(batch)
-                except Exception as exc:
-                    _log.error("event tap failed and was removed", tap=repr(tap), error=repr(exc))
-                    self._taps.remove(tap)
+            if self._taps:
+                for tap in tuple(self._taps):
+                    try:
+                        tap(batch)
+                    except Exception as exc:
+                        _log.error(
+                            "event tap failed and was removed", tap=repr(tap), error=repr(exc)
+                        )
+                        self._taps.remove(tap)
             segments: list[tuple[tuple[Subscription, ...], list[Event]]] = []
             for event_type, group in groupby(batch, type):
                 subs = routes.get(event_type)
