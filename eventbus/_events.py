@@ -19,6 +19,7 @@ __all__ = [
     "CheckpointMismatch",
     "CheckpointSaved",
     "Event",
+    "EventPlaceholder",
     "HandlerFailed",
     "HandlerStateChanged",
     "HandlerTimedOut",
@@ -254,6 +255,23 @@ class StateSnapshotted(Event, frozen=True, kw_only=True):
     keys: tuple[str, ...] = ()
     errors: dict[str, str] = msgspec.field(default_factory=dict)
     error: str = ""
+
+
+class EventPlaceholder(Event, frozen=True, kw_only=True):
+    """Stands in, in a log, for an event that could not be kept as itself.
+
+    The recorder writes one when it cannot encode an event (a value msgspec
+    cannot encode, nesting too deep, a record too large), so one bad value
+    never costs the rest of the log; the reader yields one for an intact
+    record that does not decode as its type (an unknown type, a mistyped
+    field). ``seq`` and ``time`` are the original event's, ``event_type`` its
+    type name, ``reason`` why it is a placeholder, ``text`` a bounded,
+    readable rendering of what was there. Replays skip placeholders.
+    """
+
+    event_type: str
+    reason: str
+    text: str = ""
 
 
 class StateRestored(Event, frozen=True, kw_only=True):
