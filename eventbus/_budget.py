@@ -22,14 +22,20 @@ def close_period(
     end: float,
     bus_budget: float,
     *,
+    period: float | None = None,
     partial: bool = False,
 ) -> tuple[BudgetReport, set[Subscription]]:
     """The report of period ``index`` and the subscriptions over their budget.
 
     A handler's budget is its own share of the period if it has one, else
-    the bus's; the bus's budget applies to all handlers together.
+    the bus's; the bus's budget applies to all handlers together. A
+    ``partial`` period (the last one, cut short when the bus closed) is
+    judged against the budget of a whole ``period``: its own length may be
+    microseconds, and a share of that would call any callback over budget.
     """
     length = end - start
+    if partial and period is not None:
+        length = max(length, period)
     usages = []
     over: set[Subscription] = set()
     total = 0.0

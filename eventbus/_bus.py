@@ -18,16 +18,17 @@ handlers run in a worker thread and are abandoned at their deadline.
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
-import traceback
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from itertools import groupby
-from types import TracebackType
+from types import CoroutineType, TracebackType
 from typing import Any, Literal, Self
 
 import anyio
+import anyio.lowlevel
 import msgspec
 from msgspec.structs import force_setattr
 
@@ -40,6 +41,14 @@ from ._events import (
     HandlerStateChanged,
     HandlerTimedOut,
     HealthCheckTick,
+)
+from ._faults import (
+    FATAL,
+    describe,
+    forgive_foreign_cancel,
+    format_traceback,
+    is_requested_cancel,
+    safe_str,
 )
 from ._lanes import MAX_BATCH, Guard, Lane
 from ._logging import get_logger
@@ -62,6 +71,10 @@ _log = get_logger("eventbus")
 FAST_CALL = 2e-6
 #: Calls timed one by one before a handler may switch to per-batch timing.
 CALIBRATION_CALLS = 256
+#: How far ``emit`` may fill the inbox past ``buffer``. Derived events are a
+#: few per event handled, so only a handler that emits more than it gets (a
+#: feedback loop) reaches this; past it, its ``emit`` raises ``BusFull``.
+EMIT_HEADROOM = 4 * MAX_BATCH
 
 _DIAGNOSTICS = (HandlerFailed, HandlerTimedOut)
 _OVERRUN_ADVICE = (
@@ -111,6 +124,14 @@ class EventBus:
     ``timeout`` is the default deadline of one handler call, in real seconds.
     ``clock`` drives timestamps and health-check periods (``period`` seconds);
     ``budget`` is the share of a period handlers may use together.
+
+    ``on_failure``: what happens when a handler with ``on_error="raise"``
+    fails, or any handler raises ``KeyboardInterrupt`` or ``SystemExit``.
+    By default the bus stops at once and ``async with`` re-raises that
+    exception. An owner that must still deliver events before it stops (a
+    run's ``RunFinished`` and ``after_run``) passes a function instead: it is
+    called once with the exception, the bus goes on, and the owner ends
+    things in order and raises the exception itself.
     """
 
     def __init__(
@@ -122,6 +143,7 @@ class EventBus:
         period: float = 2.0,
         budget: float = 0.05,
         drain_timeout: float = 10.0,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         if buffer < 1:
             raise ValueError(f"buffer must be at least 1, got {buffer}")
@@ -136,6 +158,8 @@ class EventBus:
         self.period = period
         self.budget = budget
         self.drain_timeout = drain_timeout
+        self._on_failure = on_failure
+        self._emit_limit = buffer + EMIT_HEADROOM
 
         self._subs: list[Subscription] = []
         self._routes: dict[type[Event], tuple[Subscription, ...]] = {}
@@ -171,6 +195,7 @@ class EventBus:
         self._closing = False
         self._close_report: CloseReport | None = None
         self._failure: BaseException | None = None
+        self._failure_reported = False
         self._abandoned = 0
         self._stop_listening: Callable[[], None] | None = None
 
@@ -232,13 +257,39 @@ class EventBus:
             try:
                 with anyio.CancelScope() as scope:
                     self._task_scopes.append(scope)
-                    await loop()
+                    while True:
+                        try:
+                            await loop()
+                            return
+                        except BaseException as exc:
+                            if not self._survive(loop, exc):
+                                raise
             finally:
                 self._running_tasks -= 1
                 if not self._running_tasks and self._tasks_stopped is not None:
                     self._tasks_stopped.set()
 
         self._tg.start_soon(guarded)
+
+    def _survive(self, loop: Callable[[], Any], exc: BaseException) -> bool:
+        """Something escaped one of the bus's own loops: True to start it again.
+
+        Handlers' exceptions are caught where handlers are called; what gets
+        here came from elsewhere in that task: a ``KeyboardInterrupt`` that
+        trio raised wherever the task was (it ends the run, in order), or a
+        cancellation no scope of ours asked for (a handler that cancelled the
+        task it runs in). Either way the loop is needed to finish the run.
+        A cancellation we asked for, or any other exception (a bug of ours),
+        propagates.
+        """
+        if isinstance(exc, FATAL):
+            self._failed_by(exc)
+        elif isinstance(exc, anyio.get_cancelled_exc_class()) and not is_requested_cancel(exc):
+            forgive_foreign_cancel()
+            _log.error("a bus task was cancelled by something else; it goes on", task=repr(loop))
+        else:
+            return False
+        return True
 
     async def _stop_tasks(self) -> None:
         """Cancel the bus's tasks and wait until they are gone (their ``finally``
@@ -272,7 +323,7 @@ class EventBus:
                 # The unfinished period is reported too, and delivered like the others.
                 now = self._now()
                 if now > self._period_start:
-                    self.emit(self._budget_report(self._period_start, now, partial=True))
+                    self._emit(self._budget_report(self._period_start, now, partial=True))
                     await self.wait_idle()
             drained = self._is_idle()
         await self._stop_tasks()
@@ -292,8 +343,22 @@ class EventBus:
             _log.warning("bus closed with undelivered events", abandoned=abandoned)
         return self._close_report
 
+    def _failed_by(self, exc: BaseException) -> None:
+        """A handler failed the run (``on_error="raise"``, or an interrupt): tell the
+        owner once, or, with no owner, stop everything and re-raise on exit."""
+        if self._on_failure is None:
+            self._fail(exc)
+            return
+        if self._failure_reported:
+            return
+        self._failure_reported = True
+        try:
+            self._on_failure(exc)
+        except Exception as error:
+            _log.error("on_failure raised", error=describe(error))
+
     def _fail(self, exc: BaseException) -> None:
-        """A handler with ``on_error="raise"`` failed: stop everything, re-raise on exit."""
+        """Stop everything, re-raise ``exc`` on exit."""
         if self._failure is None:
             self._failure = exc
             self._open = False
@@ -456,22 +521,46 @@ class EventBus:
             self._sleeping = False
             self._wake.set()
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: Event, *, derived: bool = False) -> None:
         """Publish from inside a handler: never waits, even past ``buffer``.
 
         A handler runs in the dispatcher (or its lane); waiting there for
         room in the inbox that only the dispatcher empties would deadlock.
-        Derived events (gathered rounds, diagnostics, state snapshots) come
-        this way; they are bounded by the events that cause them. Events
-        emitted while the bus drains on close are still delivered.
+        A handler that emits more than it gets (a feedback loop) would fill
+        memory: past ``buffer`` plus a headroom of ``EMIT_HEADROOM`` events,
+        ``emit`` raises ``BusFull``, so the emitting handler fails visibly.
+        ``derived=True`` is for an event derived from the one being handled,
+        a bounded number per event (a gathered round, a checkpoint's snapshot
+        report, ``after_run``'s turn): never refused, so no flood by another
+        handler can cost a run its rounds or its end. Events emitted while
+        the bus drains on close are still delivered.
         """
+        if not derived and len(self._inbox) >= self._emit_limit:
+            raise BusFull(
+                f"emit: the bus inbox holds {len(self._inbox)} events, its limit for "
+                f"emitted events; does a handler emit more events than it receives?"
+            )
+        self._emit(event)
+
+    def _emit(self, event: Event) -> None:
+        """The bus's own diagnostics: a bounded number per event handled, never refused."""
         if self._open or self._closing:
             self._inbox.append(event)
             if self._sleeping:
                 self._sleeping = False
                 self._wake.set()
 
+    def _refuse_wait_in_handler(self, what: str) -> None:
+        """A handler waiting for the bus would wait for itself until its deadline."""
+        if anyio.get_current_task().id in self._task_ids:
+            raise RuntimeError(
+                f"{what} called from a handler would wait for the handler itself to "
+                "finish; from a handler, publish with bus.emit(event), which never waits"
+            )
+
     async def _wait_room(self) -> None:
+        if self._open:
+            self._refuse_wait_in_handler("a publish() that must wait for room")
         while len(self._inbox) >= self.buffer:
             if not self._open:
                 return  # _accept raises the right error
@@ -480,7 +569,13 @@ class EventBus:
             await self._room.wait()
 
     async def wait_idle(self) -> None:
-        """Return once every accepted event has been fully handled."""
+        """Return once every accepted event has been fully handled.
+
+        Not from a handler (``RuntimeError``): the bus is not idle while the
+        handler that waits runs.
+        """
+        if not self._is_idle():
+            self._refuse_wait_in_handler("wait_idle()")
         while not self._is_idle():
             if self._idle is None:
                 self._idle = anyio.Event()
@@ -536,14 +631,7 @@ class EventBus:
                 seq += 1
             self._seq = seq
             if self._taps:
-                for tap in tuple(self._taps):
-                    try:
-                        tap(batch)
-                    except Exception as exc:
-                        _log.error(
-                            "event tap failed and was removed", tap=repr(tap), error=repr(exc)
-                        )
-                        self._taps.remove(tap)
+                self._run_taps(batch)
             segments: list[tuple[tuple[Subscription, ...], list[Event]]] = []
             for event_type, group in groupby(batch, type):
                 subs = routes.get(event_type)
@@ -563,6 +651,23 @@ class EventBus:
                     else:
                         self._in_hand -= len(events)
                         await self._run(sub, events, self._dispatch_guard)
+            if inbox:
+                # More came in while this batch was handled (handlers emit): let the
+                # other tasks run before the next batch, so that no chain of events
+                # can starve them.
+                await anyio.lowlevel.checkpoint()
+
+    def _run_taps(self, batch: list[Event]) -> None:
+        for tap in tuple(self._taps):
+            try:
+                tap(batch)
+            except BaseException as exc:
+                if isinstance(exc, FATAL):
+                    self._failed_by(exc)
+                    continue
+                _log.error("event tap failed and was removed", tap=repr(tap), error=describe(exc))
+                if tap in self._taps:
+                    self._taps.remove(tap)
 
     async def _run(self, sub: Subscription, events: list[Event], guard: Guard) -> None:
         """Deliver ``events`` to one handler, in order, timed and guarded."""
@@ -577,23 +682,65 @@ class EventBus:
             await self._run_blocking(sub, events, guard)
         elif sub.is_async:
             await self._run_async(sub, events, guard)
-        elif sub.per_call:
-            self._run_sync_timed(sub, events)
         else:
-            self._run_sync_batch(sub, events)
+            returned = (
+                self._run_sync_timed(sub, events)
+                if sub.per_call
+                else self._run_sync_batch(sub, events)
+            )
+            if returned is not None:
+                await self._adopt_coroutine(sub, events, *returned, guard)
 
-    def _run_sync_timed(self, sub: Subscription, events: list[Event]) -> None:
+    async def _adopt_coroutine(
+        self,
+        sub: Subscription,
+        events: list[Event],
+        index: int,
+        coroutine: Coroutine[Any, Any, Any],
+        guard: Guard,
+    ) -> None:
+        """A plain sync handler returned a coroutine (``lambda e: upload(e)``).
+
+        Dropped, it would never run while the call counted as delivered. It is
+        awaited instead, under the async handlers' deadline, and so is every
+        later call of that handler (one warning says to declare it ``async``).
+        """
+        _log.warning(
+            "sync handler returned a coroutine: it is awaited from now on; "
+            "declare the handler `async def` to say so",
+            handler=sub.name,
+        )
+        call = sub.handler
+        first: list[Coroutine[Any, Any, Any]] = [coroutine]
+
+        async def awaiting(event: Event) -> None:
+            result = first.pop() if first else call(event)
+            if inspect.iscoroutine(result):
+                await result
+
+        sub.handler = awaiting
+        sub.is_async = True
+        await self._run_async(sub, events[index:], guard)
+
+    def _run_sync_timed(self, sub: Subscription, events: list[Event]) -> _Returned | None:
+        """Returns where a call returned a coroutine (the rest is not run here)."""
         fn = sub.handler
         clock = self._now
         timeout = sub.timeout
         calls = len(events)
         longest = total = 0.0
+        returned = None
         t0 = clock()
         for event in events:
             try:
-                fn(event)
-            except Exception as exc:
-                if self._fault(sub, event, exc, events, _index_of(events, event)):
+                result = fn(event)
+                if result is not None and type(result) is CoroutineType:
+                    calls = _index_of(events, event)
+                    returned = (calls, result)
+                    total += clock() - t0
+                    break
+            except BaseException as exc:
+                if self._handler_raised(sub, event, exc, events, _index_of(events, event)):
                     calls = _index_of(events, event) + 1
                     total += clock() - t0
                     break
@@ -608,23 +755,31 @@ class EventBus:
                 self._skip_rest(sub, len(events) - calls)
                 break
         self._account(sub, calls, total, longest, timed_per_call=True)
+        return returned
 
-    def _run_sync_batch(self, sub: Subscription, events: list[Event]) -> None:
+    def _run_sync_batch(self, sub: Subscription, events: list[Event]) -> _Returned | None:
+        """Returns where a call returned a coroutine (the rest is not run here)."""
         fn = sub.handler
         calls = len(events)
+        returned = None
         t0 = self._now()
         for event in events:
             try:
-                fn(event)
-            except Exception as exc:
-                if self._fault(sub, event, exc, events, _index_of(events, event)):
+                result = fn(event)
+                if result is not None and type(result) is CoroutineType:
+                    calls = _index_of(events, event)
+                    returned = (calls, result)
+                    break
+            except BaseException as exc:
+                if self._handler_raised(sub, event, exc, events, _index_of(events, event)):
                     calls = _index_of(events, event) + 1
                     break
         total = self._now() - t0
-        if total > sub.timeout:
+        if calls and total > sub.timeout:
             self._timed_out(sub, events[calls - 1], total, "overrun", calls)
         # Per-batch timing knows only the mean: it stands in for the longest call.
-        self._account(sub, calls, total, total / calls, timed_per_call=False)
+        self._account(sub, calls, total, total / calls if calls else 0.0, timed_per_call=False)
+        return returned
 
     def _account(
         self, sub: Subscription, calls: int, total: float, longest: float, *, timed_per_call: bool
@@ -668,8 +823,8 @@ class EventBus:
                         guard.progress += 1
                         try:
                             await fn(event)
-                        except Exception as exc:
-                            if self._fault(sub, event, exc, events, i - 1):
+                        except BaseException as exc:
+                            if self._handler_raised(sub, event, exc, events, i - 1):
                                 i = n
                         t1 = clock()
                         elapsed = t1 - t0
@@ -737,8 +892,8 @@ class EventBus:
                 with anyio.move_on_after(sub.timeout) as scope:
                     try:
                         await anyio.to_thread.run_sync(call.run, abandon_on_cancel=True)
-                    except Exception as exc:
-                        if self._fault(sub, event, exc, events, i):
+                    except BaseException as exc:
+                        if self._handler_raised(sub, event, exc, events, i):
                             break
                 if scope.cancelled_caught:
                     call.abandon()
@@ -757,8 +912,39 @@ class EventBus:
 
     # --- faults ------------------------------------------------------------------
 
+    def _handler_raised(
+        self, sub: Subscription, event: Event, exc: BaseException, events: list[Event], index: int
+    ) -> bool:
+        """A handler call raised ``exc``: whose is it?
+
+        A cancellation the bus asked for (a deadline, the bus stopping) is
+        re-raised, for the scope that asked. ``KeyboardInterrupt`` and
+        ``SystemExit`` end the run: the call is recorded as failed, the handler
+        is disabled and the bus's owner is told. Anything else, a stray
+        cancellation included, is the handler's fault. True when the handler
+        must get no more of ``events``.
+        """
+        if is_requested_cancel(exc):
+            raise exc
+        if isinstance(exc, FATAL):
+            self._fault(sub, event, exc, events, index, policy=False)
+            self._skip_rest(sub, len(events) - index - 1)
+            self._set_state(sub, "disabled", f"raised {type(exc).__name__}: the run ends")
+            self._failed_by(exc)
+            return True
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            forgive_foreign_cancel()
+        return self._fault(sub, event, exc, events, index)
+
     def _fault(
-        self, sub: Subscription, event: Event, exc: Exception, events: list[Event], index: int
+        self,
+        sub: Subscription,
+        event: Event,
+        exc: BaseException,
+        events: list[Event],
+        index: int,
+        *,
+        policy: bool = True,
     ) -> bool:
         """Record a handler failure; True when the handler must get no more of ``events``."""
         sub.failed += 1
@@ -769,19 +955,21 @@ class EventBus:
                 handler=sub.name,
                 event_type=type(event).__name__,
                 event_seq=event.seq,
-                error=f"{type(exc).__name__}: {exc}",
+                error=describe(exc),
             )
         if not isinstance(event, _DIAGNOSTICS):  # a failing diagnostic handler must not loop
-            self.emit(
+            self._emit(
                 HandlerFailed(
                     handler=sub.name,
                     event_seq=event.seq,
                     event_type=type(event).__name__,
                     error_type=type(exc).__qualname__,
-                    message=str(exc),
-                    traceback="".join(traceback.format_exception(exc)),
+                    message=safe_str(exc),
+                    traceback=format_traceback(exc),
                 )
             )
+        if not policy:
+            return True
         stop = self._apply_error_policy(sub, exc)
         if stop:
             self._skip_rest(sub, len(events) - index - 1)
@@ -790,7 +978,9 @@ class EventBus:
     def _apply_error_policy(self, sub: Subscription, exc: BaseException) -> bool:
         sub.faults += 1
         if sub.on_error == "raise":
-            self._fail(exc)
+            if self._on_failure is not None:  # the run fails; the others still get their events
+                self._set_state(sub, "disabled", "on_error='raise': it failed the run")
+            self._failed_by(exc)
             return True
         if sub.on_error == "disable" and sub.faults >= sub.max_faults:
             self._set_state(sub, "disabled", f"{sub.faults} faults (max_faults={sub.max_faults})")
@@ -819,7 +1009,7 @@ class EventBus:
                 calls=calls,
             )
         if not isinstance(event, _DIAGNOSTICS):
-            self.emit(
+            self._emit(
                 HandlerTimedOut(
                     handler=sub.name,
                     event_seq=event.seq,
@@ -848,7 +1038,7 @@ class EventBus:
         if state == "normal":
             sub.faults = 0
         _log.warning("handler state changed", handler=sub.name, state=state, reason=reason)
-        self.emit(HandlerStateChanged(handler=sub.name, state=state, reason=reason))
+        self._emit(HandlerStateChanged(handler=sub.name, state=state, reason=reason))
 
     # --- health-check periods and budgets ----------------------------------------------
 
@@ -868,15 +1058,21 @@ class EventBus:
         """Close every period that ended by ``now``: one tick and one budget report each."""
         while now >= self._period_end:
             start, end = self._period_start, self._period_end
-            self.emit(HealthCheckTick(period=self._period_index, start=start, end=end))
-            self.emit(self._budget_report(start, end))
+            self._emit(HealthCheckTick(period=self._period_index, start=start, end=end))
+            self._emit(self._budget_report(start, end))
             self._period_index += 1
             self._period_start = end
             self._period_end = end + self.period
 
     def _budget_report(self, start: float, end: float, *, partial: bool = False) -> BudgetReport:
         report, over = close_period(
-            self._subs, self._period_index, start, end, self.budget, partial=partial
+            self._subs,
+            self._period_index,
+            start,
+            end,
+            self.budget,
+            period=self.period,
+            partial=partial,
         )
         if not partial:  # at close, a policy would change nothing
             for sub in self._subs:
@@ -936,11 +1132,21 @@ class _ThreadCall:
             if self.state == "abandoned":
                 return
             self.state = "running"
-        self.handler(self.event)
+        result = self.handler(self.event)
+        if type(result) is CoroutineType:
+            result.close()
+            raise TypeError(
+                "a blocking=True handler returned a coroutine, which cannot run in its "
+                "worker thread; make the handler `async def` (without blocking=True)"
+            )
 
     def abandon(self) -> None:
         with self.lock:
             self.state = "abandoned"
+
+
+#: Where a sync handler returned a coroutine: the index of that call, and the coroutine.
+_Returned = tuple[int, Coroutine[Any, Any, Any]]
 
 
 def _index_of(events: list[Event], event: Event) -> int:
