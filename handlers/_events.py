@@ -27,7 +27,8 @@ class RunBegan(Event, frozen=True, kw_only=True):
 class RoundGathered(Event, frozen=True, kw_only=True):
     """One report round: ``metrics[i]`` from the i-th required rank; ``after_report`` is due.
 
-    Each callback gets its own copy of the list, so none sees another's edits.
+    Each callback gets its own copy of the list; the dicts in it are read-only
+    (``FrozenDict``), shared by every callback: none sees another's edits.
     """
 
     origin: str

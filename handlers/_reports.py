@@ -25,12 +25,15 @@ from eventbus import (
 
 from ._context import TrainRunContext
 from ._interfaces import ReportCallback
-from ._metrics import SCALAR_TYPES as _SCALARS
-from ._metrics import json_problem
+from ._metric_values import FrozenDict, MetricsError, freeze_metrics
 
 __all__ = ["ReportCallbackHandler"]
 
 ContextFor = Callable[[Event], TrainRunContext]
+
+#: Largest world size a run may have: the gatherer keeps a FIFO per rank, and a
+#: report claiming a billion ranks must not make it allocate a billion.
+MAX_WORLD_SIZE = 1 << 17
 
 
 class ReportCallbackHandler:
@@ -38,10 +41,12 @@ class ReportCallbackHandler:
 
     ``world_size`` defaults to the run's (the context's, or the first
     report's); ``required_ranks`` to all ranks. A ``WorkerGroupRestarted``
-    discards partial rounds and sets both anew. Bad reports become
-    ``ReportRejected`` events naming rank and field; ranks that name
-    different checkpoints for one round give a ``CheckpointMismatch`` and
-    the round has no checkpoint. Nothing already gathered is lost either way.
+    discards partial rounds and sets both anew. Bad reports (another run's,
+    a rank or index out of place, metrics that are not JSON values a log can
+    hold) become ``ReportRejected`` events naming rank and field; ranks that
+    name different checkpoints for one round give a ``CheckpointMismatch``
+    and the round has no checkpoint. Nothing already gathered is lost either
+    way. Callbacks get each rank's metrics as a read-only copy (``FrozenDict``).
     """
 
     def __init__(
@@ -57,7 +62,9 @@ class ReportCallbackHandler:
         self._bus: EventBus | None = None
         self.world_size = 0
         self.required_ranks: tuple[int, ...] = ()
-        self._queues: list[deque[Report]] = []
+        self.run_id: str | None = None
+        #: Per rank, the reports waiting for their round, with their frozen metrics.
+        self._queues: list[deque[tuple[Report, FrozenDict]]] = []
         self._required: list[bool] = []
         self._last_index: list[int] = []
         self._missing = 0
@@ -94,9 +101,12 @@ class ReportCallbackHandler:
     # --- rules -------------------------------------------------------------------
 
     def _configure(self, world_size: int, required_ranks: Iterable[int] | None) -> None:
-        if world_size < 1:
-            raise ValueError(f"world_size must be at least 1, got {world_size}")
-        required = sorted(set(range(world_size) if required_ranks is None else required_ranks))
+        if type(world_size) is not int or not 1 <= world_size <= MAX_WORLD_SIZE:
+            raise ValueError(f"world_size must be from 1 to {MAX_WORLD_SIZE}, got {world_size!r}")
+        ranks = range(world_size) if required_ranks is None else tuple(required_ranks)
+        if required_ranks is not None and not all(type(rank) is int for rank in ranks):
+            raise ValueError(f"required ranks must be ints, got {ranks!r}")
+        required = sorted(set(ranks))
         if not required or required[0] < 0 or required[-1] >= world_size:
             raise ValueError(
                 f"required ranks {required} must be a non-empty subset of 0..{world_size - 1}"
@@ -118,16 +128,21 @@ class ReportCallbackHandler:
                 self.on_restart(report)
             return
         if not self._configured:
-            world_size = self._context_for(report).world_size or report.world_size
+            context = self._context_for(report)
             try:
-                self._configure(world_size, None)
+                self._configure(context.world_size or report.world_size, None)
             except ValueError as exc:
                 self._reject(report, "world_size", str(exc))
                 return
+        if self.run_id is None:
+            self.run_id = self._context_for(report).run_id
+        if report.run_id != self.run_id:
+            self._reject(report, "run_id", f"{report.run_id!r}, but this run is {self.run_id!r}")
+            return
         rank = report.rank
         world_size = self.world_size
-        if not 0 <= rank < world_size:
-            self._reject(report, "rank", f"rank {rank} is outside world size {world_size}")
+        if type(rank) is not int or not 0 <= rank < world_size:
+            self._reject(report, "rank", f"rank {rank!r} is outside world size {world_size}")
             return
         if report.world_size != world_size:
             reason = f"{report.world_size}, but the run has {world_size}"
@@ -135,6 +150,9 @@ class ReportCallbackHandler:
             return
         index = report.index
         last_index = self._last_index
+        if type(index) is not int:
+            self._reject(report, "index", f"{index!r} is not an int")
+            return
         if index <= last_index[rank]:
             last = last_index[rank]
             reason = (
@@ -142,18 +160,15 @@ class ReportCallbackHandler:
             )
             self._reject(report, "index", reason)
             return
-        metrics = report.metrics
-        flat = type(metrics) is dict
-        if flat:
-            for key, value in metrics.items():
-                if type(key) is not str or type(value) not in _SCALARS:
-                    flat = False
-                    break
-        if not flat:  # nested values, subclasses, or a real problem
-            problem = json_problem(metrics)
-            if problem is not None:
-                self._reject(report, *problem)
-                return
+        try:
+            metrics = freeze_metrics(report.metrics)
+        except MetricsError as exc:
+            self._reject(report, exc.field, exc.reason)
+            return
+        checkpoint = report.checkpoint
+        if checkpoint is not None and (type(checkpoint) is not str or not checkpoint):
+            self._reject(report, "checkpoint", f"{checkpoint!r} is not a checkpoint location")
+            return
         if not self._required[rank]:
             reason = f"rank {rank} is not required (required: {list(self.required_ranks)})"
             self._reject(report, "rank", reason)
@@ -164,32 +179,32 @@ class ReportCallbackHandler:
         if not queue:
             self._missing -= 1
             if self._missing == 0:
-                queue.append(report)
+                queue.append((report, metrics))
                 self._release()
                 return
-        queue.append(report)
+        queue.append((report, metrics))
 
     def _release(self) -> None:
         queues = self._queues
         required = self.required_ranks
         while True:
-            reports = [queues[r].popleft() for r in required]
+            entries = [queues[r].popleft() for r in required]
             self._missing = sum(1 for r in required if not queues[r])
-            self._deliver(reports)
+            self._deliver(entries)
             if self._missing:
                 return
 
-    def _deliver(self, reports: Sequence[Report]) -> None:
-        first = reports[0]
+    def _deliver(self, entries: Sequence[tuple[Report, FrozenDict]]) -> None:
+        first = entries[0][0]
         checkpoint = first.checkpoint
-        for report in reports:
+        for report, _ in entries:
             if report.checkpoint != checkpoint:
-                self._mismatch(reports)
+                self._mismatch([report for report, _ in entries])
                 checkpoint = None
                 break
         self.rounds += 1
         context = self._context_for(first)
-        metrics = [report.metrics for report in reports]
+        metrics: list[dict[str, Any]] = [frozen for _, frozen in entries]
         for callback in self.report_callbacks:
             callback.after_report(context, metrics, checkpoint)
 
@@ -202,10 +217,14 @@ class ReportCallbackHandler:
                     round=self.rounds,
                     checkpoints={r.rank: r.checkpoint for r in reports},
                 ),
+                derived=True,
             )
 
     def on_restart(self, event: WorkerGroupRestarted) -> None:
         """Drop partial rounds; the group may have a new size and required ranks."""
+        if self.run_id is not None and event.run_id != self.run_id:
+            self._reject(event, "run_id", f"{event.run_id!r}, but this run is {self.run_id!r}")
+            return
         self.discarded += sum(len(q) for q in self._queues)
         try:
             self._configure(event.world_size, event.required_ranks or None)
@@ -215,12 +234,20 @@ class ReportCallbackHandler:
                 self._configure(self.world_size, self.required_ranks)
 
     def _reject(self, event: Any, field: str, reason: str) -> None:
+        """Count and announce a rejection; the rejected event's own fields may be of
+        any type, so only well-typed ones are copied into the announcement."""
         self.rejected += 1
         if self._bus is not None:
+            run_id = event.run_id if type(event.run_id) is str else (self.run_id or "")
+            rank = getattr(event, "rank", -1)
             self._bus.emit(
                 ReportRejected(
-                    run_id=event.run_id, rank=getattr(event, "rank", -1), field=field, reason=reason
+                    run_id=run_id,
+                    rank=rank if type(rank) is int else -1,
+                    field=field,
+                    reason=reason if len(reason) <= 1000 else f"{reason[:997]}...",
                 ),
+                derived=True,
             )
 
 

@@ -3,6 +3,14 @@
 The bus runs in its own task under a shielded scope, so that when the run's
 body is cancelled the bus still delivers ``RunFinished`` and ``after_run``
 before it stops: lifecycle hooks run exactly once on every way out.
+
+The same holds when something ends the run from inside: a callback with
+``on_error="raise"`` that fails, or ``KeyboardInterrupt``/``SystemExit``
+raised by a callback or a worker (or delivered by a signal). The run stops
+its body and workers, delivers ``RunFinished`` (``cancelled`` for an
+interrupt, ``failed`` otherwise) and ``after_run``, records them, and then
+raises that exception itself, unwrapped from any exception group, on asyncio
+and trio alike.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from eventbus import (
+    BusClosed,
     CheckpointSaved,
     Clock,
     EventBus,
@@ -38,6 +47,7 @@ from ._attach import CallbackAttachment, attach_user_callbacks
 from ._context import RunResult, RunStatus, TrainRunContext
 from ._errors import WorkerGroupError
 from ._interfaces import UserCallback
+from ._metric_values import MetricsError, RejectedMetrics, freeze_metrics
 from ._metrics import mean_metrics
 
 __all__ = ["Reporter", "Run", "WorkerFn", "open_run"]
@@ -49,6 +59,13 @@ WorkerFn = Callable[["Reporter"], Awaitable[Any]]
 
 class Reporter:
     """One rank's handle: ``await report(metrics, checkpoint=None)``.
+
+    ``report`` copies ``metrics`` at once (into a read-only ``FrozenDict``):
+    the worker may reuse or change its dict afterwards, and callbacks still
+    see what was reported. Metrics that are not JSON values a log can hold
+    are judged at once (the worker may change them afterwards); the run
+    rejects them (``ReportRejected`` naming the rank and the path inside the
+    metrics) and goes on.
 
     ``latest_checkpoint`` is the checkpoint of the latest complete round
     (where a restarted worker resumes); ``should_stop`` turns true when a
@@ -66,13 +83,18 @@ class Reporter:
         run = self.run
         index = self._index
         self._index += 1
+        reported: Any
+        try:
+            reported = freeze_metrics(metrics)
+        except MetricsError as exc:  # the gatherer rejects it, naming rank and field
+            reported = RejectedMetrics(exc.field, exc.reason)
         await run.bus.publish(
             Report(
                 run_id=run.run_id,
                 rank=self.rank,
                 world_size=self.world_size,
                 index=index,
-                metrics=metrics,
+                metrics=reported,
                 checkpoint=checkpoint,
             )
         )
@@ -132,6 +154,7 @@ class Run:
             period=period,
             budget=budget,
             drain_timeout=drain_timeout,
+            on_failure=self._end_from_inside,
         )
         # Callback states: snapshotted at every checkpoint, restored (in place,
         # order kept) before any callback runs when resuming.
@@ -146,10 +169,10 @@ class Run:
             else:
                 self.state_store.register(self.callbacks)
             self.state_store.attach(self.bus)
-        # The log records every event of the bus, from RunStarted to the last budget report.
-        self.recorder = (
-            LogRecorder(log, run_id=self.run_id).attach(self.bus) if log is not None else None
-        )
+        # The log records every event of the bus, from RunStarted to the last budget report;
+        # it is opened on entering the run, so a run never entered leaves no file open.
+        self._log_path = log
+        self.recorder: LogRecorder | None = None
         self.attachment: CallbackAttachment | None = None
         self.status: RunStatus | None = None
         self.restarts = 0
@@ -159,6 +182,8 @@ class Run:
         self._bus_ready = anyio.Event()
         self._bus_stop = anyio.Event()
         self._bus_error: BaseException | None = None
+        #: What ended the run from inside (a callback's on_error="raise", an interrupt).
+        self._ended_by: BaseException | None = None
         self._worker_scopes: set[anyio.CancelScope] = set()
         self._workers_cancelled = False
         self._active_workers = 0
@@ -288,6 +313,8 @@ class Run:
                     group_scope, failures = group
                     failures[reporter.rank] = exc
                     group_scope.cancel()
+            except (KeyboardInterrupt, SystemExit) as exc:
+                self._end_from_inside(exc)  # not a worker failure: the run ends
             finally:
                 self._worker_scopes.discard(scope)
                 self._worker_ended()
@@ -310,15 +337,30 @@ class Run:
 
     # --- lifecycle ------------------------------------------------------------------
 
+    def _end_from_inside(self, exc: BaseException) -> None:
+        """The bus's ``on_failure``, and workers' interrupts: stop the body and the
+        workers; ``__aexit__`` then finishes the run in order and raises ``exc``."""
+        if self._ended_by is None:
+            self._ended_by = exc
+        self._cancel_workers()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
     async def __aenter__(self) -> Self:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        if self._log_path is not None:
+            self.recorder = LogRecorder(self._log_path, run_id=self.run_id).attach(self.bus)
         try:
-            await self._start()
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+            try:
+                await self._start()
+            except BaseException as exc:
+                self._bus_stop.set()
+                if not await self._tg.__aexit__(type(exc), exc, exc.__traceback__):
+                    raise
+                raise RuntimeError("the run was stopped while it started") from exc
         except BaseException:
-            self._bus_stop.set()
-            await self._tg.__aexit__(None, None, None)
-            self._close_log()
+            self._close_log()  # also when cancelled while entering (the log file stays closed)
             raise
         return self
 
@@ -369,24 +411,38 @@ class Run:
         tb: TracebackType | None,
     ) -> bool:
         assert self._tg is not None
-        cancelled = exc is not None and isinstance(exc, anyio.get_cancelled_exc_class())
+        cancelled_class = anyio.get_cancelled_exc_class()
+        # An interrupt that reached the body (trio raises KeyboardInterrupt where the
+        # main task is, possibly inside a task group) ends the run like one from inside.
+        interrupt = _interrupt_in(exc)
+        if interrupt is not None and self._ended_by is None:
+            self._ended_by = interrupt
+        cancelled = isinstance(exc, cancelled_class) or (
+            self._ended_by is not None and _only_cancellations(exc, cancelled_class)
+        )
         if exc is None:
             try:
                 if self._workers_done is not None:
                     await self._workers_done.wait()
                 await anyio.lowlevel.checkpoint()  # a cancellation pending since the body ended
-            except anyio.get_cancelled_exc_class() as inner:
+            except cancelled_class as inner:
                 cancelled, exc = True, inner
         self._cancel_workers()
-        if exc is None:
-            self.status, error = "finished", None
-        elif cancelled:
-            self.status, error = "cancelled", None
-        else:
-            self.status, error = "failed", f"{type(exc).__name__}: {exc}"
         with anyio.CancelScope(shield=True):
             if self._workers_done is not None:
                 await self._workers_done.wait()
+            # What was reported is handled before the run's status is decided: a callback
+            # may still end the run (an interrupt) while it handles the last rounds.
+            await self._drain()
+            ended_by = self._ended_by
+            if ended_by is not None:
+                self.status, error = _status_of(ended_by)
+            elif exc is None:
+                self.status, error = "finished", None
+            elif cancelled:
+                self.status, error = "cancelled", None
+            else:
+                self.status, error = "failed", f"{type(exc).__name__}: {exc}"
             await self._finish(self.status, error)
             self._bus_stop.set()
         # The bus task shields itself and has been told to stop: this only waits for it.
@@ -396,23 +452,63 @@ class Run:
                 await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
             else:
                 await self._tg.__aexit__(None, None, None)
+        except BaseException as group:
+            if self._ended_by is None or not _only_cancellations(group, cancelled_class):
+                raise
         finally:
             self._close_log()
+        ended_by = self._ended_by  # after_run itself may have raised an interrupt
+        if ended_by is not None:
+            raise ended_by.with_traceback(ended_by.__traceback__) from None
         if self._bus_error is not None and exc is None:
             raise self._bus_error
         if cancelled and exc_type is None and exc is not None:
             raise exc
         return False
 
+    async def _drain(self) -> None:
+        """Wait (at most ``drain_timeout``) until everything published was handled."""
+        if self._bus_error is None:
+            with anyio.move_on_after(self.bus.drain_timeout):
+                await self.bus.wait_idle()
+
     async def _finish(self, status: RunStatus, error: str | None) -> None:
         if self._bus_error is not None:
             return
         try:
             await self.bus.publish(RunFinished(run_id=self.run_id, status=status, error=error))
-            with anyio.move_on_after(self.bus.drain_timeout):
-                await self.bus.wait_idle()
-        except Exception as exc:  # the bus failed meanwhile: nothing more can be delivered
+            await self._drain()
+        except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))
+
+
+def _interrupt_in(exc: BaseException | None) -> BaseException | None:
+    """The ``KeyboardInterrupt``/``SystemExit`` in ``exc``, found inside exception groups too."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _interrupt_in(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _only_cancellations(exc: BaseException | None, cancelled_class: type[BaseException]) -> bool:
+    """Whether ``exc`` holds nothing but cancellations and interrupts: the fallout of
+    ending the run from inside, which the exception that ended it replaces."""
+    if exc is None or isinstance(exc, (cancelled_class, KeyboardInterrupt, SystemExit)):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_cancellations(inner, cancelled_class) for inner in exc.exceptions)
+    return False
+
+
+def _status_of(ended_by: BaseException) -> tuple[RunStatus, str | None]:
+    """An interrupt cancels the run; ``SystemExit`` or a callback's raise fails it."""
+    if isinstance(ended_by, KeyboardInterrupt):
+        return "cancelled", None
+    return "failed", f"{type(ended_by).__name__}: {ended_by}"
 
 
 class _CheckpointAnnouncer:
@@ -438,6 +534,7 @@ class _CheckpointAnnouncer:
                 ranks=reports.required_ranks,
                 metrics=mean_metrics(metrics),
             ),
+            derived=True,
         )
 
 
@@ -471,11 +568,12 @@ def open_run(
 
     ``log``: record every event of the run to this file (msgpack, or JSON
     Lines for ``.jsonl``), fsynced at every checkpoint. ``state_dir``: snapshot
-    every stateful callback at every checkpoint, into the checkpoint (which
-    must lie under ``state_dir``). ``resume_from``: a checkpoint under
-    ``state_dir`` whose callback states are restored before the run starts
-    (warnings for saved-but-missing and live-but-unsaved callbacks;
-    ``strict_state=True`` raises instead).
+    every stateful callback at every checkpoint, into the checkpoint (reported
+    locations are taken from the current directory, like every other path, and
+    must lie under ``state_dir``). ``resume_from``: the checkpoint (anywhere;
+    relative to the current directory) whose callback states are restored
+    before the run starts (warnings for saved-but-missing and live-but-unsaved
+    callbacks; ``strict_state=True`` raises instead).
     """
     if not math.isfinite(period) or period <= 0:
         raise ValueError(f"period must be a positive number of seconds, got {period}")

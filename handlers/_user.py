@@ -98,9 +98,12 @@ class UserCallbackHandler:
 
             return call_async
 
-        def call(event: Any) -> None:
+        def call(event: Any) -> Any:
+            # The result goes back to the bus: a coroutine returned by a sync method
+            # is then awaited there, never dropped.
             if not check_origin or event.origin == origin:
-                method(*args_of(event))
+                return method(*args_of(event))
+            return None
 
         return call
 
@@ -123,7 +126,7 @@ class UserCallbackHandler:
             raise RuntimeError(
                 "UserCallbackHandler is not subscribed to a bus: call subscribe(bus)"
             )
-        self._bus.emit(event)
+        self._bus.emit(event, derived=True)
 
     # --- the interfaces the gathering handlers call ------------------------------------
 

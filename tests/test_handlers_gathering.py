@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,10 +33,10 @@ from handlers import (
 )
 
 
-def report(rank: int, index: int, world_size: int = 3, **kw: Any) -> Report:
-    fields: dict[str, Any] = {"metrics": {"rank": rank, "i": index}}
+def report(rank: Any, index: Any, world_size: int = 3, **kw: Any) -> Report:
+    fields: dict[str, Any] = {"metrics": {"rank": rank, "i": index}, "run_id": "r"}
     fields.update(kw)
-    return Report(run_id="r", rank=rank, world_size=world_size, index=index, **fields)
+    return Report(rank=rank, world_size=world_size, index=index, **fields)
 
 
 class Rounds:
@@ -200,11 +201,19 @@ async def test_inconsistent_checkpoints_give_a_mismatch_event_and_no_checkpoint(
         ((0, 0, {"world_size": 4}), "world_size"),
         ((0, 0, {"metrics": [1, 2]}), "metrics"),
         ((0, 0, {"metrics": {"x": b"raw"}}), "metrics['x']"),
-        ((0, 0, {"metrics": {"x": {"deep": [1, object()]}}}), "metrics['x']"),
+        ((0, 0, {"metrics": {"x": {"deep": [1, object()]}}}), "metrics['x']['deep'][1]"),
+        ((0, 0, {"metrics": {"p": Path("/tmp")}}), "metrics['p']"),
+        ((0, 0, {"metrics": {"big": 2**64}}), "metrics['big']"),
+        ((0, 0, {"metrics": {1: 2}}), "metrics"),
+        ((0, 0, {"metrics": None}), "metrics"),
+        ((0, 0, {"run_id": "another-run"}), "run_id"),
+        ((0, 0, {"checkpoint": 7}), "checkpoint"),
+        (("0", 0, {}), "rank"),
+        ((0, 1.5, {}), "index"),
     ],
 )
 async def test_bad_reports_are_rejected_by_rank_and_field_and_the_run_goes_on(
-    bad: tuple[int, int, dict[str, Any]], field: str
+    bad: tuple[Any, Any, dict[str, Any]], field: str
 ) -> None:
     rank, index, fields = bad
     rec = Recorder()
@@ -216,7 +225,7 @@ async def test_bad_reports_are_rejected_by_rank_and_field_and_the_run_goes_on(
         await bus.publish(report(rank, index, **fields))
         await bus.publish(report(0, 0))
         await bus.publish(report(2, 0))
-    assert [(r.rank, r.field) for r in rejected] == [(rank, field)]
+    assert [(r.rank, r.field) for r in rejected] == [(rank if type(rank) is int else -1, field)]
     assert rejected[0].reason
     assert of(rec.calls, "after_report") == [([0, 0, 0], None)]
 
