@@ -3,9 +3,12 @@
 - *record*: publishing N events through a bus with one trivial handler, with
   and without a ``LogRecorder`` attached; the difference per event is what
   recording adds (target <= 0.5 µs). Floor: a plain loop calling the handler.
-- *read*: ``LogReader`` over a log of N events, read and validated
-  (target >= 1 million events/s). Floor: the msgspec decoder alone over the
-  same records, already split (what framing and streaming add on top).
+- *read*: ``LogReader`` over a log of N events, read, checksummed and
+  validated (target >= 1 million events/s). Floor: the msgspec decoder alone
+  over the same records, already split (what framing, checksums and
+  streaming add on top).
+- *jsonl*: the same two for JSON Lines (recording through a bus, reading),
+  and recording events whose metrics hold a NaN (the careful JSON path).
 - *replay*: N events replayed instantly on a ``VirtualClock`` into a bus with
   one trivial callback (target: 1 million in under 5 s).
 - *memory*: peak resident memory of a fresh process that reads a log of M
@@ -42,12 +45,17 @@ from eventbus import (
     replay,
 )
 from eventbus._codec import _decoder
-from eventbus._logformat import RECORD_LENGTH
+from eventbus._logformat import LOG_FORMAT_VERSION, RECORD_LENGTH
+
+#: Format version 1 frames a record with its length (4 bytes); version 2 with a
+#: marker, a length check, the length and a CRC-32 (12 bytes, the length at byte 4).
+#: Knowing both lets this script measure a tree before and after the change.
+FRAME, LENGTH_AT = (4, 0) if LOG_FORMAT_VERSION == 1 else (12, 4)
 
 
-def make_events(n: int) -> list[Report]:
+def make_events(n: int, loss: float = 0.5) -> list[Report]:
     return [
-        Report(run_id="bench", rank=i % 4, world_size=4, index=i // 4, metrics={"loss": 0.5})
+        Report(run_id="bench", rank=i % 4, world_size=4, index=i // 4, metrics={"loss": loss})
         for i in range(n)
     ]
 
@@ -96,6 +104,7 @@ async def publish_all(events: list[Report], path: Path | None) -> float:
 
 
 def write_log(path: Path, n: int, chunk: int = 100_000) -> None:
+    """``n`` events in ``path`` (JSON Lines for a ``.jsonl`` name)."""
     with LogRecorder(path, fsync="never", batch_bytes=1 << 20) as recorder:
         for start in range(0, n, chunk):
             for i, event in enumerate(make_events(min(chunk, n - start))):
@@ -118,9 +127,9 @@ def decode_floor(path: Path) -> float:
         pos = reader.data_offset
     payloads = []
     while pos < len(data):
-        size = RECORD_LENGTH.unpack_from(data, pos)[0]
-        payloads.append(data[pos + 4 : pos + 4 + size])
-        pos += 4 + size
+        size = RECORD_LENGTH.unpack_from(data, pos + LENGTH_AT)[0]
+        payloads.append(data[pos + FRAME : pos + FRAME + size])
+        pos += FRAME + size
     decode = _decoder("msgpack").decode
     start = time.perf_counter()
     for payload in payloads:
@@ -161,6 +170,18 @@ def measure(n: int, repeat: int, tmp: Path) -> dict[str, Any]:
     with LogReader(log) as reader:
         logged = list(reader)
     replays = [anyio.run(replay_events, logged) for _ in range(max(1, repeat // 2))]
+    jsonl_plain, jsonl_recorded, jsonl_nan, jsonl_reads = [], [], [], []
+    jsonl_log = tmp / "read.jsonl"
+    write_log(jsonl_log, n)
+    for i in range(repeat):
+        gc.collect()
+        jsonl_plain.append(anyio.run(publish_all, make_events(n), None))
+        jsonl_recorded.append(anyio.run(publish_all, make_events(n), tmp / f"rec{i}.jsonl"))
+        nan_events = make_events(n, loss=float("nan"))
+        jsonl_nan.append(anyio.run(publish_all, nan_events, tmp / f"nan{i}.jsonl"))
+        elapsed, count = read_all(jsonl_log)
+        assert count == n
+        jsonl_reads.append(elapsed)
     per = 1e9 / n
     return {
         "events": n,
@@ -184,6 +205,12 @@ def measure(n: int, repeat: int, tmp: Path) -> dict[str, Any]:
             "seconds": round(median(replays), 3),
             "ns_per_event": round(median(replays) * per, 1),
             "seconds_per_million": round(median(replays) * 1e6 / n, 2),
+        },
+        "jsonl": {
+            "record_added_ns": round((median(jsonl_recorded) - median(jsonl_plain)) * per, 1),
+            "record_nan_added_ns": round((median(jsonl_nan) - median(jsonl_plain)) * per, 1),
+            "read_ns_per_event": round(median(jsonl_reads) * per, 1),
+            "bytes_per_event": round(jsonl_log.stat().st_size / n, 1),
         },
     }
 
@@ -264,6 +291,12 @@ def main() -> int:
         f"{read['bytes_per_event']} bytes/event)"
     )
     print(f"replay: {rep['ns_per_event']:.0f} ns/event, {rep['seconds_per_million']} s per million")
+    jl = results["jsonl"]
+    print(
+        f"jsonl:  record +{jl['record_added_ns']:.0f} ns/event (+{jl['record_nan_added_ns']:.0f} "
+        f"with a NaN metric); read {jl['read_ns_per_event']:.0f} ns/event; "
+        f"{jl['bytes_per_event']} bytes/event"
+    )
     print(
         f"memory: reading {mem['events']:,} events ({mem['log_mb']} MB log): peak RSS "
         f"{mem['peak_rss_mb']} MB (before reading {mem['peak_rss_mb_before_read']} MB)"

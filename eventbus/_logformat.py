@@ -1,10 +1,15 @@
-"""The event-log file format: header, record framing, errors.
+"""The event-log file format: header, record framing, limits, errors.
 
 Two encodings of one log. *msgpack* (the default): a fixed binary header,
-then one length-prefixed msgpack record per event, so a reader can skip,
-stream and detect a torn tail without parsing. *JSON Lines* (``.jsonl``): a
-header object on the first line, then one event per line, for people and
-other tools. ``docs/log-format.md`` describes both byte by byte.
+then one framed msgpack record per event, so a reader can skip, stream and
+detect a torn tail without parsing. *JSON Lines* (``.jsonl``): a header
+object on the first line, then one event per line, for people and other
+tools. ``docs/log-format.md`` describes both byte by byte.
+
+Format version 2 frames each msgpack record with a sync marker, a check of
+its length and a CRC-32 of its payload: a damaged record is detected (not
+mistaken for a torn tail or silently decoded), and a reader finds the next
+intact record after it. Version 1 (a bare length prefix) is still read.
 
 Only this module knows the framing; the recorder and the reader share it.
 """
@@ -35,27 +40,53 @@ __all__ = [
 #: PNG-style: a non-ASCII first byte and CR LF / ^Z / LF catch text-mode mangling.
 LOG_MAGIC = b"\x89EVB\r\n\x1a\n"
 #: Version of the framing (header and record layout), independent of the event schema.
-LOG_FORMAT_VERSION = 1
+LOG_FORMAT_VERSION = 2
 #: ``LOG_MAGIC``, format version (u16), schema version (u16), metadata length (u32), little-endian.
 PREFIX = struct.Struct("<8sHHI")
-#: A record: payload length (u32 little-endian), then the msgpack payload.
+#: A version-1 record: payload length (u32 little-endian), then the msgpack payload.
 RECORD_LENGTH = struct.Struct("<I")
-#: Longer payloads are not events: the length prefix itself is corrupt.
+#: A version-2 record header: marker (u16), length check (u16), payload length (u32),
+#: CRC-32 of the payload (u32), little-endian; the payload follows.
+RECORD_HEADER = struct.Struct("<HHII")
+#: The first bytes of every version-2 record. 0xC1 is the one byte msgpack never
+#: uses and it never occurs in UTF-8, so no string inside a payload can hold it.
+RECORD_MARK = b"\xc1\xeb"
+RECORD_MARK_VALUE: int = int.from_bytes(RECORD_MARK, "little")
+#: Longer payloads are not events: the length itself is damaged. Also the limit of a
+#: JSON line (without its newline): the recorder writes a placeholder instead.
 MAX_RECORD = 64 * 1024 * 1024
+MAX_LINE = MAX_RECORD
+#: The JSON Lines header line (a few hundred bytes in practice).
+MAX_HEADER_LINE = 1024 * 1024
 #: The key of a JSON Lines header line that marks it as an event log.
 JSONL_MARKER = "eventbus_log"
 
 LogFormat = Literal["msgpack", "jsonl"]
 
 
+def length_check(size: int) -> int:
+    """The 16-bit check of a record length: every bit of the length changes it.
+
+    It lets a reader trust a length (and so the span it checksums) before
+    checksumming a payload, which keeps resynchronising cheap on garbage.
+    """
+    return (size ^ size >> 16) & 0xFFFF
+
+
 class LogHeader(msgspec.Struct, frozen=True, kw_only=True):
-    """What a log says about itself. ``created`` is wall time (Unix seconds)."""
+    """What a log says about itself. ``created`` is wall time (Unix seconds).
+
+    ``event_types`` maps each event type tag known when the log was created to
+    the module defining it, so a reader can say (or, for this library's own
+    packages, import) what it needs to decode them.
+    """
 
     format_version: int = LOG_FORMAT_VERSION
     schema_version: int = SCHEMA_VERSION
     run_id: str = ""
     created: float = msgspec.field(default_factory=time.time)
     writer: str = "train-eventbus"
+    event_types: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class TruncatedTail(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,18 +137,17 @@ def format_for_path(path: str | Path) -> LogFormat:
 
 
 def encode_header(header: LogHeader, fmt: LogFormat) -> bytes:
+    fields: dict[str, object] = {
+        "run_id": header.run_id,
+        "created": header.created,
+        "writer": header.writer,
+    }
+    if header.event_types:
+        fields["event_types"] = header.event_types
     if fmt == "jsonl":
-        fields = {
-            JSONL_MARKER: header.format_version,
-            "schema_version": header.schema_version,
-            "run_id": header.run_id,
-            "created": header.created,
-            "writer": header.writer,
-        }
-        return msgspec.json.encode(fields) + b"\n"
-    meta = _meta_encoder.encode(
-        {"run_id": header.run_id, "created": header.created, "writer": header.writer}
-    )
+        first = {JSONL_MARKER: header.format_version, "schema_version": header.schema_version}
+        return msgspec.json.encode(first | fields) + b"\n"
+    meta = _meta_encoder.encode(fields)
     return PREFIX.pack(LOG_MAGIC, header.format_version, header.schema_version, len(meta)) + meta
 
 
@@ -140,7 +170,7 @@ def decode_msgpack_header(path: str | Path, prefix: bytes, meta: bytes) -> LogHe
     _, format_version, schema_version, _ = PREFIX.unpack(prefix)
     try:
         fields = _meta_decoder.decode(meta)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise LogFormatError(f"{path}: damaged log header metadata: {exc}") from None
     header = msgspec.structs.replace(
         fields, format_version=format_version, schema_version=schema_version
@@ -152,7 +182,7 @@ def decode_msgpack_header(path: str | Path, prefix: bytes, meta: bytes) -> LogHe
 def decode_jsonl_header(path: str | Path, line: bytes) -> LogHeader:
     try:
         fields = _json_header_decoder.decode(line)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise LogFormatError(f"{path}: first line is not an event-log header: {exc}") from None
     if JSONL_MARKER not in fields:
         raise LogFormatError(
@@ -166,6 +196,7 @@ def decode_jsonl_header(path: str | Path, line: bytes) -> LogHeader:
                 "run_id": fields.get("run_id", ""),
                 "created": fields.get("created", 0.0),
                 "writer": fields.get("writer", ""),
+                "event_types": fields.get("event_types", {}),
             },
             LogHeader,
         )

@@ -4,28 +4,57 @@ The file is read in chunks and decoded record by record, so a log of any
 length is read in constant memory. Every record is validated against the
 event union. A record cut short at the end (a crash mid-write) ends the
 iteration and is reported in ``truncated``; every record before it is
-returned. A record that is not a valid event raises ``CorruptLogError``
-with its byte offset and index, or, with ``skip_corrupt=True``, is skipped
-and counted.
+returned. A damaged record raises ``CorruptLogError`` with its byte offset
+and index, or, with ``skip_corrupt=True``, is skipped and counted, and
+reading goes on from the next intact record (format version 2 finds it by
+its sync marker and checksums, so damage costs only the records it hit).
+
+A record that is intact (its checksum holds, or, in JSON Lines, it is a
+well-formed object) but does not decode as its type is yielded as an
+``EventPlaceholder`` and counted in ``placeholders``: a log the recorder
+wrote is always readable to its end. If its type is one of this library's
+own (say ``handlers``' events) and the header names the module defining it,
+that module is imported and the record decoded for real; a module of
+anything else is never imported, only named. Version-1 logs read as they
+always did: such records are corrupt, and the error names the type.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Iterator
+import re
+import threading
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Literal, Self
 
 import msgspec
 
-from ._codec import _decoder
+from . import _logformat
+from ._codec import (
+    _decoder,
+    clip,
+    describe,
+    event_union,
+    known_tags,
+    loads_json_nonfinite,
+    may_hold_nonfinite,
+    peek_msgpack_map,
+    placeholder_from_raw,
+)
 from ._events import Event
 from ._logformat import (
     LOG_MAGIC,
+    MAX_HEADER_LINE,
     MAX_RECORD,
     PREFIX,
+    RECORD_HEADER,
     RECORD_LENGTH,
+    RECORD_MARK,
+    RECORD_MARK_VALUE,
     CorruptLogError,
     LogFormat,
     LogFormatError,
@@ -34,11 +63,26 @@ from ._logformat import (
     decode_jsonl_header,
     decode_msgpack_header,
 )
+from ._logging import get_logger
 
 __all__ = ["LogContents", "LogReader", "read_log"]
 
 #: Corrupt records kept (as errors) when skipping; the rest are only counted.
 KEEP_ERRORS = 100
+#: Damaged records cost the CRC of what their lengths claim, up to ``MAX_RECORD``
+#: bytes each. Past this many such bytes (plus ``WASTE_FACTOR`` times the bytes
+#: read so far) the reader checks each length before its CRC and skips a failed
+#: record whole instead of searching inside it, so a file crafted to be
+#: expensive still costs linear time. Damage that happens never gets there.
+WASTE_ALLOWANCE = MAX_RECORD
+WASTE_FACTOR = 8
+#: The modules a reader may import to decode a log's event types: this library's own.
+#: No component may start with ``__`` (``adapters.cli.__main__`` runs the CLI).
+OUR_MODULE = re.compile(
+    r"(?:eventbus|handlers|adapters)(?:\.(?!__)[A-Za-z_][A-Za-z0-9_]{0,99}){0,8}", re.ASCII
+)
+
+_log = get_logger("eventbus.reader")
 
 
 class LogReader:
@@ -46,7 +90,10 @@ class LogReader:
 
     The header is read and checked on construction: ``LogFormatError`` for
     a file that is not an event log or was written by a newer schema.
-    Iterate once; afterwards ``count`` is the number of events returned,
+    Iterate once; afterwards ``count`` is the number of events returned
+    (placeholders included), ``placeholders`` how many ``EventPlaceholder``s
+    the reader made for intact records that did not decode as their type
+    (those the recorder wrote are events like any other, not counted here),
     ``truncated`` says where a torn last record starts (or is ``None``),
     ``skipped`` counts corrupt records passed over (``skip_corrupt=True``)
     and ``errors`` holds the first of them.
@@ -61,11 +108,13 @@ class LogReader:
     ) -> None:
         self.path = Path(path)
         self.skip_corrupt = skip_corrupt
-        self.chunk_size = chunk_size
+        self.chunk_size = max(1, chunk_size)
         self.count = 0
         self.skipped = 0
+        self.placeholders = 0
         self.errors: list[CorruptLogError] = []
         self.truncated: TruncatedTail | None = None
+        self._imports: dict[str, str] = {}  # module -> why importing it failed ("" if it did not)
         self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115 (closed by close())
         self._iterated = False
         try:
@@ -94,7 +143,14 @@ class LogReader:
             header = decode_msgpack_header(self.path, start, meta)
             return "msgpack", header, PREFIX.size + meta_size
         if start.lstrip()[:1] == b"{":
-            line = start + f.readline()
+            line = start
+            if b"\n" not in start:
+                line += f.readline(MAX_HEADER_LINE + 1 - len(start))
+            if len(line) > MAX_HEADER_LINE:
+                raise LogFormatError(
+                    f"{self.path}: first line is not an event-log header (longer than "
+                    f"{MAX_HEADER_LINE} bytes)"
+                )
             if not line.endswith(b"\n"):
                 raise LogFormatError(f"{self.path}: truncated log header (no end of line)")
             return "jsonl", decode_jsonl_header(self.path, line), len(line)
@@ -107,7 +163,12 @@ class LogReader:
         if self._iterated:
             raise RuntimeError(f"{self.path}: a LogReader is iterated once; open a new one")
         self._iterated = True
-        events = self._msgpack_events() if self.format == "msgpack" else self._jsonl_events()
+        if self.format == "jsonl":
+            events = self._jsonl_events()
+        elif self.header.format_version == 1:
+            events = self._msgpack_v1_events()
+        else:
+            events = self._msgpack_v2_events()
         try:
             yield from events
         finally:
@@ -122,16 +183,178 @@ class LogReader:
         if len(self.errors) < KEEP_ERRORS:
             self.errors.append(error)
 
-    def _msgpack_events(self) -> Iterator[Event]:
+    # --- msgpack, format version 2 ------------------------------------------------------
+
+    def _msgpack_v2_events(self) -> Iterator[Event]:
+        read = self._file.read
+        unpack = RECORD_HEADER.unpack_from
+        hsize = RECORD_HEADER.size
+        mark = RECORD_MARK_VALUE
+        marker = RECORD_MARK
+        crc32 = zlib.crc32
+        decode = _decoder("msgpack").decode
+        undecodable = (msgspec.DecodeError, RecursionError)
+        data = b""
+        pos = 0
+        base = self.data_offset  # file offset of data[0]
+        index = 0
+        want = hsize  # bytes needed from pos before reading can go on
+        damaged = False  # True: searching for the next intact record from pos
+        eof = False
+        wasted = 0  # bytes checksummed for records that turned out damaged
+        careful = False  # wasted too much: check lengths first, skip failed records whole
+        while True:
+            have = len(data) - pos
+            if have < want and not eof:
+                # Never more than the file still holds: a damaged length must not
+                # allocate what it claims.
+                size = min(max(self.chunk_size, want - have), self._remaining(base + len(data)))
+                chunk = read(size) if size > 0 else b""
+                if chunk:
+                    data = data[pos:] + chunk
+                    base += pos
+                    pos = 0
+                    if len(data) < want:
+                        continue
+                else:
+                    eof = True
+            end = len(data)
+            if not damaged:
+                view = memoryview(data)
+                while pos + hsize <= end:
+                    # The length check is left to the slow path: a wrong length that
+                    # fits in this chunk fails the CRC anyway (and counts as waste),
+                    # until the waste says the file is hostile (``careful``).
+                    m, check, size, crc = unpack(data, pos)
+                    stop = pos + hsize + size
+                    if (
+                        m != mark
+                        or stop > end
+                        or (careful and check != (size ^ size >> 16) & 0xFFFF)
+                    ):
+                        break
+                    payload = view[pos + hsize : stop]
+                    if crc32(payload) != crc:
+                        break
+                    try:
+                        event = decode(payload)
+                    except undecodable as exc:
+                        found = self._undecodable("msgpack", payload, exc, placeholders=True)
+                        assert not isinstance(found, str)
+                        event = found
+                        decode = _decoder("msgpack").decode  # a module may have been imported
+                    yield event
+                    pos = stop
+                    index += 1
+                view.release()
+                self.count = index - self.skipped
+                if pos + hsize > end:
+                    if not eof:
+                        want = hsize
+                        continue
+                    if pos == end:
+                        break
+                    if marker.startswith(data[pos : pos + 2]):  # the start of a header
+                        self.truncated = TruncatedTail(
+                            offset=base + pos, index=index, size=end - pos
+                        )
+                        break
+                    reason = "damaged record header (no record marker)"
+                else:
+                    m, check, size, crc = unpack(data, pos)
+                    if m == mark and pos + hsize + size <= end:
+                        wasted += size  # its CRC was computed, and failed
+                        careful = careful or wasted > self._allowance(base + pos)
+                    if m != mark:
+                        reason = "damaged record header (no record marker)"
+                    elif check != (size ^ size >> 16) & 0xFFFF or size > MAX_RECORD:
+                        reason = f"damaged record header (length {size} fails its check)"
+                    elif pos + hsize + size > end:
+                        if not eof:
+                            want = hsize + size
+                            continue
+                        if not _intact_record_in(data, pos + 1, end):
+                            # A whole header, part of its payload: cut short mid-write.
+                            self.truncated = TruncatedTail(
+                                offset=base + pos, index=index, size=end - pos
+                            )
+                            break
+                        reason = (
+                            f"damaged record (its length {size} runs past the end of the file, "
+                            "but an intact record follows)"
+                        )
+                    else:
+                        reason = f"checksum mismatch (a damaged record of {size} bytes)"
+                self._corrupt(base + pos, index, reason)
+                index += 1
+                self.count = index - self.skipped
+                damaged = True
+                pos += 1
+                want = hsize
+                continue
+            # Damaged: find the next marker whose header checks, then its payload's CRC.
+            q = data.find(marker, pos)
+            if q < 0:
+                if eof:
+                    break
+                pos = max(pos, end - 1)  # a marker may straddle two chunks
+                want = end - pos + 1
+                continue
+            if q + hsize > end:
+                if eof:  # a marker and part of a header at the very end: cut short
+                    self.truncated = TruncatedTail(offset=base + q, index=index, size=end - q)
+                    break
+                pos = q
+                want = hsize
+                continue
+            m, check, size, crc = unpack(data, q)
+            if check != (size ^ size >> 16) & 0xFFFF or size > MAX_RECORD:
+                pos = q + 1
+                continue
+            stop = q + hsize + size
+            if stop > end:
+                if not eof:
+                    pos = q
+                    want = hsize + size
+                    continue
+                if not _intact_record_in(data, q + 1, end):
+                    self.truncated = TruncatedTail(offset=base + q, index=index, size=end - q)
+                    break
+                pos = q + 1  # not a torn tail: an intact record lies within its length
+                continue
+            with memoryview(data) as view:
+                intact = crc32(view[q + hsize : stop]) == crc
+            if not intact:  # a record whose header holds and whose payload does not
+                wasted += size
+                careful = careful or wasted > self._allowance(base + q)
+                self._corrupt(
+                    base + q, index, f"checksum mismatch (a damaged record of {size} bytes)"
+                )
+                index += 1
+                pos = stop if careful else q + 1
+                continue
+            damaged = False  # back in step: the next record starts at q
+            pos = q
+            want = hsize
+        self.count = index - self.skipped
+
+    def _allowance(self, offset: int) -> int:
+        """How many checksummed bytes damaged records may cost by ``offset``."""
+        return WASTE_ALLOWANCE + WASTE_FACTOR * (offset - self.data_offset)
+
+    # --- msgpack, format version 1 (a bare length prefix) ------------------------------
+
+    def _msgpack_v1_events(self) -> Iterator[Event]:
         read = self._file.read
         decode = _decoder("msgpack").decode
         unpack = RECORD_LENGTH.unpack_from
-        decode_error = msgspec.DecodeError
+        undecodable = (msgspec.DecodeError, RecursionError)
         data = b""
         pos = 0
         base = self.data_offset  # file offset of data[0]
         index = 0
         need = 0
+        size = 0
         while True:
             chunk = read(max(self.chunk_size, need))
             if chunk:
@@ -153,8 +376,12 @@ class LogReader:
                     break
                 try:
                     event = decode(view[pos + 4 : stop])
-                except decode_error as exc:
-                    self._corrupt(base + pos, index, f"not a valid event: {exc}")
+                except undecodable as exc:
+                    found = self._undecodable("msgpack", view[pos + 4 : stop], exc)
+                    if isinstance(found, str):
+                        self._corrupt(base + pos, index, found)
+                    else:
+                        yield found
                 else:
                     yield event
                 pos = stop
@@ -170,28 +397,181 @@ class LogReader:
         if pos < len(data):
             self.truncated = TruncatedTail(offset=base + pos, index=index, size=len(data) - pos)
 
+    # --- JSON Lines --------------------------------------------------------------------
+
     def _jsonl_events(self) -> Iterator[Event]:
+        max_line = _logformat.MAX_LINE  # looked up here, so a test can lower it
+        readline = self._file.readline
+        limit = max_line + 1  # the longest line and its newline
+        quick = min(limit, max(self.chunk_size, 1 << 16))  # one read holds most lines
         decode = _decoder("json").decode
-        decode_error = msgspec.DecodeError
+        undecodable = (msgspec.DecodeError, RecursionError)
+        placeholders = self.header.format_version >= 2
         offset = self.data_offset
         index = 0
-        for line in self._file:
-            complete = line.endswith(b"\n")
+        line: bytes | bytearray
+        while line := readline(quick):
+            size = len(line)
+            if size == quick and line[-1] != 10:
+                if size < limit:
+                    line = self._rest_of_line(line, limit)
+                    size = len(line)
+                if size == limit and line[-1] != 10:
+                    # Longer than any event: skip to the next newline, holding no more of it.
+                    size += self._skip_line()
+                    self._corrupt(offset, index, f"line longer than {max_line} bytes")
+                    offset += size
+                    index += 1
+                    continue
             if line.isspace():
-                offset += len(line)
+                offset += size
                 continue
             try:
                 event = decode(line)
-            except decode_error as exc:
-                if not complete:  # the last line, cut short mid-write
-                    self.truncated = TruncatedTail(offset=offset, index=index, size=len(line))
-                    return
-                self._corrupt(offset, index, f"not a valid event: {exc}")
-            else:
-                self.count += 1
-                yield event
-            offset += len(line)
+            except undecodable as exc:
+                found = self._undecodable("json", line, exc, placeholders=placeholders)
+                decode = _decoder("json").decode  # a module may have been imported
+                if isinstance(found, str):
+                    if line[-1] != 10:  # the last line, cut short mid-write
+                        self.truncated = TruncatedTail(offset=offset, index=index, size=size)
+                        return
+                    self._corrupt(offset, index, found)
+                    offset += size
+                    index += 1
+                    continue
+                event = found
+            self.count += 1
+            yield event
+            offset += size
             index += 1
+
+    def _rest_of_line(self, start: bytes, limit: int) -> bytes | bytearray:
+        """A line longer than one read, gathered up to ``limit`` bytes (in one buffer:
+        ``readline(limit)`` would hold it twice)."""
+        line = bytearray(start)
+        piece = start
+        while len(line) < limit and piece[-1] != 10:
+            piece = self._file.readline(min(limit - len(line), max(self.chunk_size, 1 << 16)))
+            if not piece:
+                break
+            line += piece
+        return line
+
+    def _skip_line(self) -> int:
+        """Read past the rest of a line, a chunk at a time; the bytes it held."""
+        skipped = 0
+        while piece := self._file.readline(self.chunk_size):
+            skipped += len(piece)
+            if piece[-1] == 10:
+                break
+        return skipped
+
+    # --- records that do not decode as their type ------------------------------------------
+
+    def _undecodable(
+        self,
+        kind: Literal["msgpack", "json"],
+        data: bytes | bytearray | memoryview,
+        exc: BaseException,
+        *,
+        placeholders: bool = False,
+    ) -> Event | str:
+        """What to yield for a record that failed to decode, or why it is corrupt.
+
+        The event after all (nested so deep it needs a fresh stack; its type's
+        module, one of ours, imported now; or NaN/Infinity tokens in JSON,
+        decoded through ``json``); with ``placeholders`` (an intact record of a
+        version-2 log) an ``EventPlaceholder``; otherwise the reason the record
+        is corrupt.
+        """
+        run: Callable[[Callable[[], object]], object] = _here
+        if isinstance(exc, RecursionError):
+            # Nested nearly as deep as the recursion limit allows: the writer's stack
+            # was shallower than this reader's. A new thread's stack is the shallowest.
+            run = _on_fresh_stack
+            try:
+                found = run(lambda: _decoder(kind).decode(data))
+            except (msgspec.DecodeError, RecursionError) as again:
+                exc = again
+            else:
+                assert isinstance(found, Event)
+                return found
+        raw: object = None
+        well_formed = via_json = False
+        try:
+            raw = run(
+                lambda: (
+                    msgspec.msgpack.decode(data) if kind == "msgpack" else msgspec.json.decode(data)
+                )
+            )
+            well_formed = True
+        except (msgspec.DecodeError, RecursionError):
+            if kind == "json" and may_hold_nonfinite(data):
+                try:
+                    raw = run(lambda: loads_json_nonfinite(data))
+                    well_formed = via_json = True
+                except (ValueError, RecursionError):
+                    pass
+        if not well_formed:
+            reason = _why(exc)
+            if placeholders and kind == "msgpack":
+                shown = bytes(data[:256]).hex(" ")
+                return self._placeholder(
+                    peek_msgpack_map(data), reason, text=f"{len(data)} bytes: {shown}"
+                )
+            return reason
+        imported, unknown = self._resolve_unknown(raw)
+        if imported or via_json:
+            try:
+                if via_json:
+                    found = run(lambda: msgspec.convert(raw, event_union()))
+                else:
+                    found = run(lambda: _decoder(kind).decode(data))
+            except (msgspec.DecodeError, RecursionError) as again:
+                exc = again
+            else:
+                assert isinstance(found, Event)
+                return found
+        reason = unknown or _why(exc)
+        if placeholders and (kind == "msgpack" or isinstance(raw, dict)):
+            return self._placeholder(raw, reason)
+        return reason
+
+    def _placeholder(self, raw: object, reason: str, *, text: str | None = None) -> Event:
+        self.placeholders += 1
+        return placeholder_from_raw(raw, reason, text=text)
+
+    def _resolve_unknown(self, raw: object) -> tuple[bool, str | None]:
+        """For a record whose ``type`` no event class has: whether the module the
+        header names for it (one of ours) was imported and now defines it, or why not."""
+        if not isinstance(raw, dict):
+            return False, None
+        tag = raw.get("type")
+        if not isinstance(tag, str) or tag in known_tags():
+            return False, None
+        shown = repr(clip(tag, 200))
+        module = self.header.event_types.get(tag)
+        if module is None:
+            return False, (
+                f"unknown event type {shown}: no event class of that name is defined; "
+                "import the module that defines it before reading this log"
+            )
+        if not OUR_MODULE.fullmatch(module):
+            return False, (
+                f"event type {shown} is defined in module {clip(module, 200)!r}: "
+                "import it before reading this log"
+            )
+        if module not in self._imports:
+            self._imports[module] = _import(module, self.path)
+        if tag in known_tags():
+            return True, None
+        error = self._imports[module]
+        return False, (
+            f"event type {shown} is defined in module {module!r}, but "
+            + (f"importing it failed: {error}" if error else "that module does not define it")
+        )
+
+    # --- the file ------------------------------------------------------------------------
 
     def _remaining(self, offset: int) -> int:
         return max(0, os.fstat(self._file.fileno()).st_size - offset)
@@ -214,6 +594,72 @@ class LogReader:
         return f"<LogReader {str(self.path)!r} {self.format} schema={self.header.schema_version}>"
 
 
+def _intact_record_in(data: bytes, start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` holds a whole record whose header and CRC check.
+
+    Tells a torn tail (a record cut short by a crash is the last thing in
+    the file) from a damaged length that claims past the end of the file.
+    Checksums at most a few times the span, so a crafted tail stays cheap
+    (past that, the tail counts as torn).
+    """
+    hsize = RECORD_HEADER.size
+    budget = 4 * (end - start) + (1 << 20)
+    q = data.find(RECORD_MARK, start, end)
+    while q >= 0 and q + hsize <= end:
+        _, check, size, crc = RECORD_HEADER.unpack_from(data, q)
+        stop = q + hsize + size
+        if check == (size ^ size >> 16) & 0xFFFF and stop <= end:
+            budget -= size
+            if budget < 0:
+                return False
+            with memoryview(data) as view:
+                if zlib.crc32(view[q + hsize : stop]) == crc:
+                    return True
+        q = data.find(RECORD_MARK, q + 1, end)
+    return False
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deep to decode (RecursionError)"
+    return f"not a valid event: {clip(str(exc), 1000)}"
+
+
+def _here(work: Callable[[], object]) -> object:
+    return work()
+
+
+def _on_fresh_stack(work: Callable[[], object]) -> object:
+    """``work()`` on a new thread, whose Python stack starts empty: the whole
+    recursion limit is there for the decoder. Only for records that hit it."""
+    outcome: list[tuple[bool, object]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, work()))
+        except BaseException as exc:  # handed back to the caller's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="eventbus-log-deep-decode", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        assert isinstance(value, BaseException)
+        raise value
+    return value
+
+
+def _import(module: str, path: Path) -> str:
+    """Import one of this library's modules named by a log header; why it failed, or ``""``."""
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        _log.warning("cannot import event types for a log", path=str(path), module=module)
+        return clip(describe(exc), 500)
+    return ""
+
+
 class LogContents(msgspec.Struct, frozen=True, kw_only=True):
     """A whole (small) log in memory: what ``read_log`` returns."""
 
@@ -221,6 +667,7 @@ class LogContents(msgspec.Struct, frozen=True, kw_only=True):
     events: list[Event]
     truncated: TruncatedTail | None = None
     skipped: int = 0
+    placeholders: int = 0
 
 
 def read_log(path: str | os.PathLike[str], *, skip_corrupt: bool = False) -> LogContents:
@@ -228,5 +675,9 @@ def read_log(path: str | os.PathLike[str], *, skip_corrupt: bool = False) -> Log
     with LogReader(path, skip_corrupt=skip_corrupt) as reader:
         events = list(reader)
     return LogContents(
-        header=reader.header, events=events, truncated=reader.truncated, skipped=reader.skipped
+        header=reader.header,
+        events=events,
+        truncated=reader.truncated,
+        skipped=reader.skipped,
+        placeholders=reader.placeholders,
     )

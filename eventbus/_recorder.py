@@ -1,10 +1,17 @@
 """Recording events to a log file, from a bus or written directly.
 
-Cheap on the bus's hot path: one reused msgspec encoder writes each record
-straight into a ``bytearray`` (``encode_into``), and the buffer goes to the
-file in batches. Durability is a policy: ``fsync="checkpoint"`` (the default)
-makes the log durable at every ``CheckpointSaved``, so after a crash the log
+Cheap on the bus's hot path: one reused msgspec encoder per record, one
+CRC-32 and one header, appended to a ``bytearray`` that goes to the file in
+batches. Durability is a policy: ``fsync="checkpoint"`` (the default) makes
+the log durable at every ``CheckpointSaved``, so after a crash the log
 reaches at least as far as the checkpoint a resumed run starts from.
+
+Nothing an event holds can stop the recording. An event the encoder cannot
+take (a ``pathlib.Path`` or any object in its metrics, nesting too deep, an
+int beyond 64 bits in msgpack, a record over ``MAX_RECORD``) is recorded as
+an ``EventPlaceholder`` with its ``seq``, ``time``, type and a bounded
+rendering, and the next event is recorded as usual: a tap that raised
+would be removed by the bus and lose the rest of the run.
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+import zlib
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
@@ -20,8 +28,25 @@ from typing import Literal, Self
 import msgspec
 
 from ._bus import EventBus
-from ._events import CheckpointSaved, Event, HealthCheckTick
-from ._logformat import RECORD_LENGTH, LogFormat, LogHeader, encode_header, format_for_path
+from ._codec import (
+    encode_json,
+    encode_json_nonfinite,
+    event_modules,
+    has_nonfinite,
+    placeholder_for,
+)
+from ._events import CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
+from ._logformat import (
+    MAX_LINE,
+    MAX_RECORD,
+    RECORD_HEADER,
+    RECORD_MARK_VALUE,
+    LogFormat,
+    LogHeader,
+    encode_header,
+    format_for_path,
+)
+from ._logging import get_logger
 
 __all__ = ["FsyncPolicy", "LogRecorder"]
 
@@ -30,6 +55,12 @@ FsyncPolicy = Literal["never", "checkpoint", "batch"]
 #: The recorder's own handlers (fsync at checkpoints, flush each period) run
 #: before every other handler of their event.
 RECORDER_ORDER = -sys.maxsize
+
+_log = get_logger("eventbus.recorder")
+
+
+class RecordTooLarge(ValueError):
+    """An encoded event longer than a reader accepts (``MAX_RECORD`` / ``MAX_LINE``)."""
 
 
 class LogRecorder:
@@ -42,7 +73,10 @@ class LogRecorder:
     health-check period of an attached bus), and on ``close``. ``fsync``:
     ``never``, ``checkpoint`` (at every ``CheckpointSaved``) or ``batch``
     (every flush). The file is replaced if it exists. ``run_id`` and
-    ``created`` (wall time; now by default) go to the header.
+    ``created`` (wall time; now by default) go to the header, with the module
+    of every event type defined so far (plus ``event_types``, tag -> module,
+    say those of a log being converted), so a reader can name what it lacks.
+    ``placeholders`` counts the events recorded as ``EventPlaceholder``.
     """
 
     def __init__(
@@ -55,6 +89,7 @@ class LogRecorder:
         fsync: FsyncPolicy = "checkpoint",
         batch_bytes: int = 256 * 1024,
         flush_interval: float = 1.0,
+        event_types: Mapping[str, str] | None = None,
     ) -> None:
         if fsync not in ("never", "checkpoint", "batch"):
             raise ValueError(f"fsync must be 'never', 'checkpoint' or 'batch', got {fsync!r}")
@@ -67,7 +102,13 @@ class LogRecorder:
         self.fsync: FsyncPolicy = fsync
         self.batch_bytes = batch_bytes
         self.flush_interval = flush_interval
-        self.header = LogHeader(run_id=run_id, created=time.time() if created is None else created)
+        self.placeholders = 0
+        modules = {**(event_types or {}), **event_modules()}
+        self.header = LogHeader(
+            run_id=run_id,
+            created=time.time() if created is None else created,
+            event_types=modules,
+        )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
         self._buffer = bytearray(encode_header(self.header, self.format))
@@ -82,22 +123,34 @@ class LogRecorder:
     # --- recording ------------------------------------------------------------
 
     # Closures over locals: on the hot path each attribute lookup saved is ~5% of a record.
-    # A batch at a time: the bus hands the recorder whole batches (it is a tap).
+    # A batch at a time: the bus hands the recorder whole batches (it is a tap). An
+    # exception costs nothing until raised (3.11), so the guard is free on the hot path.
 
     def _msgpack_recorder(self) -> Callable[[Iterable[Event]], None]:
         buffer = self._buffer
+        extend = buffer.extend
+        scratch = bytearray()  # each payload is encoded here, then appended whole
         encode_into = msgspec.msgpack.Encoder().encode_into
-        pack_into = RECORD_LENGTH.pack_into
+        pack = RECORD_HEADER.pack
+        crc32 = zlib.crc32
+        mark = RECORD_MARK_VALUE
+        max_record = MAX_RECORD
         limit = self.batch_bytes
         flush = self.flush
+        substitute = self._substitute
 
         def record_many(events: Iterable[Event]) -> None:
             for event in events:
-                # Encoding past the end leaves room for the length prefix; cheaper than
-                # extending first (msgspec trims the buffer after every encode_into).
-                start = len(buffer)
-                encode_into(event, buffer, start + 4)
-                pack_into(buffer, start, len(buffer) - start - 4)
+                try:
+                    encode_into(event, scratch)
+                    size = len(scratch)
+                    if size > max_record:
+                        raise RecordTooLarge(f"{size} bytes, more than {max_record}")
+                except Exception as exc:  # whatever encode_into left in scratch is replaced
+                    encode_into(substitute(event, exc), scratch)
+                    size = len(scratch)
+                # One extend of the whole record: the buffer never holds half of one.
+                extend(pack(mark, (size ^ size >> 16) & 0xFFFF, size, crc32(scratch)) + scratch)
             if len(buffer) >= limit:
                 flush()
 
@@ -105,19 +158,62 @@ class LogRecorder:
 
     def _jsonl_recorder(self) -> Callable[[Iterable[Event]], None]:
         buffer = self._buffer
-        extend = buffer.extend
         encode_into = msgspec.json.Encoder().encode_into
+        find = buffer.find
+        append = buffer.append
+        max_line = MAX_LINE
         limit = self.batch_bytes
         flush = self.flush
+        substitute = self._substitute
 
         def record_many(events: Iterable[Event]) -> None:
             for event in events:
-                encode_into(event, buffer, -1)
-                extend(b"\n")
+                start = len(buffer)
+                try:
+                    encode_into(event, buffer, -1)
+                    # msgspec writes NaN and ±inf as null, so only a line with a null can
+                    # have lost one. A lone null that ends the line is the last field's
+                    # (``"checkpoint":null}`` of most reports): if that field is None, no
+                    # float was lost. Otherwise the event is checked and maybe re-encoded.
+                    at = find(b"null", start)
+                    if (
+                        at >= 0
+                        and (
+                            at != len(buffer) - 5
+                            or getattr(event, event.__struct_fields__[-1]) is not None
+                        )
+                        and has_nonfinite(event)
+                    ):
+                        del buffer[start:]
+                        buffer.extend(encode_json_nonfinite(event))
+                    if len(buffer) - start > max_line:
+                        raise RecordTooLarge(f"{len(buffer) - start} bytes, more than {max_line}")
+                    append(10)  # the newline
+                except Exception as exc:
+                    # encode_into may have left part of the event: roll back to its start.
+                    del buffer[start:]
+                    buffer.extend(encode_json(substitute(event, exc)) + b"\n")
+                except BaseException:  # never half a line in the buffer
+                    del buffer[start:]
+                    raise
             if len(buffer) >= limit:
                 flush()
 
         return record_many
+
+    def _substitute(self, event: Event, exc: Exception) -> EventPlaceholder:
+        """The placeholder recorded for an event that cannot be recorded as itself."""
+        placeholder = placeholder_for(event, exc)
+        self.placeholders += 1
+        if self.placeholders == 1:  # once per recorder: never a log call per event
+            _log.warning(
+                "event recorded as a placeholder",
+                path=str(self.path),
+                seq=placeholder.seq,
+                event_type=placeholder.event_type,
+                reason=placeholder.reason,
+            )
+        return placeholder
 
     def record(self, event: Event) -> None:
         """One framed record into the buffer (no flush or fsync policy: see ``write``)."""
@@ -203,6 +299,10 @@ class LogRecorder:
         self.detach()
         self.flush(fsync=self.fsync != "never")
         self._file.close()
+        if self.placeholders:
+            _log.warning(
+                "events recorded as placeholders", path=str(self.path), count=self.placeholders
+            )
 
     @property
     def closed(self) -> bool:

@@ -9,7 +9,10 @@ ticks and budget reports therefore fall between the same events on every
 replay, and only measured durations (handler times) differ from run to run.
 
 The bus's own diagnostics in the log (ticks, budget reports, handler faults)
-are left out by default: the replay bus produces its own.
+are left out by default: the replay bus produces its own. Placeholders
+(``EventPlaceholder``: what a log holds for an event it could not keep as
+itself) are never delivered, since no handler can act on them; they are
+counted in ``ReplaySummary.placeholders``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ._eventfilter import EventFilter
 from ._events import (
     BudgetReport,
     Event,
+    EventPlaceholder,
     HandlerFailed,
     HandlerStateChanged,
     HandlerTimedOut,
@@ -77,7 +81,8 @@ class HandlerSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
     """What a replay delivered. ``replayed`` events were published, ``filtered``
-    left out (by the filter, or as recorded diagnostics)."""
+    left out (by the filter, or as recorded diagnostics), ``placeholders``
+    skipped (records the log could not hold as their events)."""
 
     replayed: int
     filtered: int
@@ -89,6 +94,7 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
     skipped_corrupt: int = 0
     #: Real seconds the replay took, handlers included.
     wall_time: float = 0.0
+    placeholders: int = 0
 
     @property
     def failed(self) -> int:
@@ -210,12 +216,14 @@ async def replay(
         truncated=reader.truncated if reader is not None else None,
         skipped_corrupt=reader.skipped if reader is not None else 0,
         wall_time=time.perf_counter() - started,
+        placeholders=selection.placeholders,
     )
 
 
 class _Selection:
     """The events to replay, in order, counting what the filters left out and
-    noting the recorded time span (of every event, filtered or not)."""
+    the placeholders passed over, and noting the recorded time span (of every
+    event, filtered or not; placeholders aside)."""
 
     def __init__(
         self, events: Iterable[Event], keep: EventFilter | None, include_diagnostics: bool
@@ -223,14 +231,18 @@ class _Selection:
         self.events = events
         self.keep = keep
         self.include_diagnostics = include_diagnostics
-        self.replayed = self.filtered = 0
+        self.replayed = self.filtered = self.placeholders = 0
         self.first_time: float | None = None
         self.last_time: float | None = None
 
     def __iter__(self) -> Iterator[Event]:
         keep = self.keep
         skip_diagnostics = not self.include_diagnostics
+        placeholder = EventPlaceholder  # exact type: a cheaper test than isinstance
         for event in self.events:
+            if type(event) is placeholder:  # its time may be unknown (0.0)
+                self.placeholders += 1
+                continue
             if self.first_time is None:
                 self.first_time = event.time
             self.last_time = event.time
@@ -267,6 +279,8 @@ def log_timing(path: str | os.PathLike[str], *, skip_corrupt: bool = False) -> L
     first: float | None = None
     with LogReader(path, skip_corrupt=skip_corrupt) as reader:
         for event in reader:
+            if isinstance(event, EventPlaceholder):
+                continue
             if first is None:
                 first = event.time
             if isinstance(event, HealthCheckTick | BudgetReport) and event.end > event.start:

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import json
+import math
+import struct
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from eventbus import CheckpointSaved, WorkerFailure, read_log
+from eventbus import (
+    LOG_MAGIC,
+    SCHEMA_VERSION,
+    CheckpointSaved,
+    LogRecorder,
+    Report,
+    WorkerFailure,
+    encode_json,
+    encode_msgpack,
+    read_log,
+)
 from eventbus.testing import report_rounds, sample_event, write_log
 
 
@@ -59,7 +72,7 @@ def test_convert_both_ways_round_trips(log: Path, tmp_path: Path) -> None:
     jsonl = tmp_path / "run.jsonl"
     back = tmp_path / "back.evlog"
     assert run("convert", log, jsonl).returncode == 0
-    assert jsonl.read_text().startswith('{"eventbus_log":1')
+    assert jsonl.read_text().startswith('{"eventbus_log":2')
     result = run("convert", jsonl, back)
     assert result.returncode == 0 and "8 events (msgpack)" in result.stdout
     original, again = read_log(log), read_log(back)
@@ -143,13 +156,49 @@ def bad_files(tmp_path: Path, log: Path) -> dict[str, tuple[Path, str]]:
     corrupt.write_bytes(bytes(data))
     not_log = tmp_path / "notes.txt"
     not_log.write_text("just some text\n")
+    deep_v1, deep_jsonl = deep_logs(tmp_path)
+    meta = msgspec.msgpack.encode({"run_id": "v1", "created": 1.0, "writer": "train-eventbus"})
+    v1_offset = 16 + len(meta) + 4 + len(encode_msgpack(report(0)))  # after record 0
     return {
         "missing": (tmp_path / "absent.evlog", "no such file"),
         "truncated": (truncated, "truncated at byte"),
         "corrupt": (corrupt, "corrupt record 7 at byte"),
         "not a log": (not_log, "not an event log"),
         "directory": (tmp_path, "cannot read"),
+        "nested 100,000 deep (format 1)": (
+            deep_v1,
+            f"corrupt record 1 at byte {v1_offset}: nested too deep to decode",
+        ),
+        "nested 100,000 deep (JSON Lines)": (deep_jsonl, "nested too deep to decode"),
     }
+
+
+def report(seq: int, **metrics: object) -> Report:
+    return Report(
+        run_id="r", rank=0, world_size=1, index=seq, metrics=metrics, seq=seq, time=1.0 + seq
+    )
+
+
+def deep_logs(tmp_path: Path) -> tuple[Path, Path]:
+    """Logs whose record 1 is nested 100,000 deep (a RecursionError for a naive reader)."""
+    nested = (
+        b"\x84"  # the map of type, seq and time, with a 4th key: metrics={"a": [[[...]]]}
+        + msgspec.msgpack.encode({"type": "Report", "seq": 1, "time": 2.0})[1:]
+        + b"\xa7metrics\x81\xa1a"
+        + b"\x91" * 100_000
+        + b"\xc0"
+    )
+    meta = msgspec.msgpack.encode({"run_id": "v1", "created": 1.0, "writer": "train-eventbus"})
+    data = struct.pack("<8sHHI", LOG_MAGIC, 1, SCHEMA_VERSION, len(meta)) + meta
+    for payload in (encode_msgpack(report(0)), nested, encode_msgpack(report(2))):
+        data += struct.pack("<I", len(payload)) + payload
+    v1 = tmp_path / "deep-v1.evlog"
+    v1.write_bytes(data)
+    jsonl = write_log(tmp_path / "deep.jsonl", [report(0)])
+    with jsonl.open("ab") as f:
+        f.write(b'{"type":"Report","seq":1,"time":2.0,"metrics":{"a":' + b"[" * 100_000)
+        f.write(b"]" * 100_000 + b"}}\n" + encode_json(report(2)) + b"\n")
+    return v1, jsonl
 
 
 @pytest.mark.parametrize("command", ["show", "stats", "convert", "replay"])
@@ -213,3 +262,62 @@ def test_replay_against_training_callbacks(log: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("round of 2 ranks") == 3
     assert "Rounds.after_report" in result.stdout
+
+
+def test_deeply_nested_records_can_be_skipped(tmp_path: Path) -> None:
+    for path in deep_logs(tmp_path):
+        result = run("show", path, "--json", "--skip-corrupt")
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "skipped 1 corrupt record(s); first:" in result.stderr
+        assert "nested too deep to decode" in result.stderr
+        assert [json.loads(line)["seq"] for line in result.stdout.splitlines()] == [0, 2]
+
+
+NONFINITE = {"loss": math.nan, "grad": math.inf, "low": -math.inf, "text": "NaN"}
+
+
+def test_convert_keeps_nan_and_infinity_both_ways(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "nan.evlog", [report(0, **NONFINITE), report(1, loss=0.5)])
+    jsonl, back = tmp_path / "nan.jsonl", tmp_path / "back.evlog"
+    assert run("convert", log, jsonl).returncode == 0
+    line = jsonl.read_text().splitlines()[1]
+    assert '"loss":NaN,"grad":Infinity,"low":-Infinity,"text":"NaN"' in line
+    assert run("convert", jsonl, back).returncode == 0
+    originals, again = read_log(log).events, read_log(back).events
+    assert [encode_msgpack(e) for e in again] == [encode_msgpack(e) for e in originals]
+
+
+def test_show_json_keeps_nan_and_infinity(tmp_path: Path) -> None:
+    for name in ("nan.evlog", "nan.jsonl"):
+        log = write_log(tmp_path / name, [report(0, **NONFINITE)])
+        result = run("show", log, "--json")
+        assert result.returncode == 0, result.stderr
+        metrics = json.loads(result.stdout)["metrics"]  # Python's json reads the tokens
+        assert math.isnan(metrics["loss"]) and (metrics["grad"], metrics["low"]) == (
+            math.inf,
+            -math.inf,
+        )
+        table = run("show", log)
+        assert 'metrics={"loss":NaN,"grad":Infinity,' in table.stdout
+
+
+def test_records_that_do_not_decode_are_shown_as_placeholders(tmp_path: Path) -> None:
+    log = tmp_path / "odd.evlog"
+    bad = Report(run_id="r", rank=0, world_size=1, index=1, metrics=None, seq=1, time=2.0)  # type: ignore[arg-type]
+    with LogRecorder(log) as recorder:
+        recorder.write_many([report(0, loss=1.0), bad, report(2, path=Path("/x"))])
+    result = run("show", log)
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()[1:]
+    assert [row.split()[2] for row in rows] == ["Report", "EventPlaceholder", "EventPlaceholder"]
+    assert "event_type=Report reason=not a valid event: Expected `object`, got `None`" in rows[1]
+    assert "reason=not encodable: TypeError" in rows[2]
+    assert "1 record(s) shown as EventPlaceholder" in result.stderr
+    stats = json.loads(run("stats", log, "--json").stdout)
+    assert stats["by_type"] == {"EventPlaceholder": 2, "Report": 1}
+    converted = run("convert", log, tmp_path / "odd.jsonl")
+    assert converted.returncode == 0 and "3 events (jsonl)" in converted.stdout
+    (tmp_path / "my_callbacks.py").write_text(CALLBACKS)
+    replayed = run("replay", log, "--callbacks", "my_callbacks:count", cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stderr
+    assert "replayed 1 events" in replayed.stdout and "2 placeholders skipped" in replayed.stdout

@@ -44,7 +44,10 @@ def every_event() -> list[Event]:
 
 
 def record_boundaries(path: Path) -> tuple[int, list[int]]:
-    """Header size and the byte offset where each record starts (and the end)."""
+    """Header size and the byte offset where each record starts (and the end).
+
+    Format version 2: a 12-byte record header whose payload length is at byte 4.
+    """
     data = path.read_bytes()
     if path.suffix == ".jsonl":
         offsets = [i + 1 for i, b in enumerate(data) if b == ord("\n")]
@@ -52,7 +55,7 @@ def record_boundaries(path: Path) -> tuple[int, list[int]]:
     header = 16 + struct.unpack_from("<I", data, 12)[0]
     offsets = [header]
     while offsets[-1] < len(data):
-        offsets.append(offsets[-1] + 4 + struct.unpack_from("<I", data, offsets[-1])[0])
+        offsets.append(offsets[-1] + 12 + struct.unpack_from("<I", data, offsets[-1] + 4)[0])
     return header, offsets
 
 
@@ -72,7 +75,7 @@ def test_every_event_type_round_trips(tmp_path: Path, name: str) -> None:
 def test_format_follows_extension_or_argument(tmp_path: Path) -> None:
     events = report_rounds(2)
     assert write_log(tmp_path / "a.evlog", events).read_bytes().startswith(LOG_MAGIC)
-    assert write_log(tmp_path / "b.jsonl", events).read_bytes().startswith(b'{"eventbus_log":1')
+    assert write_log(tmp_path / "b.jsonl", events).read_bytes().startswith(b'{"eventbus_log":2')
     forced = write_log(tmp_path / "c.log", events, format="jsonl")
     with LogReader(forced) as reader:
         assert reader.format == "jsonl"
@@ -112,7 +115,7 @@ def test_corrupt_record_names_offset_and_index_or_is_skipped(tmp_path: Path) -> 
     path = write_log(tmp_path / "log.evlog", report_rounds(3))
     _, boundaries = record_boundaries(path)
     data = bytearray(path.read_bytes())
-    data[boundaries[2] + 4 : boundaries[3]] = b"\xc1" * (boundaries[3] - boundaries[2] - 4)
+    data[boundaries[2] + 12 : boundaries[3]] = b"\xc1" * (boundaries[3] - boundaries[2] - 12)
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptLogError) as caught:
         read_log(path)
@@ -128,8 +131,8 @@ def test_corrupt_jsonl_line_and_blank_lines(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", report_rounds(2))
     lines = path.read_bytes().splitlines(keepends=True)
     lines.insert(2, b"\n")
-    lines[3] = b'{"type":"Report","seq":"oops"}\n'
-    path.write_bytes(b"".join(lines))
+    lines[3] = b'{"type":"Report","seq":"oops"\n'  # not JSON (a well-formed object would be
+    path.write_bytes(b"".join(lines))  # an intact record: a placeholder, in format version 2)
     offset = sum(len(line) for line in lines[:3])
     with pytest.raises(CorruptLogError) as caught:
         read_log(path)
@@ -146,14 +149,18 @@ def test_last_jsonl_line_without_newline_is_kept_when_complete(tmp_path: Path) -
     assert len(contents.events) == 2 and contents.truncated is None
 
 
-def test_implausible_length_is_corruption_even_when_skipping(tmp_path: Path) -> None:
-    path = write_log(tmp_path / "log.evlog", report_rounds(1))
+def test_implausible_length_is_corruption_that_skipping_gets_past(tmp_path: Path) -> None:
+    path = write_log(tmp_path / "log.evlog", report_rounds(2))
     _, boundaries = record_boundaries(path)
     data = bytearray(path.read_bytes())
-    struct.pack_into("<I", data, boundaries[1], 0xFFFFFFFF)
+    struct.pack_into("<I", data, boundaries[1] + 4, 0xFFFFFFFF)
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptLogError, match="record length"):
-        read_log(path, skip_corrupt=True)
+    with pytest.raises(CorruptLogError, match="length 4294967295 fails its check") as caught:
+        read_log(path)
+    assert (caught.value.offset, caught.value.index) == (boundaries[1], 1)
+    contents = read_log(path, skip_corrupt=True)
+    assert [e.seq for e in contents.events] == [0, 2, 3]
+    assert contents.skipped == 1 and contents.truncated is None
 
 
 def test_newer_schema_is_refused_older_is_read(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from eventbus import (
     Event,
     EventBus,
     EventFilter,
+    EventPlaceholder,
     HandlerFailed,
     HandlerTimedOut,
     HealthCheckTick,
@@ -224,3 +225,26 @@ def test_plugin_fixtures_fail_a_wrong_expectation(pytester: pytest.Pytester) -> 
     result = pytester.runpytest_subprocess("-q")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*missing [[]2[]]*"])
+
+
+@pytest.mark.anyio
+async def test_placeholders_are_never_delivered_and_are_counted(tmp_path: Path) -> None:
+    """Recorded (unencodable) and read (not decodable) placeholders alike, with or
+    without recorded diagnostics; their unknown times do not move the clock."""
+    log = tmp_path / "odd.evlog"
+    events = [
+        msgspec.structs.replace(e, seq=i, time=5.0 + i)
+        for i, e in enumerate(report_rounds(2, world_size=1))
+    ]
+    with LogRecorder(log) as recorder:
+        recorder.write(events[0])
+        recorder.write(msgspec.structs.replace(events[1], metrics={"p": Path("/x")}, time=0.0))
+        recorder.write(msgspec.structs.replace(events[1], metrics=None, seq=2, time=7.0))
+        recorder.write(HealthCheckTick(period=0, start=5.0, end=6.0, seq=3, time=8.0))
+    for include in (False, True):
+        capture = EventCapture()
+        result = await replay_log(log, capture, include_diagnostics=include)
+        assert not capture.of_type(EventPlaceholder)
+        assert [e.index for e in capture.of_type(Report)] == [0]
+        assert result.summary.placeholders == 2
+        assert (result.summary.first_time, result.summary.last_time) == (5.0, 8.0)

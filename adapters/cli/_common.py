@@ -38,16 +38,28 @@ def reading_log(path: Path, *, skip_corrupt: bool = False) -> Iterator[LogReader
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except MemoryError:
+        raise CliError(f"{path}: not enough memory to read this log") from None
 
 
 def check_log_tail(reader: LogReader) -> None:
-    """After the output: a torn tail or skipped records are an error the user sees."""
+    """After the output: a torn tail or skipped records are an error the user sees;
+    placeholders (records that did not decode as their type) are a note on stderr."""
+    note = (
+        f"{reader.placeholders} record(s) shown as EventPlaceholder (not decodable as "
+        "their type; see their reason)"
+        if reader.placeholders
+        else ""
+    )
     if reader.truncated is not None:
-        raise CliError(reader.truncated.describe(reader.path))
+        raise CliError(reader.truncated.describe(reader.path) + (f"; {note}" if note else ""))
     if reader.skipped:
         raise CliError(
             f"{reader.path}: skipped {reader.skipped} corrupt record(s); first: {reader.errors[0]}"
+            + (f"; {note}" if note else "")
         )
+    if note:
+        print(f"{reader.path}: note: {note}", file=sys.stderr)
 
 
 def load_object(spec: str) -> Any:

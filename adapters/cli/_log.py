@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 from collections import Counter
@@ -31,6 +32,7 @@ from eventbus import (
     ReplaySummary,
     Report,
     WorkerFailure,
+    encode_json,
     replay_file,
 )
 
@@ -132,17 +134,28 @@ def _summary(event: Event) -> str:
         value = getattr(event, field.name)
         if value in (None, "", (), {}) or field.name == "traceback":
             continue
-        text = msgspec.json.encode(value).decode() if not isinstance(value, str) else value
+        text = value if isinstance(value, str) else _json_value(value)
         parts.append(f"{field.name}={text}")
     line = " ".join(parts).replace("\n", " ")
     return line if len(line) <= _SUMMARY_WIDTH else line[: _SUMMARY_WIDTH - 1] + "…"
+
+
+_summary_json = json.JSONEncoder(ensure_ascii=False, allow_nan=True, separators=(",", ":"))
+
+
+def _json_value(value: object) -> str:
+    """A field as JSON, NaN and ±inf as in JSON Lines logs (``NaN``, ``Infinity``)."""
+    try:
+        return _summary_json.encode(msgspec.to_builtins(value, str_keys=True))
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
 
 
 def _show(args: argparse.Namespace) -> int:
     keep = _filter(args)
     shown = 0
     out = sys.stdout
-    encode = msgspec.json.encode
+    encode = encode_json  # NaN and ±inf kept, as in a JSON Lines log
     try:
         with reading_log(args.log, skip_corrupt=args.skip_corrupt) as reader:
             if not args.json:
@@ -185,6 +198,7 @@ def _convert(args: argparse.Namespace) -> int:
                 created=reader.header.created,
                 format=args.to,
                 fsync="never",
+                event_types=reader.header.event_types,
             )
         except OSError as exc:
             raise CliError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
@@ -192,7 +206,12 @@ def _convert(args: argparse.Namespace) -> int:
             for event in reader:
                 recorder.record(event)
                 written += 1
-    print(f"{args.output}: {written} events ({recorder.format})")
+    unencodable = (
+        f", {recorder.placeholders} not encodable as {recorder.format} (written as placeholders)"
+        if recorder.placeholders
+        else ""
+    )
+    print(f"{args.output}: {written} events ({recorder.format}){unencodable}")
     check_log_tail(reader)
     return 0
 
@@ -384,6 +403,7 @@ def _print_replay(summary: ReplaySummary) -> None:
         f"{span:.3f} s of recorded time; delivered {summary.bus.delivered}, "
         f"failed {summary.failed}, timed out {summary.timed_out}"
         + (f", {summary.skipped_corrupt} corrupt skipped" if summary.skipped_corrupt else "")
+        + (f", {summary.placeholders} placeholders skipped" if summary.placeholders else "")
         + f"; took {summary.wall_time:.3f} s"
     )
     print(

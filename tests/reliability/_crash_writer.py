@@ -4,7 +4,9 @@ It imports the library once, then for each trial forks a writer that
 appends events to a log and snapshots a callback state, reporting its
 progress on a pipe, and kills that writer with SIGKILL after a random
 delay. One JSON line per trial goes to stdout: where the writer wrote, how
-far it said it got, and how it was configured. Forking from this small
+far it said it got, and how it was configured. A third of the logs are
+``hostile``: NaN and ±inf in every event and now and then a value the
+encoder cannot take (a placeholder in the log). Forking from this small
 single-threaded process (not from pytest) makes each kill cheap, so the
 test can afford many random kill points.
 
@@ -16,6 +18,7 @@ for the log, ``snapshot`` (renamed into place) for the state.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import select
@@ -25,10 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eventbus import LogRecorder, Report, StateStore
+import msgspec
+
+from eventbus import LogRecorder, Report, StateStore, configure_logging
 
 #: A writer that was not killed stops by itself after this long (it never should be).
 WRITER_LIMIT = 5.0
+#: The checkpoint the writer snapshots, inside the state store's root.
 CHECKPOINT = "ckpt"
 
 
@@ -42,6 +48,20 @@ def expected_event(i: int) -> Report:
         metrics={"loss": 1.0 / (i + 1), "step": i, "note": "n" * (i * 37 % 300)},
         checkpoint=f"ckpt-{i}" if i % 50 == 0 else None,
     )
+
+
+#: In a ``hostile`` log, every event whose number leaves this remainder by 7 holds
+#: a value no encoder takes (recorded as a placeholder); the others a NaN or an inf.
+UNENCODABLE_EVERY = (7, 3)
+
+
+def hostile_event(i: int) -> Report:
+    """The ``i``-th event of a ``hostile`` log: NaN and ±inf, and now and then a Path."""
+    event = expected_event(i)
+    strange: dict[str, Any] = {"loss": (math.nan, math.inf, -math.inf)[i % 3]}
+    if i % UNENCODABLE_EVERY[0] == UNENCODABLE_EVERY[1]:
+        strange["path"] = Path(f"/ckpt/{i}")
+    return msgspec.structs.replace(event, metrics=event.metrics | strange)
 
 
 class Counter:
@@ -62,6 +82,7 @@ def write_forever(directory: Path, config: dict[str, Any], progress: int) -> Non
         os.write(progress, f"{line}\n".encode())
 
     log = directory / ("events.jsonl" if config["format"] == "jsonl" else "events.evlog")
+    make = hostile_event if config["values"] == "hostile" else expected_event
     recorder = LogRecorder(
         log, run_id="crash", fsync=config["fsync"], batch_bytes=config["batch_bytes"]
     )
@@ -72,7 +93,7 @@ def write_forever(directory: Path, config: dict[str, Any], progress: int) -> Non
     deadline = time.monotonic() + WRITER_LIMIT
     i = 0
     while time.monotonic() < deadline:
-        recorder.write(expected_event(i))
+        recorder.write(make(i))
         i += 1
         if i % config["flush_every"] == 0:
             recorder.flush()
@@ -80,7 +101,7 @@ def write_forever(directory: Path, config: dict[str, Any], progress: int) -> Non
         if i % config["snapshot_every"] == 0:
             counter.n = i
             counter.history = list(range(i % 2000))
-            store.snapshot(CHECKPOINT, run_id="crash")
+            store.snapshot(str(store.root / CHECKPOINT), run_id="crash")
             say(f"S {i}")
 
 
@@ -118,6 +139,7 @@ def trial(directory: Path, rng: random.Random) -> dict[str, Any]:
         "batch_bytes": rng.choice((64, 512, 4096, 65536)),
         "flush_every": rng.randint(1, 40),
         "snapshot_every": rng.randint(20, 400),
+        "values": rng.choice(("plain", "plain", "hostile")),
     }
     directory.mkdir(parents=True)
     read_end, write_end = os.pipe()
@@ -152,6 +174,7 @@ def trial(directory: Path, rng: random.Random) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     workdir, trials, seed = Path(argv[0]), int(argv[1]), int(argv[2])
+    configure_logging("ERROR")  # stdout is for the results: the recorder's warnings go away
     rng = random.Random(seed)
     for t in range(trials):
         result = trial(workdir / f"trial-{seed}-{t}", rng)

@@ -5,7 +5,8 @@ every kill: the log reads back as exactly a prefix of the sequence written,
 at least as long as what the writer last reported flushed; a torn last
 record is reported as ``truncated`` and is the only thing after that prefix;
 and the state snapshot the writer last reported is loadable (or a newer
-one, never a damaged one).
+one, never a damaged one). In ``hostile`` logs NaN and ±inf come back bit
+for bit and unencodable events as placeholders, in both encodings.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eventbus import LogReader, StateStore
+from eventbus import EventPlaceholder, LogReader, StateStore, encode_msgpack
 
-from ._crash_writer import CHECKPOINT, expected_event
+from ._crash_writer import CHECKPOINT, UNENCODABLE_EVERY, expected_event, hostile_event
 from ._figures import FIGURES
 
 WRITER = Path(__file__).with_name("_crash_writer.py")
@@ -44,17 +45,23 @@ def run_writers(workdir: Path) -> list[dict[str, Any]]:
     return results
 
 
-def check_log(directory: Path, flushed: int) -> tuple[int, bool]:
+def check_log(directory: Path, flushed: int, hostile: bool) -> tuple[int, bool]:
     """The records read back and whether a torn tail was reported."""
     [log] = [p for p in directory.iterdir() if p.name.startswith("events.")]
     size = log.stat().st_size
     with LogReader(log) as reader:
         events = list(reader)
-    assert reader.skipped == 0
+    assert reader.skipped == 0 and reader.placeholders == 0
     # Exactly a prefix of what was written, and at least what was reported flushed.
     assert len(events) >= flushed, (directory, len(events), flushed)
     for i, event in enumerate(events):
-        assert event == expected_event(i), (directory, i)
+        if not hostile:
+            assert event == expected_event(i), (directory, i)
+        elif i % UNENCODABLE_EVERY[0] == UNENCODABLE_EVERY[1]:
+            assert isinstance(event, EventPlaceholder), (directory, i)
+            assert f"PosixPath('/ckpt/{i}')" in event.text, (directory, i)
+        else:  # NaN included, bit for bit
+            assert encode_msgpack(event) == encode_msgpack(hostile_event(i)), (directory, i)
     tail = reader.truncated
     if tail is not None:  # the torn record is the last thing in the file
         assert tail.index == len(events), (directory, tail)
@@ -67,7 +74,7 @@ def check_state(directory: Path, snapped: int, snapshot_every: int) -> bool:
     """The last reported snapshot (or the one after it) loads; True if there was one."""
     store = StateStore(directory / "state")
     try:
-        snapshot = store.load(CHECKPOINT)
+        snapshot = store.load(str(store.root / CHECKPOINT))
     except FileNotFoundError:
         assert snapped == 0, directory  # nothing was reported written
         return False
@@ -81,11 +88,13 @@ def check_state(directory: Path, snapped: int, snapshot_every: int) -> bool:
 def test_sigkill_at_random_points_keeps_log_prefix_and_last_snapshot(tmp_path: Path) -> None:
     results = run_writers(tmp_path)
     assert len(results) == TRIALS * HELPERS
-    records = torn = snapshots = leftovers = 0
+    records = torn = snapshots = leftovers = hostile_logs = 0
     for result in results:
         directory = Path(result["dir"])
         assert result["ready"] and result["killed"], result
-        count, was_torn = check_log(directory, result["flushed"])
+        hostile = result["config"]["values"] == "hostile"
+        count, was_torn = check_log(directory, result["flushed"], hostile)
+        hostile_logs += hostile
         records += count
         torn += was_torn
         snapshots += check_state(directory, result["snapped"], result["config"]["snapshot_every"])
@@ -94,6 +103,7 @@ def test_sigkill_at_random_points_keeps_log_prefix_and_last_snapshot(tmp_path: P
     # is rare: the recorder writes whole records, so only a write the kernel splits
     # tears one; tests/test_log.py cuts logs at every byte for that case.)
     assert snapshots > len(results) // 2
+    assert hostile_logs > len(results) // 10  # NaN and placeholders are crash-safe too
     FIGURES.add(
         "crash_safety",
         kills=len(results),
@@ -101,5 +111,6 @@ def test_sigkill_at_random_points_keeps_log_prefix_and_last_snapshot(tmp_path: P
         torn_tails_reported=torn,
         snapshots_loaded=snapshots,
         temp_files_left=leftovers,
+        hostile_logs=hostile_logs,
         lost=0,
     )

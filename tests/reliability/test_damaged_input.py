@@ -1,5 +1,8 @@
 """Damaged input: random and mutated bytes into the event decoder, log reader and state loader.
 
+Crafted input too: record headers that pass their checks and claim up to
+64 MiB, and nesting far past the recursion limit.
+
 Only the documented errors may come out (``EventDecodeError``; ``LogError``
 and its subclasses; ``StateFormatError``), within a time limit and a memory
 limit, and nothing is ever decoded by running code: the modules that read
@@ -12,6 +15,7 @@ from __future__ import annotations
 import ast
 import pickle
 import signal
+import struct
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +31,7 @@ import eventbus
 from eventbus import (
     CheckpointSaved,
     EventDecodeError,
+    EventPlaceholder,
     LogError,
     LogReader,
     LogRecorder,
@@ -209,6 +214,74 @@ def test_log_reader_on_random_bytes(
     count("log-random", read_or_documented_error(path, skip_corrupt=False))
 
 
+def crafted_header(claim: int, crc: int) -> bytes:
+    """A version-2 record header whose length passes its check (and whose CRC is a guess)."""
+    return struct.pack("<2sHII", b"\xc1\xeb", (claim ^ claim >> 16) & 0xFFFF, claim, crc)
+
+
+@FUZZ
+@given(
+    fmt=st.sampled_from(["msgpack", "jsonl"]),
+    where=st.integers(0, 2**16),
+    headers=st.lists(
+        st.tuples(st.integers(0, 2**26), st.integers(0, 2**32 - 1), st.binary(max_size=64)),
+        max_size=200,
+    ),
+    deep=st.integers(0, 200_000),
+)
+def test_log_reader_on_crafted_framing_and_nesting(
+    tmp_path_factory: pytest.TempPathFactory,
+    fmt: str,
+    where: int,
+    headers: list[tuple[int, int, bytes]],
+    deep: int,
+) -> None:
+    """Plausible record headers (lengths up to 64 MiB that pass their check),
+    nesting up to 200,000 deep, spliced into a log: documented errors only, in
+    bounded time and memory, and with ``skip_corrupt`` the records after."""
+    tmp = tmp_path_factory.getbasetemp() / "fuzz-logs"
+    tmp.mkdir(exist_ok=True)
+    base = log_bytes(fmt, tmp)
+    if fmt == "jsonl":
+        splice = b'{"type":"Report","metrics":' + b"[" * deep + b"]" * deep + b"}\n"
+        lines = base.splitlines(keepends=True)
+        at = 1 + where % (len(lines) - 1)  # before a line, the last one at the latest
+        junk = b"".join(filler for _, _, filler in headers).replace(b"\n", b"")
+        data = b"".join([*lines[:at], splice, junk + b"\n", *lines[at:]])
+    else:
+        splice = b"".join(crafted_header(claim, crc) + filler for claim, crc, filler in headers)
+        splice += crafted_header(deep + 1, 0) + b"\x91" * deep + b"\xc0"
+        start = 16 + struct.unpack_from("<I", base, 12)[0]  # after the header
+        last = len(base) - 12 - len(encode_msgpack(expected_event(11)))
+        at = start + where % (last + 1 - start)  # anywhere up to the last record's start
+        data = base[:at] + splice + base[at:]
+    path = tmp / "crafted.log"
+    path.write_bytes(data)
+    count("log-crafted", read_or_documented_error(path, skip_corrupt=False))
+    outcome = read_or_documented_error(path, skip_corrupt=True)
+    count("log-crafted-skipping", outcome)
+    assert outcome != "rejected"
+    with LogReader(path, skip_corrupt=True) as reader:
+        events = [e for e in reader if not isinstance(e, EventPlaceholder)]
+    assert events[-1] == expected_event(11)  # the last record is always read
+
+
+@FUZZ
+@given(depth=st.integers(900, 300_000), json_text=st.booleans())
+def test_event_decoders_on_deep_nesting(depth: int, json_text: bool) -> None:
+    if json_text:
+        data = b'{"type":"Report","metrics":{"a":' + b"[" * depth + b"]" * depth + b"}}"
+        count("decoder-deep", decode_or_documented_error(decode_json, data))
+    else:
+        data = b"\x82\xa4type\xa6Report\xa7metrics\x81\xa1a" + b"\x91" * depth + b"\xc0"
+        count("decoder-deep", decode_or_documented_error(decode_msgpack, data))
+
+
+def checkpoint_in(store: StateStore) -> str:
+    """A checkpoint inside the store's root, where a reported checkpoint must lie."""
+    return str(store.root / "c")
+
+
 def snapshot_bytes(tmp: Path) -> bytes:
     store = StateStore(tmp / "base-state")
 
@@ -217,14 +290,14 @@ def snapshot_bytes(tmp: Path) -> bytes:
             return {"args": {"metric": "loss"}, "attributes": {"best": [[0.5, "c/1"]], "n": 3}}
 
     store.register([Tracker()])
-    store.snapshot("c")
-    return store.path_of("c").read_bytes()
+    store.snapshot(checkpoint_in(store))
+    return store.path_of(checkpoint_in(store)).read_bytes()
 
 
 def load_or_documented_error(store: StateStore) -> str:
     with guarded("state"):
         try:
-            store.load("c")
+            store.load(checkpoint_in(store))
         except StateFormatError as exc:
             assert "callback_state.json" in str(exc)
             return "rejected"
@@ -244,7 +317,7 @@ def test_state_loader_on_mutated_and_random_files(
     if not base.exists():
         base.write_bytes(snapshot_bytes(tmp))
     store = StateStore(tmp / "damaged")
-    target = store.path_of("c")
+    target = store.path_of(checkpoint_in(store))
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(mutate(base.read_bytes(), changes) if random is None else random)
     count("state", load_or_documented_error(store))
@@ -311,10 +384,10 @@ def test_pickle_payloads_are_rejected_without_running(tmp_path: Path) -> None:
     assert isinstance(event, Report) and event.metrics["blob"] == payload
     # As a state file.
     store = StateStore(tmp_path / "state")
-    store.path_of("c").parent.mkdir(parents=True)
-    store.path_of("c").write_bytes(payload)
+    store.path_of(checkpoint_in(store)).parent.mkdir(parents=True)
+    store.path_of(checkpoint_in(store)).write_bytes(payload)
     with pytest.raises(StateFormatError):
-        store.load("c")
+        store.load(checkpoint_in(store))
     assert EXECUTED == []
 
 
