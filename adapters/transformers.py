@@ -93,7 +93,8 @@ class EventBusCallback(TrainerCallback):  # type: ignore[misc]  # transformers i
     """Runs ``callbacks`` (``handlers.UserCallback``s) on a bus fed by the Trainer's hooks.
 
     ``state_root``: where callback states are kept (default: the Trainer's
-    ``output_dir``); checkpoints outside it are refused. ``state=False``
+    ``output_dir``); the checkpoints the Trainer saves must lie inside it, the one
+    resumed from may be anywhere. ``state=False``
     turns the state store off. ``log``: record the run's events, to that
     path, or with ``True`` to ``<output_dir>/eventbus-<run_id>.msgpack``.
     ``period``, ``timeout``, ``budget`` and ``buffer`` configure the bus;
@@ -458,8 +459,10 @@ class EventBusCallback(TrainerCallback):  # type: ignore[misc]  # transformers i
         return restored
 
     def _saved_states(self, store: StateStore, checkpoint: str) -> Snapshot | None:
-        if store.path_of(checkpoint).is_file():
-            return store.load(checkpoint)
+        try:
+            return store.load(checkpoint)  # the operator's checkpoint: it may be anywhere
+        except FileNotFoundError:
+            pass
         trainer_state = Path(checkpoint, TRAINER_STATE_NAME)
         if not trainer_state.is_file():
             return None

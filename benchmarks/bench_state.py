@@ -78,18 +78,18 @@ def run(n: int, repeat: int, root: Path) -> dict[str, Any]:
     store.register(callbacks)
     (root / "floor").mkdir(exist_ok=True)
     times: dict[str, list[float]] = {"snapshot": [], "in_memory_floor": [], "io_floor": []}
-    store.snapshot("warmup")
+    store.snapshot(str(root / "warmup"))  # locations are taken from the cwd: spell them out
     gc.collect()
     for i in range(repeat):
         times["in_memory_floor"].append(in_memory_floor(callbacks)[0])
         times["io_floor"].append(io_floor(callbacks, root / "floor"))
         start = time.perf_counter()
-        event = store.snapshot(f"checkpoint-{i % 4}")  # rewrites: replace, never append
+        event = store.snapshot(str(root / f"checkpoint-{i % 4}"))  # rewrites: replace, not append
         times["snapshot"].append(time.perf_counter() - start)
         assert not event.errors and len(event.keys) == n
     ms = {name: statistics.median(values) * 1e3 for name, values in times.items()}
     p90 = sorted(times["snapshot"])[int(0.9 * repeat)] * 1e3
-    size = store.path_of("checkpoint-0").stat().st_size
+    size = store.path_of(str(root / "checkpoint-0")).stat().st_size
     return {
         "python": sys.version.split()[0],
         "callbacks": n,

@@ -1,29 +1,59 @@
-"""Snapshot files: confined to a root, written atomically, versioned.
+"""Snapshot files: confined, written atomically, read defensively, versioned.
 
-A checkpoint location comes from a worker, so it is untrusted: it is
-resolved (symlinks included) and must land strictly inside the configured
-root. Writing goes to a temporary file in the same directory, which is
-fsynced, renamed over the target and followed by an fsync of the directory:
-a crash at any point leaves either the previous file or the new one, whole.
+Two kinds of location reach the store. A checkpoint location reported by a
+worker is untrusted: it is resolved against the current working directory
+(symlinks included), like any other path, and must land strictly inside the
+configured root, or nothing is written. A checkpoint the operator resumes
+from is trusted and may lie anywhere, but the snapshot file inside it is
+not: it must not be a link out of the root (or, outside the root, out of
+that checkpoint's directory), must be a regular file and must fit a size
+limit, all checked on the open file before a byte is read, so a planted
+symlink, FIFO or device can neither leak a file nor hang the reader.
+
+Directories are walked one component at a time with ``O_NOFOLLOW``, from
+the root (or the confining directory), so a component swapped for a symlink
+between the check and the use is refused instead of followed. Writing goes
+to a temporary file in the same directory, which is fsynced, renamed over
+the target and followed by an fsync of the directory: a crash at any point
+leaves either the previous file or the new one, whole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
-from ._state import STATE_FORMAT_VERSION, Snapshot, StateError, StateFormatError
+from ._state import (
+    MALFORMED,
+    STATE_FORMAT_VERSION,
+    CallbackState,
+    Snapshot,
+    StateError,
+    StateFormatError,
+    check_state,
+)
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
+    "LEFTOVER_AGE",
+    "MAX_LOCATION_CHARS",
+    "MAX_LOCATION_DEPTH",
     "STATE_FILENAME",
     "StatePathError",
     "atomic_write",
+    "encode_snapshot",
+    "read_regular_file",
     "read_snapshot",
+    "resolve_location",
+    "resume_state_path",
     "state_path",
     "write_snapshot",
 ]
@@ -31,101 +61,291 @@ __all__ = [
 #: Name of the snapshot file inside a checkpoint directory.
 STATE_FILENAME = "callback_state.json"
 
+#: Largest snapshot read or written by default (``StateStore(max_bytes=...)``):
+#: far above any real callback state, far below what could exhaust memory.
+DEFAULT_MAX_BYTES = 64 * 2**20
+
+#: Longest checkpoint location accepted, before and after resolution (Linux's
+#: PATH_MAX): longer ones cannot be opened anyway, and resolving them is costly.
+MAX_LOCATION_CHARS = 4096
+
+#: Most components a checkpoint location may have once resolved: real ones have a
+#: few dozen, and a worker must not make the store create thousands of directories.
+MAX_LOCATION_DEPTH = 256
+
+#: A temporary file of a snapshot is removed by later writers only once it is
+#: this much older (seconds, by the file system's own clock) than their own:
+#: no write takes that long, and pids cannot tell across hosts whether its
+#: writer is still alive.
+LEFTOVER_AGE = 3600.0
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+#: Opens a directory as a handle for lookups only (Linux); elsewhere it is read.
+_PATH_FLAG: int = getattr(os, "O_PATH", os.O_RDONLY)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 class StatePathError(StateError, ValueError):
-    """A checkpoint location is empty or resolves outside the state root."""
+    """A checkpoint location is empty, too long, unresolvable or outside where it must
+    be, or a snapshot file is a link out of its confinement."""
 
 
 class _Header(msgspec.Struct):
     format: int
 
 
+class _RawSnapshot(msgspec.Struct):
+    """The file as written, with each state left raw so one bad state is not the file's fault."""
+
+    format: int
+    checkpoint: str = ""
+    run_id: str = ""
+    keyed_by: Literal["qualname", "class_name"] = "qualname"
+    states: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict)
+    errors: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 _header_decoder = msgspec.json.Decoder(_Header)
-_snapshot_decoder = msgspec.json.Decoder(Snapshot)
+_raw_decoder = msgspec.json.Decoder(_RawSnapshot)
+_value_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
-def state_path(root: Path, checkpoint: str) -> Path:
-    """Where the snapshot of ``checkpoint`` lives: inside it, or beside it if it is a file.
+def _shown(location: str) -> str:
+    """``repr`` of a location, shortened: an error message must not carry megabytes."""
+    text = repr(location)
+    if len(text) <= 240:
+        return text
+    return f"{text[:160]}...{text[-60:]} ({len(location)} chars)"
 
-    ``root`` must already be resolved. Relative locations are taken from the
-    root; anything resolving outside it (``..``, an absolute path elsewhere, a
-    symlink pointing out) is a ``StatePathError``.
+
+# --- resolving locations -----------------------------------------------------------
+
+
+def resolve_location(checkpoint: str | os.PathLike[str]) -> Path:
+    """``checkpoint`` made absolute against the cwd with symlinks resolved.
+
+    Anything that cannot be (empty, NUL, not UTF-8, longer than ``MAX_LOCATION_CHARS``,
+    a symlink loop, a name the OS refuses, so deep that resolution recurses
+    too far) is a ``StatePathError`` naming it, never a ``RecursionError`` or
+    a bare ``OSError``.
     """
-    if not checkpoint or "\x00" in checkpoint:
-        raise StatePathError(f"invalid checkpoint location {checkpoint!r}")
-    location = (root / checkpoint).resolve()
-    if location == root or not location.is_relative_to(root):
+    try:
+        text = os.fspath(checkpoint)
+    except TypeError:
+        raise StatePathError(f"invalid checkpoint location {checkpoint!r}") from None
+    if not isinstance(text, str) or not text or "\x00" in text:
+        raise StatePathError(f"invalid checkpoint location {_shown(str(text))}")
+    if len(text) > MAX_LOCATION_CHARS:
         raise StatePathError(
-            f"checkpoint {checkpoint!r} resolves to {location}, outside the state root {root}"
+            f"checkpoint location {_shown(text)} is longer than {MAX_LOCATION_CHARS} characters"
         )
-    if location.is_file():
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (undecodable bytes): no JSON snapshot or event could record it.
+        raise StatePathError(f"checkpoint location {_shown(text)} is not valid UTF-8") from None
+    try:
+        location = Path(text).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: loops, RecursionError
+        raise StatePathError(
+            f"checkpoint location {_shown(text)} cannot be resolved ({type(exc).__name__}: {exc})"
+        ) from None
+    if len(str(location)) > MAX_LOCATION_CHARS or len(location.parts) > MAX_LOCATION_DEPTH:
+        raise StatePathError(
+            f"checkpoint location {_shown(text)} resolves to a path longer than "
+            f"{MAX_LOCATION_CHARS} characters or deeper than {MAX_LOCATION_DEPTH} components"
+        )
+    return location
+
+
+def _snapshot_file(location: Path, shown: str) -> Path:
+    """The snapshot of a resolved location: inside it, or beside it if it is a file."""
+    try:
+        is_file = location.is_file()
+    except (OSError, ValueError) as exc:
+        raise StatePathError(f"checkpoint {shown}: {type(exc).__name__}: {exc}") from None
+    if is_file:
         return location.with_name(f"{location.name}.{STATE_FILENAME}")
     return location / STATE_FILENAME
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, whole."""
-    directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(path)
-    temporary = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    # Created like any new file (the umask applies), or with the mode of the file it replaces.
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            with contextlib.suppress(FileNotFoundError):
-                os.fchmod(fd, stat.S_IMODE(path.stat().st_mode))
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    # The rename is durable only once the directory entry is.
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def state_path(root: Path, checkpoint: str | os.PathLike[str]) -> Path:
+    """Where the snapshot of a worker-reported ``checkpoint`` lives (inside it, or
+    beside it if it is a file), once the location is known to be inside ``root``.
 
-
-def _remove_leftovers(path: Path) -> None:
-    """Delete temporary files of ``path`` left by writers that died mid-write.
-
-    A temporary file names its writer's pid: one whose process is gone can
-    never be renamed into place. Those of live processes are left alone.
+    ``root`` must already be resolved. A relative location is taken from the
+    current working directory, as every other path is; anything resolving to
+    the root itself or outside it (``..``, an absolute path elsewhere, a
+    symlink pointing out) is a ``StatePathError``.
     """
-    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
-        pid = leftover.name[len(path.name) + 2 :].split(".", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
-            continue
-        leftover.unlink(missing_ok=True)
+    location = resolve_location(checkpoint)
+    shown = _shown(os.fspath(checkpoint))
+    if location == root or not location.is_relative_to(root):
+        raise StatePathError(
+            f"checkpoint {shown} resolves to {location}, outside the state root {root}"
+        )
+    return _snapshot_file(location, shown)
 
 
-def _alive(pid: int) -> bool:
+def resume_state_path(root: Path, checkpoint: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """(snapshot file, directory it must stay in) of a checkpoint the operator resumes from.
+
+    The checkpoint may be anywhere (it is the operator's own input); its
+    snapshot file is confined to the root when the checkpoint is inside it,
+    else to the checkpoint's own directory.
+    """
+    location = resolve_location(checkpoint)
+    path = _snapshot_file(location, _shown(os.fspath(checkpoint)))
+    within = root if path.is_relative_to(root) else path.parent
+    return path, within
+
+
+# --- walking directories without following links ---------------------------------
+
+
+def _path_error(path: Path, exc: OSError) -> StateError | OSError:
+    """What an ``OSError`` met while opening ``path`` means to the caller."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        return StatePathError(
+            f"{path}: a component is a symbolic link or not a directory "
+            f"(changed since it was resolved?): {exc.strerror}"
+        )
+    if exc.errno == errno.ENAMETOOLONG:
+        return StatePathError(f"{path}: name too long")
+    if exc.errno == errno.ENXIO:
+        return StateFormatError(f"{path}: not a regular file (a socket or device)")
+    return exc
+
+
+def _open_directory(base: Path, parts: Sequence[str], *, create: bool, readable: bool) -> int:
+    """An fd of ``base/parts...``, opened one component at a time below ``base``.
+
+    Every component below ``base`` is opened with ``O_NOFOLLOW``, so none
+    can be a symlink at the time of use (``base`` itself is trusted). The
+    walk uses ``O_PATH`` where there is one, which needs only search
+    permission, as a path lookup would; only the last directory is opened
+    for reading when ``readable`` (to fsync or list it). With ``create``
+    missing directories are made, iteratively (pathlib's recursive
+    ``mkdir`` fails on deep paths).
+    """
+    walk = _PATH_FLAG | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    last = (os.O_RDONLY if readable else _PATH_FLAG) | os.O_DIRECTORY | os.O_NOFOLLOW
+    last |= os.O_CLOEXEC
+    fd = os.open(base, (last if not parts else walk) & ~os.O_NOFOLLOW)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+        for index, part in enumerate(parts):
+            flags = last if index == len(parts) - 1 else walk
+            try:
+                child = os.open(part, flags, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                child = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
-def write_snapshot(path: Path, snapshot: Snapshot) -> None:
-    """Write ``snapshot`` as indented JSON (people read these when a resume goes wrong)."""
-    atomic_write(path, msgspec.json.format(_encoder.encode(snapshot), indent=2) + b"\n")
+def _parts_below(path: Path, within: Path) -> tuple[str, ...]:
+    return path.relative_to(within).parts
 
 
-def read_snapshot(path: Path) -> Snapshot:
-    """Read a snapshot file; a malformed or newer-format file is a ``StateFormatError``
-    naming the file and, from msgspec, the path inside it."""
-    data = path.read_bytes()
+# --- reading -------------------------------------------------------------------------
+
+
+def read_regular_file(
+    path: Path, *, within: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+) -> bytes:
+    """The bytes of ``path``, refusing whatever a planted file could do to a reader.
+
+    With ``within``, ``path`` resolved must lie inside it, and it is opened
+    by walking down from ``within`` without following links: a link out is a
+    ``StatePathError``. The file is opened with ``O_NONBLOCK`` (a FIFO cannot
+    hang the open) and ``fstat``-ed: anything but a regular file (FIFO,
+    device, directory, socket) is a ``StateFormatError``, and so is a size
+    over ``max_bytes``, checked before reading and while reading (at most
+    ``max_bytes + 1`` bytes are read, should the file grow). A missing file
+    is ``FileNotFoundError``, as callers expect.
+    """
+    try:
+        if within is None:
+            # The caller's own path: links are followed, the file itself still checked.
+            fd = os.open(path, _READ_FLAGS & ~os.O_NOFOLLOW)
+        else:
+            try:
+                real = path.resolve()
+            except (OSError, RuntimeError, ValueError) as exc:
+                raise StatePathError(f"{path}: cannot be resolved ({exc})") from None
+            if real == within or not real.is_relative_to(within):
+                raise StatePathError(f"{path}: resolves to {real}, a link out of {within}; refused")
+            parts = _parts_below(real, within)
+            directory = _open_directory(within, parts[:-1], create=False, readable=False)
+            try:
+                fd = os.open(parts[-1], _READ_FLAGS, dir_fd=directory)
+            finally:
+                os.close(directory)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path)) from None
+    except OSError as exc:
+        raise _path_error(path, exc) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(info.st_mode)
+                else "a directory"
+                if stat.S_ISDIR(info.st_mode)
+                else "a device"
+                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                else "a socket or other special file"
+            )
+            raise StateFormatError(f"{path}: {kind}, not a regular file; refused")
+        limit = f"over the limit of {max_bytes} bytes (max_bytes)"
+        if info.st_size > max_bytes:
+            raise StateFormatError(f"{path}: {info.st_size} bytes, {limit}; refused unread")
+        chunks: list[bytes] = []
+        remaining = max_bytes + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        if remaining <= 0:
+            raise StateFormatError(f"{path}: grew while being read, {limit}; refused")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_snapshot(
+    path: Path, *, within: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+) -> Snapshot:
+    """Read a snapshot file (see ``read_regular_file`` for what is refused before reading).
+
+    A malformed or newer-format file is a ``StateFormatError`` naming the
+    file and, from msgspec, the path inside it. One malformed state (not
+    shaped as a state, not strict JSON, a number out of range) does not cost
+    the others: each state is decoded on its own, a bad one is left out of
+    ``states`` and its key goes to ``errors`` with the reason, so restoring
+    reports that callback as starting fresh and restores the rest. Nesting
+    deeper than the decoder goes (which no saved state can have: it would
+    not have been saved) is the whole file's error.
+    """
+    if within is None:
+        within = resolve_location(path.parent)
+    data = read_regular_file(path, within=within, max_bytes=max_bytes)
     try:
         header = _header_decoder.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise StateFormatError(f"{path}: not a callback state snapshot: {exc}") from None
     if header.format != STATE_FORMAT_VERSION:
         raise StateFormatError(
@@ -133,6 +353,130 @@ def read_snapshot(path: Path) -> Snapshot:
             f"{STATE_FORMAT_VERSION}"
         )
     try:
-        return _snapshot_decoder.decode(data)
-    except msgspec.DecodeError as exc:
+        raw = _raw_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise StateFormatError(f"{path}: {exc}") from None
+    states: dict[str, CallbackState] = {}
+    errors = dict(raw.errors)
+    for key, value in raw.states.items():
+        where = f"states[{_shown(key)}]"
+        try:
+            states[key] = check_state(_value_decoder.decode(value), where)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            errors[key] = f"{MALFORMED} {path.name}: {where}: {exc}"
+        except ValueError as exc:
+            errors[key] = f"{MALFORMED} {path.name}: {exc}"
+        else:
+            errors.pop(key, None)
+    return Snapshot(
+        format=raw.format,
+        checkpoint=raw.checkpoint,
+        run_id=raw.run_id,
+        keyed_by=raw.keyed_by,
+        states=states,
+        errors=errors,
+    )
+
+
+# --- writing -------------------------------------------------------------------------
+
+
+def encode_snapshot(snapshot: Snapshot) -> bytes:
+    """The bytes ``write_snapshot`` writes: indented JSON (people read these when a
+    resume goes wrong)."""
+    return msgspec.json.format(_encoder.encode(snapshot), indent=2) + b"\n"
+
+
+def write_snapshot(path: Path, snapshot: Snapshot, *, within: Path | None = None) -> None:
+    """Write ``snapshot`` atomically (see ``atomic_write``)."""
+    atomic_write(path, encode_snapshot(snapshot), within=within)
+
+
+def atomic_write(path: Path, data: bytes, *, within: Path | None = None) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, whole.
+
+    With ``within`` (a resolved directory that ``path`` lies in), the
+    directories below it are opened without following links (made if
+    missing), so the write cannot be redirected out of it. Without it,
+    ``path`` is the caller's own and its directories are made as needed.
+    """
+    try:
+        if within is None:
+            os.makedirs(path.parent, exist_ok=True)
+            directory = os.open(path.parent, _DIRECTORY_FLAGS)
+        else:
+            within.mkdir(parents=True, exist_ok=True)
+            parts = _parts_below(path.parent, within)
+            directory = _open_directory(within, parts, create=True, readable=True)
+    except OSError as exc:
+        raise _path_error(path, exc) from None
+    try:
+        _replace_in(directory, path.name, data)
+        # The rename is durable only once the directory entry is.
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _replace_in(directory: int, name: str, data: bytes) -> None:
+    for _ in range(8):
+        temporary = f".{name}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+        try:
+            # Created like any new file (the umask applies), or with the mode of the file it
+            # replaces; never through a link (O_NOFOLLOW, O_EXCL).
+            fd = os.open(temporary, _CREATE_FLAGS, 0o666, dir_fd=directory)
+        except FileExistsError:  # another host's writer drew the same name
+            continue
+        break
+    else:
+        raise FileExistsError(f"no free temporary name for {name}")
+    try:
+        # The file system's clock, not ours: on a shared file system the hosts' clocks differ.
+        now = os.fstat(fd).st_mtime
+        with contextlib.suppress(FileNotFoundError):
+            old = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            if stat.S_ISREG(old.st_mode):
+                os.fchmod(fd, stat.S_IMODE(old.st_mode))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=directory)
+        raise
+    _remove_leftovers(directory, name, now)
+
+
+def _remove_leftovers(directory: int, name: str, now: float) -> None:
+    """Delete temporary files of ``name`` left by writers that died mid-write.
+
+    A temporary file is in flight for a fraction of a second; one whose
+    mtime is more than ``LEFTOVER_AGE`` older than the file we just created
+    (both stamped by the same file system) belongs to a writer that is gone.
+    Pids decide nothing: on a shared file system or in another container a
+    live writer's pid is not ours to look up.
+    """
+    prefix = f".{name}."
+    try:
+        with os.scandir(directory) as entries:
+            stale = []
+            for entry in entries:
+                if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > LEFTOVER_AGE:
+                    stale.append(entry.name)
+    except OSError:
+        return  # tidying up is best effort: the write itself succeeded
+    for leftover in stale:
+        with contextlib.suppress(OSError):
+            os.unlink(leftover, dir_fd=directory)

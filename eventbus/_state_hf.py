@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ._state import CallbackState, Snapshot, StateFormatError, check_state
-from ._state_files import atomic_write
+from ._state import MALFORMED, CallbackState, Snapshot, StateFormatError, check_state
+from ._state_files import DEFAULT_MAX_BYTES, atomic_write, read_regular_file
 
 __all__ = [
     "HF_SECTION",
@@ -75,52 +75,66 @@ def to_hf_callbacks(snapshot: Snapshot) -> HFCallbacks:
 def from_hf_callbacks(section: Any, *, checkpoint: str = "", where: str = HF_SECTION) -> Snapshot:
     """A snapshot (keyed by class name) from HF's ``stateful_callbacks`` mapping.
 
-    Every state is checked as strict JSON; a bad one is a ``StateFormatError``
-    naming its path, e.g. ``stateful_callbacks.EarlyStoppingCallback[1].args``.
+    Every state is checked as strict JSON. A bad one costs only itself: it
+    is left out of ``states`` and its key goes to ``errors`` with the path
+    of the problem (``malformed in stateful_callbacks.EarlyStoppingCallback[1].args:
+    ...``), so a restore reports that callback and restores the others. A
+    section that is not a mapping at all is a ``StateFormatError``.
     """
     if not isinstance(section, dict):
         raise StateFormatError(f"{where}: expected a mapping of class name to state")
     states: dict[str, CallbackState] = {}
-    try:
-        for name, data in section.items():
-            if isinstance(data, list):
-                for index, item in enumerate(data):
-                    key = f"{name}[{index}]"
-                    states[key] = check_state(item, f"{where}.{key}")
-            else:
-                states[name] = check_state(data, f"{where}.{name}")
-    except ValueError as exc:
-        raise StateFormatError(str(exc)) from None
-    return Snapshot(checkpoint=checkpoint, keyed_by="class_name", states=states)
+    errors: dict[str, str] = {}
+    for name, data in section.items():
+        items = list(enumerate(data)) if isinstance(data, list) else [(None, data)]
+        for index, item in items:
+            key = name if index is None else f"{name}[{index}]"
+            try:
+                states[key] = check_state(item, f"{where}.{key}")
+            except ValueError as exc:
+                errors[key] = f"{MALFORMED} {exc}"
+    return Snapshot(checkpoint=checkpoint, keyed_by="class_name", states=states, errors=errors)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, max_bytes: int) -> dict[str, Any]:
+    """HF's file, read as defensively as our own (regular file, size bound), except
+    that links are followed: Hub downloads are symlinks into a blob cache."""
+    data = read_regular_file(path, max_bytes=max_bytes)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+        document = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError, huge int literals
         raise StateFormatError(f"{path}: not JSON: {exc}") from None
     if not isinstance(document, dict):
         raise StateFormatError(f"{path}: expected a JSON object (HF's TrainerState)")
     return document
 
 
-def read_hf_trainer_state(path: str | Path) -> Snapshot:
-    """The callback states of an HF ``trainer_state.json`` (none if it has no section)."""
+def read_hf_trainer_state(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snapshot:
+    """The callback states of an HF ``trainer_state.json`` (none if it has no section).
+
+    A FIFO, device or directory in its place, or a file over ``max_bytes``,
+    is a ``StateFormatError`` before anything is read.
+    """
     path = Path(path)
-    document = _read_json(path)
+    document = _read_json(path, max_bytes)
     return from_hf_callbacks(
         document.get(HF_SECTION, {}), checkpoint=str(path.parent), where=f"{path}: {HF_SECTION}"
     )
 
 
-def write_hf_trainer_state(path: str | Path, snapshot: Snapshot) -> None:
+def write_hf_trainer_state(
+    path: str | Path, snapshot: Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> None:
     """Set the ``stateful_callbacks`` section of ``path``, keeping every other field.
 
     Creates the file (with only that section) if it does not exist; writes
     atomically, formatted as HF formats it.
     """
     path = Path(path)
-    document = _read_json(path) if path.exists() else {}
+    try:
+        document = _read_json(path, max_bytes)
+    except FileNotFoundError:
+        document = {}
     document[HF_SECTION] = to_hf_callbacks(snapshot)
     text = json.dumps(document, indent=2, sort_keys=True) + "\n"
     atomic_write(path, text.encode("utf-8"))

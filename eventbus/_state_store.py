@@ -4,25 +4,45 @@ It ties the pieces together: keys and checks (``_state``), confined atomic
 files (``_state_files``) and the bus. Attached to a bus, it snapshots on each
 ``CheckpointSaved`` after the other handlers of that event (a high ``order``),
 so the states include what those handlers did with the checkpoint.
+
+Locations are of two kinds (see ``_state_files``): a checkpoint reported by
+a worker (``snapshot``, ``path_of``) must lie inside the root; the one the
+operator resumes from (``load``, ``restore``) may lie anywhere, only its
+snapshot file is confined.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
+
+import msgspec
 
 from ._bus import EventBus
 from ._events import CheckpointSaved, StateRestored, StateSnapshotted
 from ._logging import get_logger
 from ._state import (
     Snapshot,
+    StateFormatError,
     StateRestoreError,
+    VettedState,
+    _shorten,
     plan_restore,
-    rebuild,
+    rebuild_vetted,
+    state_key_of,
     stateful_keys,
     take_states,
+    vet_state,
 )
-from ._state_files import read_snapshot, state_path, write_snapshot
+from ._state_files import (
+    DEFAULT_MAX_BYTES,
+    atomic_write,
+    encode_snapshot,
+    read_snapshot,
+    resume_state_path,
+    state_path,
+)
 from ._subscription import Subscription
 
 __all__ = ["SNAPSHOT_ORDER", "StateStore"]
@@ -32,6 +52,8 @@ _log = get_logger("eventbus.state")
 #: Runs after every handler of ``CheckpointSaved`` with a lower order (the default is 0).
 SNAPSHOT_ORDER = 1_000_000
 
+_compact = msgspec.json.Encoder()
+
 
 class StateStore:
     """Keeps the states of a run's stateful callbacks, one file per checkpoint under ``root``.
@@ -39,12 +61,20 @@ class StateStore:
     ``register`` the run's callbacks (the non-stateful ones are ignored; keys
     must be unique). ``snapshot(checkpoint)`` writes every registered state,
     replacing any earlier snapshot of that checkpoint; ``restore`` rebuilds
-    callbacks from one. ``strict=True`` makes any mismatch at restore an error.
+    callbacks from one. ``strict=True`` makes any mismatch at restore an
+    error, undeclared names and values of the wrong JSON kind included.
+    ``max_bytes`` bounds a snapshot file, written (the biggest states are
+    left out, named in ``errors``) and read (a bigger file is refused unread).
     """
 
-    def __init__(self, root: str | Path, *, strict: bool = False) -> None:
+    def __init__(
+        self, root: str | Path, *, strict: bool = False, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         self.root = Path(root).resolve()
         self.strict = strict
+        self.max_bytes = max_bytes
         self._callbacks: dict[str, object] = {}
 
     @property
@@ -60,73 +90,146 @@ class StateStore:
         """
         self._callbacks = stateful_keys(callbacks)
 
-    def path_of(self, checkpoint: str) -> Path:
-        """The snapshot file of ``checkpoint``; ``StatePathError`` if outside the root."""
+    def path_of(self, checkpoint: str | os.PathLike[str]) -> Path:
+        """The snapshot file of a worker-reported ``checkpoint`` (relative to the cwd);
+        ``StatePathError`` unless it lies inside the root."""
         return state_path(self.root, checkpoint)
+
+    def resume_path_of(self, checkpoint: str | os.PathLike[str]) -> Path:
+        """The snapshot file of a checkpoint the operator resumes from, anywhere."""
+        return resume_state_path(self.root, checkpoint)[0]
 
     def snapshot(self, checkpoint: str, *, run_id: str = "") -> StateSnapshotted:
         """Write the state of every registered callback for ``checkpoint``.
 
-        A callback whose state fails (``state()`` raised, or not strict JSON)
-        is listed in ``errors`` with the reason and the path inside its state;
-        the others are written. A bad location raises ``StatePathError`` and
-        an I/O failure ``OSError``; nothing is written then.
+        A callback whose state fails (``state()`` raised, not strict JSON, or
+        so big the file would exceed ``max_bytes``) is listed in ``errors``
+        with the reason; the others are written. A bad location raises
+        ``StatePathError`` and an I/O failure ``OSError``; nothing is written then.
         """
         path = self.path_of(checkpoint)
         states, errors = take_states(self._callbacks)
-        write_snapshot(
-            path, Snapshot(checkpoint=checkpoint, run_id=run_id, states=states, errors=errors)
-        )
-        if errors:
-            _log.warning("callback states not saved", checkpoint=checkpoint, errors=errors)
+        snapshot = Snapshot(checkpoint=checkpoint, run_id=run_id, states=states, errors=errors)
+        data = encode_snapshot(snapshot)
+        if len(data) > self.max_bytes:
+            snapshot, data = self._fit(snapshot, data, path)
+        atomic_write(path, data, within=self.root)
+        if snapshot.errors:
+            _log.warning("callback states not saved", checkpoint=checkpoint, errors=snapshot.errors)
         return StateSnapshotted(
-            run_id=run_id, checkpoint=checkpoint, path=str(path), keys=tuple(states), errors=errors
+            run_id=run_id,
+            checkpoint=checkpoint,
+            path=str(path),
+            keys=tuple(snapshot.states),
+            errors=snapshot.errors,
         )
 
-    def load(self, checkpoint: str) -> Snapshot:
-        """The snapshot of ``checkpoint``: ``FileNotFoundError`` if there is none,
-        ``StateFormatError`` if it is malformed, ``StatePathError`` if outside the root."""
-        return read_snapshot(self.path_of(checkpoint))
+    def _fit(self, snapshot: Snapshot, data: bytes, path: Path) -> tuple[Snapshot, bytes]:
+        """The snapshot without its biggest states, until the file fits ``max_bytes``.
+
+        Each state left out is named in ``errors`` with its size, so the
+        callback that made the snapshot big is the one reported, and the
+        others are still written (and the file can be read back).
+        """
+        total = len(data)
+        sizes = sorted(
+            ((len(_compact.encode(state)), key) for key, state in snapshot.states.items()),
+            reverse=True,
+        )
+        compact_total = sum(size for size, _ in sizes) or 1
+        states, errors = dict(snapshot.states), dict(snapshot.errors)
+        excess = total - self.max_bytes
+        dropped = 0.0
+        for size, key in sizes:
+            del states[key]
+            errors[key] = (
+                f"its state is {size} bytes of JSON, and with it the snapshot would be {total} "
+                f"bytes, over the limit of {self.max_bytes} (StateStore(max_bytes=...)); "
+                "left out"
+            )
+            dropped += size * total / compact_total  # its share of the indented file
+            if dropped < excess:
+                continue
+            fitted = msgspec.structs.replace(snapshot, states=states, errors=errors)
+            data = encode_snapshot(fitted)
+            if len(data) <= self.max_bytes:
+                return fitted, data
+        raise StateFormatError(
+            f"{path}: the snapshot is {len(data)} bytes even without any state, over the "
+            f"limit of {self.max_bytes} bytes (StateStore(max_bytes=...))"
+        )
+
+    def load(self, checkpoint: str | os.PathLike[str]) -> Snapshot:
+        """The snapshot of the checkpoint the operator names (relative to the cwd, anywhere).
+
+        ``FileNotFoundError`` if it has none; ``StatePathError`` if the
+        location is unusable or its snapshot file links out of the root (out
+        of the checkpoint's directory, for one outside the root);
+        ``StateFormatError`` if the file is malformed, too big or not a
+        regular file. A malformed state inside a good file is not an error
+        here: it is left out, its key in ``errors``.
+        """
+        path, within = resume_state_path(self.root, checkpoint)
+        return read_snapshot(path, within=within, max_bytes=self.max_bytes)
 
     def restore(
-        self, callbacks: Sequence[object], checkpoint: str | Snapshot
+        self, callbacks: Sequence[object], checkpoint: str | os.PathLike[str] | Snapshot
     ) -> tuple[list[object], StateRestored]:
         """A new list, in the same order, with each saved callback rebuilt from its state.
 
-        The new list becomes the registered one (later snapshots must read the
-        new instances, not the replaced ones). Saved states with no live
-        callback, live callbacks with no saved state, differing instance counts
-        of a class and failed rebuilds are warned about through structlog and
-        listed in the returned ``StateRestored``; with ``strict`` they raise
-        ``StateRestoreError`` and nothing changes.
+        ``checkpoint`` is the operator's (see ``load``), which the returned
+        event names, or a ``Snapshot``.
+        Only the names each callback declares as its state are restored;
+        others in the saved state are ignored and warned about. The new list
+        becomes the registered one (later snapshots must read the new
+        instances, not the replaced ones). Saved states with no live
+        callback, live callbacks with no saved state, differing instance
+        counts, stale HF entries, undeclared names, values of another JSON
+        kind than the live one and failed rebuilds are warned about through
+        structlog and listed in the returned ``StateRestored``; with
+        ``strict`` they raise ``StateRestoreError`` and nothing changes.
         """
         notes: tuple[str, ...] = ()
         if isinstance(checkpoint, Snapshot):
             snapshot = checkpoint
+            source = snapshot.checkpoint
         else:
+            # Named by the operator's location, not by the file's own (editable) field.
+            source = os.fspath(checkpoint)
+            path, within = resume_state_path(self.root, checkpoint)
             try:
-                snapshot = self.load(checkpoint)
+                snapshot = read_snapshot(path, within=within, max_bytes=self.max_bytes)
             except FileNotFoundError:
                 # A checkpoint written before the store was in use: every callback starts fresh.
-                snapshot = Snapshot(checkpoint=checkpoint)
-                notes = (f"no callback state snapshot at {self.path_of(checkpoint)}",)
+                snapshot = Snapshot(checkpoint=os.fspath(checkpoint))
+                notes = (f"no callback state snapshot at {path}",)
         plan = plan_restore(callbacks, snapshot)
-        if self.strict and (notes or not plan.clean):
+        vetted: dict[int, VettedState] = {}
+        problems: list[str] = []
+        failures: list[str] = []
+        for position, saved_key in plan.matches.items():
+            live_key = state_key_of(callbacks[position])
+            try:
+                checked = vet_state(callbacks[position], snapshot.states[saved_key])
+            except ValueError as exc:
+                failures.append(f"could not restore {live_key}: {exc}; it starts fresh")
+                continue
+            problems.extend(checked.problems(live_key))
+            vetted[position] = checked
+        if self.strict and (notes or not plan.clean or problems or failures):
             raise StateRestoreError(
-                f"restoring {snapshot.checkpoint or 'snapshot'}: "
-                + "; ".join(notes + plan.warnings)
+                f"restoring {_shorten(source) or 'snapshot'}: "
+                + "; ".join(notes + plan.warnings + tuple(problems) + tuple(failures))
             )
         restored = list(callbacks)
         restored_keys: list[str] = []
-        failures: list[str] = []
-        for (position, saved_key), live_key in zip(
-            plan.matches.items(), plan.restored, strict=True
-        ):
+        for position, checked in vetted.items():
+            live_key = state_key_of(callbacks[position])
             try:
-                restored[position] = rebuild(callbacks[position], snapshot.states[saved_key])
+                restored[position] = rebuild_vetted(callbacks[position], checked)
             except Exception as exc:
                 problem = (
-                    f"could not rebuild {saved_key} from its state "
+                    f"could not rebuild {plan.matches[position]} from its state "
                     f"({type(exc).__name__}: {exc}); it starts fresh"
                 )
                 if self.strict:
@@ -134,16 +237,14 @@ class StateStore:
                 failures.append(problem)
             else:
                 restored_keys.append(live_key)
-        warnings = notes + plan.warnings + tuple(failures)
+        warnings = notes + plan.warnings + tuple(problems) + tuple(failures)
         # Checks the rebuilt callbacks' keys too (a from_state may change them).
         self.register(restored)
         if warnings:
-            _log.warning(
-                "callback state restore mismatch", checkpoint=snapshot.checkpoint, problems=warnings
-            )
+            _log.warning("callback state restore mismatch", checkpoint=source, problems=warnings)
         return restored, StateRestored(
             run_id=snapshot.run_id,
-            checkpoint=snapshot.checkpoint,
+            checkpoint=source,
             restored=tuple(restored_keys),
             missing=plan.missing,
             unsaved=plan.unsaved,

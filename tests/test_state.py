@@ -95,6 +95,17 @@ class Custom:
         return instance
 
 
+class Validated(StatefulCallback):
+    """``__init__`` refuses some values: a saved state can make the rebuild fail."""
+
+    state_args = ("k",)
+
+    def __init__(self, k: int = 1) -> None:
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        self.k = k
+
+
 class Plain:
     """Not stateful: a data attribute named ``state`` is not a ``state()`` method."""
 
@@ -184,7 +195,7 @@ def test_round_trip_rebuilds_from_args_then_sets_attributes(tmp_path: Path) -> N
     custom.value = 4
     store = StateStore(tmp_path)
     store.register([early, best, count, custom])
-    event = store.snapshot("ckpt-1", run_id="run")
+    event = store.snapshot(str(tmp_path / "ckpt-1"), run_id="run")
     assert event.keys == (
         key(EarlyStopping),
         key(BestCheckpoints, "acc"),
@@ -194,7 +205,7 @@ def test_round_trip_rebuilds_from_args_then_sets_attributes(tmp_path: Path) -> N
     assert event.errors == {} and event.path == str(tmp_path / "ckpt-1" / "callback_state.json")
 
     fresh = [EarlyStopping(), BestCheckpoints("acc"), Counter(), Custom()]
-    restored, report = StateStore(tmp_path).restore(fresh, "ckpt-1")
+    restored, report = StateStore(tmp_path).restore(fresh, str(tmp_path / "ckpt-1"))
     e, b, c, u = restored
     assert isinstance(e, EarlyStopping) and e is not fresh[0]
     assert (e.patience, e.limit, e.counter, e.best) == (5, 5, 2, 0.25)
@@ -205,7 +216,7 @@ def test_round_trip_rebuilds_from_args_then_sets_attributes(tmp_path: Path) -> N
     assert isinstance(c, Counter) and (c.start, c.count) == (2, 7)
     assert isinstance(u, Custom) and (u.value, u.via) == (40, "from_state")
     assert report.restored == event.keys and report.warnings == ()
-    assert report.run_id == "run" and report.checkpoint == "ckpt-1"
+    assert report.run_id == "run" and report.checkpoint == str(tmp_path / "ckpt-1")
 
 
 def test_every_stateful_callback_snapshotted_at_every_save_hf_refreshed_only_one(
@@ -222,9 +233,9 @@ def test_every_stateful_callback_snapshotted_at_every_save_hf_refreshed_only_one
                 cb.best = [[step, f"ckpt-{step}"]]
             elif isinstance(cb, Counter):
                 cb.count = step
-        store.snapshot(f"ckpt-{step}")
+        store.snapshot(str(tmp_path / f"ckpt-{step}"))
     for step in range(1, 4):
-        states = store.load(f"ckpt-{step}").states
+        states = store.load(str(tmp_path / f"ckpt-{step}")).states
         assert len(states) == 4
         assert states[key(EarlyStopping)]["attributes"]["counter"] == step
         assert states[key(BestCheckpoints, "loss")]["attributes"]["best"] == [
@@ -240,11 +251,11 @@ def test_repeated_save_of_one_checkpoint_replaces_not_appends_hf_list_grew(tmp_p
     store.register(callbacks)
     for round_ in range(3):
         callbacks[0].best = [[round_, "x"]]
-        store.snapshot("ckpt")
-    snapshot = store.load("ckpt")
+        store.snapshot(str(tmp_path / "ckpt"))
+    snapshot = store.load(str(tmp_path / "ckpt"))
     assert list(snapshot.states) == [key(BestCheckpoints, "loss"), key(BestCheckpoints, "acc")]
     assert snapshot.states[key(BestCheckpoints, "loss")]["attributes"]["best"] == [[2, "x"]]
-    assert len(saved(store, "ckpt")["states"]) == 2
+    assert len(saved(store, str(tmp_path / "ckpt"))["states"]) == 2
 
 
 def test_a_callback_dropped_since_the_last_save_is_not_kept_in_the_replaced_snapshot(
@@ -252,10 +263,10 @@ def test_a_callback_dropped_since_the_last_save_is_not_kept_in_the_replaced_snap
 ) -> None:
     store = StateStore(tmp_path)
     store.register([Counter(), EarlyStopping()])
-    store.snapshot("ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
     store.register([EarlyStopping()])
-    store.snapshot("ckpt")
-    assert list(store.load("ckpt").states) == [key(EarlyStopping)]
+    store.snapshot(str(tmp_path / "ckpt"))
+    assert list(store.load(str(tmp_path / "ckpt")).states) == [key(EarlyStopping)]
 
 
 def test_snapshot_is_a_copy_not_a_view_of_live_state(tmp_path: Path) -> None:
@@ -263,11 +274,11 @@ def test_snapshot_is_a_copy_not_a_view_of_live_state(tmp_path: Path) -> None:
     best.best = [[1, "a"]]
     store = StateStore(tmp_path)
     store.register([best])
-    store.snapshot("ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
     best.best.append([2, "b"])
-    assert store.load("ckpt").states[key(BestCheckpoints, "loss")]["attributes"]["best"] == [
-        [1, "a"]
-    ]
+    assert store.load(str(tmp_path / "ckpt")).states[key(BestCheckpoints, "loss")]["attributes"][
+        "best"
+    ] == [[1, "a"]]
 
 
 @pytest.mark.parametrize(
@@ -289,11 +300,11 @@ def test_non_json_state_reported_with_its_path_and_other_states_still_written(
     counter = Counter(4)
     store.register([EarlyStopping(), Bad(payload), counter])
     with capture_logs() as logs:
-        event = store.snapshot("ckpt")
+        event = store.snapshot(str(tmp_path / "ckpt"))
     assert list(event.errors) == [key(Bad)]
     assert event.errors[key(Bad)].startswith(problem)
     assert event.keys == (key(EarlyStopping), key(Counter))
-    snapshot = store.load("ckpt")
+    snapshot = store.load(str(tmp_path / "ckpt"))
     assert list(snapshot.states) == [key(EarlyStopping), key(Counter)]
     assert snapshot.errors == event.errors
     assert [log["event"] for log in logs] == ["callback states not saved"]
@@ -307,8 +318,8 @@ def test_value_equal_stand_ins_are_accepted_and_come_back_plain(tmp_path: Path) 
     """The rule is "comes back equal": an IntEnum or a big int passes, as itself in value."""
     store = StateStore(tmp_path)
     store.register([Bad({"level": Level.LOW, "big": 2**70, "nested": {"ok": [None, True, -0.5]}})])
-    assert store.snapshot("ckpt").errors == {}
-    best = store.load("ckpt").states[key(Bad)]["attributes"]["best"]
+    assert store.snapshot(str(tmp_path / "ckpt")).errors == {}
+    best = store.load(str(tmp_path / "ckpt")).states[key(Bad)]["attributes"]["best"]
     assert best[2] == {"level": 1, "big": 2**70, "nested": {"ok": [None, True, -0.5]}}
     assert type(best[2]["level"]) is int
 
@@ -318,15 +329,18 @@ def test_state_that_contains_itself_is_reported_not_a_recursion_error(tmp_path: 
     loop.append(loop)
     store = StateStore(tmp_path)
     store.register([Bad(loop)])
-    assert store.snapshot("ckpt").errors[key(Bad)] == "attributes.best[2][0]: list contains itself"
+    assert (
+        store.snapshot(str(tmp_path / "ckpt")).errors[key(Bad)]
+        == "attributes.best[2][0]: list contains itself"
+    )
 
 
 def test_state_method_that_raises_is_reported_and_others_still_written(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     store.register([Raises(), Counter()])
-    event = store.snapshot("ckpt")
+    event = store.snapshot(str(tmp_path / "ckpt"))
     assert event.errors == {key(Raises): "state() raised RuntimeError: cannot read my state"}
-    assert list(store.load("ckpt").states) == [key(Counter)]
+    assert list(store.load(str(tmp_path / "ckpt")).states) == [key(Counter)]
 
 
 @pytest.mark.parametrize(
@@ -345,16 +359,16 @@ def test_state_of_the_wrong_shape_is_reported(tmp_path: Path, state: Any, proble
 
     store = StateStore(tmp_path)
     store.register([Shaped()])
-    assert problem in store.snapshot("ckpt").errors[key(Shaped)]
+    assert problem in store.snapshot(str(tmp_path / "ckpt")).errors[key(Shaped)]
 
 
 def test_state_written_before_a_bad_one_is_unaffected_by_it(tmp_path: Path) -> None:
     """The snapshot holds copies: one bad state cannot leave a half-copied neighbour."""
     store = StateStore(tmp_path)
     store.register([Bad({"fine": [1, 2, 3], "bad": {1}}), Counter(9)])
-    event = store.snapshot("ckpt")
+    event = store.snapshot(str(tmp_path / "ckpt"))
     assert event.errors[key(Bad)].startswith("attributes.best[2].bad: set")
-    assert store.load("ckpt").states[key(Counter)]["attributes"] == {"count": 9}
+    assert store.load(str(tmp_path / "ckpt")).states[key(Counter)]["attributes"] == {"count": 9}
 
 
 # --- restore ---------------------------------------------------------------------
@@ -363,11 +377,11 @@ def test_state_written_before_a_bad_one_is_unaffected_by_it(tmp_path: Path) -> N
 def test_restore_keeps_callback_order_hf_reappended_at_the_end(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     store.register([EarlyStopping(), Counter(), BestCheckpoints("acc")])
-    store.snapshot("ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
 
     plain_a, plain_b = Plain(), Plain()
     live = [plain_a, BestCheckpoints("acc"), plain_b, Counter(), EarlyStopping()]
-    restored, _ = store.restore(live, "ckpt")
+    restored, _ = store.restore(live, str(tmp_path / "ckpt"))
     assert [type(cb) for cb in restored] == [Plain, BestCheckpoints, Plain, Counter, EarlyStopping]
     assert restored[0] is plain_a and restored[2] is plain_b
     assert all(new is not old for new, old in zip(restored[1::2], live[1::2], strict=True))
@@ -378,20 +392,22 @@ def test_restore_keeps_callback_order_hf_reappended_at_the_end(tmp_path: Path) -
 def test_restored_instances_are_the_ones_snapshotted_afterwards(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     store.register([Counter(1)])
-    store.snapshot("ckpt-1")
-    restored, _ = store.restore([Counter()], "ckpt-1")
+    store.snapshot(str(tmp_path / "ckpt-1"))
+    restored, _ = store.restore([Counter()], str(tmp_path / "ckpt-1"))
     assert isinstance(restored[0], Counter)
     restored[0].count = 42
-    store.snapshot("ckpt-2")
-    assert store.load("ckpt-2").states[key(Counter)]["attributes"]["count"] == 42
+    store.snapshot(str(tmp_path / "ckpt-2"))
+    assert store.load(str(tmp_path / "ckpt-2")).states[key(Counter)]["attributes"]["count"] == 42
 
 
 def test_count_mismatch_flagged_never_silently_truncated_hf_zip(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     store.register([BestCheckpoints("loss"), BestCheckpoints("acc"), BestCheckpoints("f1")])
-    store.snapshot("ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
     with capture_logs() as logs:
-        restored, report = store.restore([BestCheckpoints("loss"), BestCheckpoints("acc")], "ckpt")
+        restored, report = store.restore(
+            [BestCheckpoints("loss"), BestCheckpoints("acc")], str(tmp_path / "ckpt")
+        )
     assert len(restored) == 2
     assert report.missing == (key(BestCheckpoints, "f1"),)
     assert report.mismatched == (f"{key(BestCheckpoints)}: 3 saved, 2 live",)
@@ -404,10 +420,10 @@ def test_warns_both_ways_saved_but_missing_and_live_but_unsaved_hf_gave_no_warni
 ) -> None:
     store = StateStore(tmp_path)
     store.register([EarlyStopping(), Counter()])
-    store.snapshot("ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
     live = [EarlyStopping(), BestCheckpoints()]
     with capture_logs() as logs:
-        restored, report = store.restore(live, "ckpt")
+        restored, report = store.restore(live, str(tmp_path / "ckpt"))
     assert isinstance(report, StateRestored)
     assert report.restored == (key(EarlyStopping),)
     assert report.missing == (key(Counter),)
@@ -424,8 +440,8 @@ def test_live_callback_whose_state_failed_to_save_is_unsaved_with_the_reason(
 ) -> None:
     store = StateStore(tmp_path)
     store.register([Bad({1})])
-    store.snapshot("ckpt")
-    _, report = store.restore([Bad()], "ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
+    _, report = store.restore([Bad()], str(tmp_path / "ckpt"))
     assert report.unsaved == (key(Bad),)
     assert "could not be saved: attributes.best[2]: set" in report.warnings[0]
 
@@ -442,17 +458,17 @@ def test_strict_mode_raises_instead_of_warning_and_changes_nothing(
 ) -> None:
     store = StateStore(tmp_path, strict=True)
     store.register([EarlyStopping(), Counter()])
-    store.snapshot("ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
     with pytest.raises(StateRestoreError, match="ckpt"):
-        store.restore(live, "ckpt")
+        store.restore(live, str(tmp_path / "ckpt"))
     assert store.keys == (key(EarlyStopping), key(Counter))
 
 
 def test_strict_mode_accepts_an_exact_match(tmp_path: Path) -> None:
     store = StateStore(tmp_path, strict=True)
     store.register([EarlyStopping(patience=9)])
-    store.snapshot("ckpt")
-    restored, report = store.restore([EarlyStopping()], "ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
+    restored, report = store.restore([EarlyStopping()], str(tmp_path / "ckpt"))
     assert isinstance(restored[0], EarlyStopping) and restored[0].limit == 9
     assert report.warnings == ()
 
@@ -462,14 +478,16 @@ def test_rebuild_failure_keeps_the_live_callback_and_warns_or_raises_when_strict
 ) -> None:
     snapshot = Snapshot(
         checkpoint="c",
-        states={key(Counter): {"args": {"no_such_arg": 1}, "attributes": {}}},
+        states={key(Validated): {"args": {"k": 0}, "attributes": {}}},
     )
-    live = Counter(3)
+    live = Validated(3)
     restored, report = StateStore(tmp_path).restore([live], snapshot)
     assert restored[0] is live and report.restored == ()
-    assert "could not rebuild" in report.warnings[0] and "no_such_arg" in report.warnings[0]
+    assert (
+        "could not rebuild" in report.warnings[0] and "k must be at least 1" in report.warnings[0]
+    )
     with pytest.raises(StateRestoreError, match="could not rebuild"):
-        StateStore(tmp_path, strict=True).restore([Counter()], snapshot)
+        StateStore(tmp_path, strict=True).restore([Validated()], snapshot)
 
 
 def test_restore_rejects_duplicate_live_keys(tmp_path: Path) -> None:
@@ -479,34 +497,34 @@ def test_restore_rejects_duplicate_live_keys(tmp_path: Path) -> None:
 
 def test_load_of_a_missing_snapshot_is_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        StateStore(tmp_path).load("never-saved")
+        StateStore(tmp_path).load(str(tmp_path / "never-saved"))
 
 
 def test_resume_from_a_checkpoint_without_snapshot_warns_every_callback_starts_fresh(
     tmp_path: Path,
 ) -> None:
     live = [Counter(3), Plain()]
-    restored, report = StateStore(tmp_path).restore(live, "old-checkpoint")
+    restored, report = StateStore(tmp_path).restore(live, str(tmp_path / "old-checkpoint"))
     assert restored == live
     assert report.unsaved == (key(Counter),) and report.restored == ()
     assert report.warnings[0].startswith("no callback state snapshot at")
     with pytest.raises(StateRestoreError, match="no callback state snapshot"):
-        StateStore(tmp_path, strict=True).restore(live, "old-checkpoint")
+        StateStore(tmp_path, strict=True).restore(live, str(tmp_path / "old-checkpoint"))
 
 
 def test_load_rejects_a_newer_format_and_malformed_files_naming_the_file(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
-    path = store.path_of("ckpt")
+    path = store.path_of(str(tmp_path / "ckpt"))
     path.parent.mkdir()
     path.write_text('{"format": 99, "states": {}}')
     with pytest.raises(StateFormatError, match="format 99"):
-        store.load("ckpt")
-    path.write_text('{"format": 1, "states": {"k": {"args": {}}}}')
-    with pytest.raises(StateFormatError, match=r"callback_state.json.*attributes"):
-        store.load("ckpt")
+        store.load(str(tmp_path / "ckpt"))
+    path.write_text('{"format": 1, "states": []}')
+    with pytest.raises(StateFormatError, match=r"callback_state.json.*states"):
+        store.load(str(tmp_path / "ckpt"))
     path.write_text("{trunc")
     with pytest.raises(StateFormatError, match="not a callback state snapshot"):
-        store.load("ckpt")
+        store.load(str(tmp_path / "ckpt"))
 
 
 # --- on the bus --------------------------------------------------------------------
@@ -527,15 +545,20 @@ async def test_attached_store_snapshots_after_the_other_checkpoint_handlers(tmp_
 
         bus.subscribe(CheckpointSaved, count_checkpoint)
         for index in (1, 2):
-            await bus.publish(CheckpointSaved(run_id="r", checkpoint=f"ckpt-{index}", index=index))
+            await bus.publish(
+                CheckpointSaved(run_id="r", checkpoint=str(tmp_path / f"ckpt-{index}"), index=index)
+            )
             await bus.wait_idle()
-    assert [e.checkpoint for e in events] == ["ckpt-1", "ckpt-2"]
+    assert [e.checkpoint for e in events] == [str(tmp_path / "ckpt-1"), str(tmp_path / "ckpt-2")]
     assert all(e.keys == (key(EarlyStopping),) and e.error == "" for e in events)
     for index in (1, 2):
         assert (
-            store.load(f"ckpt-{index}").states[key(EarlyStopping)]["attributes"]["counter"] == index
+            store.load(str(tmp_path / f"ckpt-{index}")).states[key(EarlyStopping)]["attributes"][
+                "counter"
+            ]
+            == index
         )
-        assert store.load(f"ckpt-{index}").run_id == "r"
+        assert store.load(str(tmp_path / f"ckpt-{index}")).run_id == "r"
 
 
 @pytest.mark.anyio
@@ -551,7 +574,7 @@ async def test_attached_store_never_raises_into_the_bus_errors_go_in_the_event(
         bus.subscribe(StateSnapshotted, events.append)
         bus.subscribe(HandlerFailed, failures.append)
         await bus.publish(CheckpointSaved(run_id="r", checkpoint="../outside", index=1))
-        await bus.publish(CheckpointSaved(run_id="r", checkpoint="ckpt", index=2))
+        await bus.publish(CheckpointSaved(run_id="r", checkpoint=str(tmp_path / "ckpt"), index=2))
         await bus.wait_idle()
     assert failures == []
     outside, good = events
@@ -570,10 +593,17 @@ async def test_snapshot_of_a_checkpoint_excludes_the_next_back_to_back_checkpoin
     async with EventBus() as bus:
         store.attach(bus)
         bus.subscribe(CheckpointSaved, lambda event: setattr(early, "counter", event.index))
-        bus.publish_nowait(CheckpointSaved(run_id="r", checkpoint="ckpt-1", index=1))
-        bus.publish_nowait(CheckpointSaved(run_id="r", checkpoint="ckpt-2", index=2))
+        bus.publish_nowait(
+            CheckpointSaved(run_id="r", checkpoint=str(tmp_path / "ckpt-1"), index=1)
+        )
+        bus.publish_nowait(
+            CheckpointSaved(run_id="r", checkpoint=str(tmp_path / "ckpt-2"), index=2)
+        )
         await bus.wait_idle()
-    assert store.load("ckpt-1").states[key(EarlyStopping)]["attributes"]["counter"] == 1
+    assert (
+        store.load(str(tmp_path / "ckpt-1")).states[key(EarlyStopping)]["attributes"]["counter"]
+        == 1
+    )
 
 
 def test_built_in_stateful_callbacks_round_trip(tmp_path: Path) -> None:
@@ -585,14 +615,14 @@ def test_built_in_stateful_callbacks_round_trip(tmp_path: Path) -> None:
     best_acc.top = [[0.9, "ckpt-5"]]
     store = StateStore(tmp_path)
     store.register([early, best_loss, best_acc])
-    assert store.snapshot("ckpt-7").errors == {}
+    assert store.snapshot(str(tmp_path / "ckpt-7")).errors == {}
 
     fresh = [
         BuiltinEarly("val_loss"),
         BuiltinBest("val_loss", k=2),
         BuiltinBest("acc", k=3, mode="max"),
     ]
-    restored, report = StateStore(tmp_path, strict=True).restore(fresh, "ckpt-7")
+    restored, report = StateStore(tmp_path, strict=True).restore(fresh, str(tmp_path / "ckpt-7"))
     assert report.warnings == () and len(report.restored) == 3
     for old, new in zip([early, best_loss, best_acc], restored, strict=True):
         assert type(new) is type(old) and new is not old

@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from eventbus import (
     CallbackState,
+    Snapshot,
     StateFormatError,
+    StateRestoreError,
     StateStore,
     from_hf_callbacks,
     read_hf_trainer_state,
@@ -199,9 +202,9 @@ def test_hf_states_restored_into_live_callbacks_and_written_back_identically(
     assert (early.early_stopping_patience, early.early_stopping_patience_counter) == (3, 2)
     # Our snapshot of them, turned back into HF's section, gives the same file. The
     # list form follows callback order, which here matches the saved one.
-    store.snapshot("checkpoint-10")
+    store.snapshot(str(path.parent))
     path.write_text(TRAINER_STATE.replace('"should_save": true', '"should_save": false'))
-    write_hf_trainer_state(path, store.load("checkpoint-10"))
+    write_hf_trainer_state(path, store.load(path.parent))
     assert path.read_text(encoding="utf-8") == TRAINER_STATE
 
 
@@ -211,8 +214,8 @@ def test_our_keys_map_to_hf_class_names_with_the_list_form_for_several(tmp_path:
     loss.best, accuracy.best = 0.5, 0.75
     store = StateStore(tmp_path)
     store.register([loss, early, accuracy])
-    store.snapshot("ckpt")
-    section = to_hf_callbacks(store.load("ckpt"))
+    store.snapshot(str(tmp_path / "ckpt"))
+    section = to_hf_callbacks(store.load(tmp_path / "ckpt"))
     assert list(section) == ["MetricSnapshot", "EarlyStoppingCallback"]
     assert section["MetricSnapshot"] == [
         {"args": {"metric": "loss"}, "attributes": {"best": 0.5}},
@@ -230,13 +233,16 @@ def test_hf_list_matched_by_position_count_mismatch_flagged_hf_zip_truncated(
             for m, b in (("loss", 0.1), ("accuracy", 0.9), ("f1", 0.5))
         ]
     }
+    # More saved than live: the last ones are the latest (HF appends), the first is stale.
     restored, report = StateStore(tmp_path).restore(
         [MetricSnapshot("x"), MetricSnapshot("y")], from_hf_callbacks(section)
     )
-    assert [cb.metric for cb in restored] == ["loss", "accuracy"]  # type: ignore[attr-defined]
-    assert report.missing == ("MetricSnapshot[2]",)
+    assert [cb.metric for cb in restored] == ["accuracy", "f1"]  # type: ignore[attr-defined]
+    assert report.missing == ()
     assert report.mismatched == ("MetricSnapshot: 3 saved, 2 live",)
+    assert any("ignored 1 earlier stale" in w for w in report.warnings)
 
+    # Fewer saved than live: by position from the first, the rest flagged, never dropped.
     restored, report = StateStore(tmp_path).restore(
         [MetricSnapshot("a"), MetricSnapshot("b")],
         from_hf_callbacks({"MetricSnapshot": section["MetricSnapshot"][0]}),
@@ -246,13 +252,75 @@ def test_hf_list_matched_by_position_count_mismatch_flagged_hf_zip_truncated(
     assert report.mismatched == ("MetricSnapshot: 1 saved, 2 live",)
 
 
+def grown_section(saves: int) -> dict[str, Any]:
+    """``stateful_callbacks`` as HF leaves it after ``saves`` saves of two same-class
+    callbacks: its list starts with their initial states and gets both appended on
+    every save (``Trainer._save_checkpoint``), so it never shrinks."""
+    entries = [
+        {"args": {"metric": metric}, "attributes": {"best": None}} for metric in ("loss", "acc")
+    ]
+    for save in range(1, saves + 1):
+        entries += [
+            {"args": {"metric": "loss"}, "attributes": {"best": 1.0 / save}},
+            {"args": {"metric": "acc"}, "attributes": {"best": save / 10}},
+        ]
+    return {
+        "EarlyStoppingCallback": EarlyStoppingCallback(early_stopping_patience=3).state(),
+        "MetricSnapshot": entries,
+    }
+
+
+def test_hf_list_that_grew_on_every_save_restores_the_latest_states_hf_took_the_first(
+    tmp_path: Path,
+) -> None:
+    """Issue 22: 18 entries for 2 callbacks after 8 saves; HF (and we, by position from
+    the start) restored the stale initial states. The last two are the latest save's."""
+    section = grown_section(8)
+    assert len(section["MetricSnapshot"]) == 18
+    path = fixture(tmp_path, json.dumps({"stateful_callbacks": section}, indent=2))
+    snapshot = read_hf_trainer_state(path)
+    live: list[object] = [MetricSnapshot("loss"), EarlyStoppingCallback(), MetricSnapshot("acc")]
+    with capture_logs() as logs:
+        restored, report = StateStore(tmp_path).restore(live, snapshot)
+    loss, early, acc = restored
+    assert isinstance(loss, MetricSnapshot) and (loss.metric, loss.best) == ("loss", 1.0 / 8)
+    assert isinstance(acc, MetricSnapshot) and (acc.metric, acc.best) == ("acc", 0.8)
+    assert isinstance(early, EarlyStoppingCallback) and early.early_stopping_patience == 3
+    assert len(report.restored) == 3 and report.missing == () and report.unsaved == ()
+    (stale,) = [w for w in report.warnings if "stale" in w]
+    assert stale.startswith("MetricSnapshot: 18 saved states for 2 live callback(s)")
+    assert "took the last 2, ignored 16 earlier stale" in stale
+    assert logs[0]["problems"] == report.warnings
+    # Strict mode treats the stale entries as any other mismatch: it raises, naming them.
+    with pytest.raises(StateRestoreError, match="ignored 16 earlier stale"):
+        StateStore(tmp_path, strict=True).restore(live, snapshot)
+    # One live instance takes the very last entry.
+    restored, _ = StateStore(tmp_path).restore([MetricSnapshot("acc")], snapshot)
+    assert restored[0].best == 0.8  # type: ignore[attr-defined]
+
+
+def test_hf_list_positions_are_read_from_the_keys_not_from_their_order(tmp_path: Path) -> None:
+    """A snapshot keyed by class name may list ``Name[i]`` keys in any order (a hand-edited
+    file): the highest positions are the latest."""
+    states = {
+        f"MetricSnapshot[{i}]": {"args": {"metric": f"m{i}"}, "attributes": {}}
+        for i in (10, 2, 11, 0)
+    }
+    snapshot = Snapshot(keyed_by="class_name", states=states)  # type: ignore[arg-type]
+    restored, report = StateStore(tmp_path).restore(
+        [MetricSnapshot("a"), MetricSnapshot("b")], snapshot
+    )
+    assert [cb.metric for cb in restored] == ["m10", "m11"]  # type: ignore[attr-defined]
+    assert any("ignored 2 earlier stale" in w for w in report.warnings)
+
+
 def test_writing_hf_section_replaces_it_never_appends_hf_list_grew(tmp_path: Path) -> None:
     path = fixture(tmp_path)
     store = StateStore(tmp_path)
     store.register([MetricSnapshot("loss"), MetricSnapshot("accuracy")])
-    store.snapshot("ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
     for _ in range(3):
-        write_hf_trainer_state(path, store.load("ckpt"))
+        write_hf_trainer_state(path, store.load(tmp_path / "ckpt"))
     document = json.loads(path.read_text())
     assert list(document["stateful_callbacks"]) == ["MetricSnapshot"]
     assert len(document["stateful_callbacks"]["MetricSnapshot"]) == 2
@@ -269,29 +337,47 @@ def test_two_classes_with_one_name_cannot_be_written_to_hf(tmp_path: Path) -> No
 
     store = StateStore(tmp_path)
     store.register([MetricSnapshot(), make()()])
-    store.snapshot("ckpt")
+    store.snapshot(str(tmp_path / "ckpt"))
     with pytest.raises(StateFormatError, match=r"MetricSnapshot and .*<locals>\.MetricSnapshot"):
-        to_hf_callbacks(store.load("ckpt"))
+        to_hf_callbacks(store.load(tmp_path / "ckpt"))
 
 
 @pytest.mark.parametrize(
-    ("section", "where"),
+    ("section", "key", "where"),
     [
         (
-            {"EarlyStoppingCallback": {"args": {}, "attributes": {"best": float("nan")}}},
+            {
+                "EarlyStoppingCallback": {"args": {}, "attributes": {"best": float("nan")}},
+                "TrainerControl": TrainerControl().state(),
+            },
+            "EarlyStoppingCallback",
             "stateful_callbacks.EarlyStoppingCallback.attributes.best: nan",
         ),
         (
-            {"MetricSnapshot": [{"args": {}, "attributes": {}}, {"args": {}}]},
+            {
+                "MetricSnapshot": [{"args": {}, "attributes": {}}, {"args": {}}],
+                "TrainerControl": TrainerControl().state(),
+            },
+            "MetricSnapshot[1]",
             "stateful_callbacks.MetricSnapshot[1].attributes: must be a dict",
         ),
-        ([1, 2], "stateful_callbacks: expected a mapping"),
     ],
 )
-def test_bad_hf_section_names_the_offending_path(section: Any, where: str) -> None:
-    with pytest.raises(StateFormatError) as info:
-        from_hf_callbacks(section)
-    assert str(info.value).startswith(where)
+def test_bad_hf_entry_names_the_offending_path_and_costs_only_itself(
+    tmp_path: Path, section: Any, key: str, where: str
+) -> None:
+    snapshot = from_hf_callbacks(section)
+    assert snapshot.errors[key].startswith(f"malformed in {where}")
+    assert key not in snapshot.states and "TrainerControl" in snapshot.states
+    live: list[object] = [TrainerControl(), EarlyStoppingCallback(), MetricSnapshot()]
+    _, report = StateStore(tmp_path).restore(live, snapshot)
+    assert f"{__name__}.TrainerControl" in report.restored
+    assert any(where in w and "starts fresh" in w for w in report.warnings)
+
+
+def test_hf_section_that_is_not_a_mapping_is_a_format_error() -> None:
+    with pytest.raises(StateFormatError, match="stateful_callbacks: expected a mapping"):
+        from_hf_callbacks([1, 2])
 
 
 def test_trainer_state_without_section_or_file(tmp_path: Path) -> None:

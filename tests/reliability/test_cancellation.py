@@ -140,7 +140,7 @@ async def cancelled_run(tmp_path: Path, point: str, seed: int, backend: str) -> 
 
     async def worker(reporter: Reporter) -> None:
         for i in range(ROUNDS):
-            checkpoint = f"ckpt-{i}" if i % CHECKPOINT_EVERY == 0 else None
+            checkpoint = str(store.root / f"ckpt-{i}") if i % CHECKPOINT_EVERY == 0 else None
             await reporter.report({"loss": 1.0 / (i + 1)}, checkpoint=checkpoint)
             await anyio.lowlevel.checkpoint()
 

@@ -66,9 +66,8 @@ async def soak_run(reports: int, tmp_path: Path) -> list[tuple[int, float, int]]
             reporters = [run.reporter(rank) for rank in range(WORLD)]
             start = time.perf_counter()
             for r in range(per_slice * SLICES):
-                checkpoint = (
-                    f"ckpt-{r // CHECKPOINT_EVERY % 3}" if r % CHECKPOINT_EVERY == 0 else None
-                )
+                name = f"ckpt-{r // CHECKPOINT_EVERY % 3}"
+                checkpoint = str(store.root / name) if r % CHECKPOINT_EVERY == 0 else None
                 for reporter in reporters:
                     await reporter.report({"loss": 1.0 / (r + 1), "step": r}, checkpoint)
                 if (r + 1) % per_slice == 0:
@@ -79,7 +78,7 @@ async def soak_run(reports: int, tmp_path: Path) -> list[tuple[int, float, int]]
         recorder.close()
     assert run.result is not None and run.result.rounds == per_slice * SLICES
     assert run.bus.stats().abandoned == 0
-    assert store.load("ckpt-0").states
+    assert store.load(store.root / "ckpt-0").states
     return slices
 
 
