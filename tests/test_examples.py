@@ -33,3 +33,12 @@ def test_hf_trainer_example() -> None:
     pytest.importorskip("transformers")
     done = run_example("hf_trainer.py", timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def test_ray_train_example() -> None:
+    pytest.importorskip("ray")
+    done = run_example("ray_train.py", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "fit() raised WorkerGroupError, as injected" in done.stdout
+    assert "[replay] rank 1 failed: RuntimeError: injected failure" in done.stdout
+    assert "[replay] run ended: failed" in done.stdout
