@@ -272,8 +272,8 @@ class StateStore:
                     path="",
                     error=f"{type(exc).__name__}: {exc}",
                 )
-            # Emitted from inside the bus: a full inbox must not make this handler wait or fail.
-            bus.emit(report)
+            # Derived from the checkpoint: neither a full inbox nor a flood may refuse it.
+            bus.emit(report, derived=True)
 
         # barrier: the snapshot of a checkpoint must not see the next checkpoint's effects.
         return bus.subscribe(
