@@ -489,13 +489,10 @@ class LogReader:
             # Nested nearly as deep as the recursion limit allows: the writer's stack
             # was shallower than this reader's. A new thread's stack is the shallowest.
             run = _on_fresh_stack
-            try:
-                found = run(lambda: _decoder(kind).decode(data))
-            except (msgspec.DecodeError, RecursionError) as again:
-                exc = again
-            else:
-                assert isinstance(found, Event)
-                return found
+            retried = _attempt(run, lambda: _decoder(kind).decode(data))
+            if isinstance(retried, Event):
+                return retried
+            exc = retried
         raw: object = None
         well_formed = via_json = False
         try:
@@ -522,16 +519,15 @@ class LogReader:
             return reason
         imported, unknown = self._resolve_unknown(raw)
         if imported or via_json:
-            try:
-                if via_json:
-                    found = run(lambda: msgspec.convert(raw, event_union()))
-                else:
-                    found = run(lambda: _decoder(kind).decode(data))
-            except (msgspec.DecodeError, RecursionError) as again:
-                exc = again
-            else:
-                assert isinstance(found, Event)
-                return found
+            retried = _attempt(
+                run,
+                (lambda: msgspec.convert(raw, event_union()))
+                if via_json
+                else (lambda: _decoder(kind).decode(data)),
+            )
+            if isinstance(retried, Event):
+                return retried
+            exc = retried
         reason = unknown or _why(exc)
         if placeholders and (kind == "msgpack" or isinstance(raw, dict)):
             return self._placeholder(raw, reason)
@@ -623,6 +619,18 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, RecursionError):
         return "nested too deep to decode (RecursionError)"
     return f"not a valid event: {clip(str(exc), 1000)}"
+
+
+def _attempt(
+    run: Callable[[Callable[[], object]], object], decode: Callable[[], object]
+) -> Event | msgspec.DecodeError | RecursionError:
+    """One more try at decoding a record: the event, or why it still failed."""
+    try:
+        found = run(decode)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        return exc
+    assert isinstance(found, Event)
+    return found
 
 
 def _here(work: Callable[[], object]) -> object:
