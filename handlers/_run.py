@@ -442,7 +442,7 @@ class Run:
             elif cancelled:
                 self.status, error = "cancelled", None
             else:
-                self.status, error = "failed", f"{type(exc).__name__}: {exc}"
+                self.status, error = "failed", _describe(exc)
             await self._finish(self.status, error)
             self._bus_stop.set()
         # The bus task shields itself and has been told to stop: this only waits for it.
@@ -508,7 +508,15 @@ def _status_of(ended_by: BaseException) -> tuple[RunStatus, str | None]:
     """An interrupt cancels the run; ``SystemExit`` or a callback's raise fails it."""
     if isinstance(ended_by, KeyboardInterrupt):
         return "cancelled", None
-    return "failed", f"{type(ended_by).__name__}: {ended_by}"
+    return "failed", _describe(ended_by)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of the exception that ended the run (whose ``__str__`` may raise)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
 
 
 class _CheckpointAnnouncer:
