@@ -42,14 +42,7 @@ from ._events import (
     HandlerTimedOut,
     HealthCheckTick,
 )
-from ._faults import (
-    FATAL,
-    describe,
-    forgive_foreign_cancel,
-    format_traceback,
-    is_requested_cancel,
-    safe_str,
-)
+from ._faults import FATAL, forgive_foreign_cancel, is_requested_cancel
 from ._lanes import MAX_BATCH, Guard, Lane
 from ._logging import get_logger
 from ._subscription import (
@@ -61,6 +54,7 @@ from ._subscription import (
     SubscriptionStats,
     handler_name,
 )
+from ._text import describe, format_traceback, safe_str
 
 __all__ = ["BusClosed", "BusFull", "BusStats", "CloseReport", "EventBus"]
 

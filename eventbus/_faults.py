@@ -10,34 +10,19 @@ kinds matter to the bus:
 - anything else, a cancellation nobody on the bus asked for included (an
   awaited future that was cancelled, a foreign scope's exception): the
   handler's fault, reported as ``HandlerFailed``, and the bus goes on.
-
-Exceptions are turned into text here too, defensively: ``str()`` of a hostile
-exception may raise, and a message or traceback may be huge.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import traceback
 
 import anyio
 
-__all__ = [
-    "FATAL",
-    "describe",
-    "forgive_foreign_cancel",
-    "format_traceback",
-    "is_requested_cancel",
-    "safe_str",
-]
+__all__ = ["FATAL", "forgive_foreign_cancel", "is_requested_cancel"]
 
 #: Exceptions that end the run instead of failing one handler call.
 FATAL: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit)
-#: Longest message kept from an exception (the rest is cut, with a note).
-MAX_MESSAGE = 4096
-#: Longest traceback text kept.
-MAX_TRACEBACK = 32768
 
 
 def is_requested_cancel(exc: BaseException) -> bool:
@@ -63,36 +48,3 @@ def forgive_foreign_cancel() -> None:
     if task is not None:
         while task.cancelling():
             task.uncancel()
-
-
-def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... [{len(text) - limit} more characters cut]"
-
-
-def safe_str(exc: BaseException) -> str:
-    """``str(exc)``, bounded; never raises, whatever the exception's ``__str__`` does."""
-    try:
-        text = str(exc)
-    except FATAL:
-        raise
-    except BaseException as inner:  # a hostile __str__ may raise anything
-        text = f"<str() of {type(exc).__qualname__} raised {type(inner).__qualname__}>"
-    return _cut(text, MAX_MESSAGE)
-
-
-def format_traceback(exc: BaseException) -> str:
-    """The traceback text of ``exc``, bounded; never raises."""
-    try:
-        text = "".join(traceback.format_exception(exc))
-    except FATAL:
-        raise
-    except BaseException:  # formatting calls the exception's own methods
-        text = f"{type(exc).__qualname__}: {safe_str(exc)} (traceback could not be formatted)"
-    return _cut(text, MAX_TRACEBACK)
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message``, for one-line logs."""
-    return f"{type(exc).__qualname__}: {safe_str(exc)}"

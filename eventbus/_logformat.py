@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 import time
+import zlib
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +36,7 @@ __all__ = [
     "LogHeader",
     "TruncatedTail",
     "format_for_path",
+    "intact_record_in",
 ]
 
 #: PNG-style: a non-ASCII first byte and CR LF / ^Z / LF catch text-mode mangling.
@@ -204,3 +206,28 @@ def decode_jsonl_header(path: str | Path, line: bytes) -> LogHeader:
         raise LogFormatError(f"{path}: damaged event-log header: {exc}") from None
     check_versions(path, header)
     return header
+
+
+def intact_record_in(data: bytes, start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` holds a whole record whose header and CRC check.
+
+    Tells a torn tail (a record cut short by a crash is the last thing in
+    the file) from a damaged length that claims past the end of the file.
+    Checksums at most a few times the span, so a crafted tail stays cheap
+    (past that, the tail counts as torn).
+    """
+    hsize = RECORD_HEADER.size
+    budget = 4 * (end - start) + (1 << 20)
+    q = data.find(RECORD_MARK, start, end)
+    while q >= 0 and q + hsize <= end:
+        _, check, size, crc = RECORD_HEADER.unpack_from(data, q)
+        stop = q + hsize + size
+        if check == (size ^ size >> 16) & 0xFFFF and stop <= end:
+            budget -= size
+            if budget < 0:
+                return False
+            with memoryview(data) as view:
+                if zlib.crc32(view[q + hsize : stop]) == crc:
+                    return True
+        q = data.find(RECORD_MARK, q + 1, end)
+    return False

@@ -11,40 +11,23 @@ its sync marker and checksums, so damage costs only the records it hit).
 
 A record that is intact (its checksum holds, or, in JSON Lines, it is a
 well-formed object) but does not decode as its type is yielded as an
-``EventPlaceholder`` and counted in ``placeholders``: a log the recorder
-wrote is always readable to its end. If its type is one of this library's
-own (say ``handlers``' events) and the header names the module defining it,
-that module is imported and the record decoded for real; a module of
-anything else is never imported, only named. Version-1 logs read as they
-always did: such records are corrupt, and the error names the type.
+``EventPlaceholder`` and counted in ``placeholders`` (``_salvage`` has that
+slow path): a log the recorder wrote is always readable to its end.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import re
-import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Literal, Self
+from typing import IO, Self
 
 import msgspec
 
 from . import _logformat
-from ._codec import (
-    _decoder,
-    clip,
-    describe,
-    event_union,
-    known_tags,
-    loads_json_nonfinite,
-    may_hold_nonfinite,
-    peek_msgpack_map,
-    placeholder_from_raw,
-)
+from ._codec import _decoder
 from ._events import Event
 from ._logformat import (
     LOG_MAGIC,
@@ -62,8 +45,9 @@ from ._logformat import (
     TruncatedTail,
     decode_jsonl_header,
     decode_msgpack_header,
+    intact_record_in,
 )
-from ._logging import get_logger
+from ._salvage import Salvage
 
 __all__ = ["LogContents", "LogReader", "read_log"]
 
@@ -76,13 +60,6 @@ KEEP_ERRORS = 100
 #: expensive still costs linear time. Damage that happens never gets there.
 WASTE_ALLOWANCE = MAX_RECORD
 WASTE_FACTOR = 8
-#: The modules a reader may import to decode a log's event types: this library's own.
-#: No component may start with ``__`` (``adapters.cli.__main__`` runs the CLI).
-OUR_MODULE = re.compile(
-    r"(?:eventbus|handlers|adapters)(?:\.(?!__)[A-Za-z_][A-Za-z0-9_]{0,99}){0,8}", re.ASCII
-)
-
-_log = get_logger("eventbus.reader")
 
 
 class LogReader:
@@ -111,10 +88,8 @@ class LogReader:
         self.chunk_size = max(1, chunk_size)
         self.count = 0
         self.skipped = 0
-        self.placeholders = 0
         self.errors: list[CorruptLogError] = []
         self.truncated: TruncatedTail | None = None
-        self._imports: dict[str, str] = {}  # module -> why importing it failed ("" if it did not)
         self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115 (closed by close())
         self._iterated = False
         try:
@@ -122,6 +97,12 @@ class LogReader:
         except BaseException:
             self._file.close()
             raise
+        self._undecodable = Salvage(self.path, self.header.event_types)
+
+    @property
+    def placeholders(self) -> int:
+        """Placeholders this reader made for intact records not decodable as their type."""
+        return self._undecodable.placeholders
 
     def _read_header(self) -> tuple[LogFormat, LogHeader, int]:
         f = self._file
@@ -273,7 +254,7 @@ class LogReader:
                         if not eof:
                             want = hsize + size
                             continue
-                        if not _intact_record_in(data, pos + 1, end):
+                        if not intact_record_in(data, pos + 1, end):
                             # A whole header, part of its payload: cut short mid-write.
                             self.truncated = TruncatedTail(
                                 offset=base + pos, index=index, size=end - pos
@@ -317,7 +298,7 @@ class LogReader:
                     pos = q
                     want = hsize + size
                     continue
-                if not _intact_record_in(data, q + 1, end):
+                if not intact_record_in(data, q + 1, end):
                     self.truncated = TruncatedTail(offset=base + q, index=index, size=end - q)
                     break
                 pos = q + 1  # not a torn tail: an intact record lies within its length
@@ -466,107 +447,6 @@ class LogReader:
                 break
         return skipped
 
-    # --- records that do not decode as their type ------------------------------------------
-
-    def _undecodable(
-        self,
-        kind: Literal["msgpack", "json"],
-        data: bytes | bytearray | memoryview,
-        exc: BaseException,
-        *,
-        placeholders: bool = False,
-    ) -> Event | str:
-        """What to yield for a record that failed to decode, or why it is corrupt.
-
-        The event after all (nested so deep it needs a fresh stack; its type's
-        module, one of ours, imported now; or NaN/Infinity tokens in JSON,
-        decoded through ``json``); with ``placeholders`` (an intact record of a
-        version-2 log) an ``EventPlaceholder``; otherwise the reason the record
-        is corrupt.
-        """
-        run: Callable[[Callable[[], object]], object] = _here
-        if isinstance(exc, RecursionError):
-            # Nested nearly as deep as the recursion limit allows: the writer's stack
-            # was shallower than this reader's. A new thread's stack is the shallowest.
-            run = _on_fresh_stack
-            retried = _attempt(run, lambda: _decoder(kind).decode(data))
-            if isinstance(retried, Event):
-                return retried
-            exc = retried
-        raw: object = None
-        well_formed = via_json = False
-        try:
-            raw = run(
-                lambda: (
-                    msgspec.msgpack.decode(data) if kind == "msgpack" else msgspec.json.decode(data)
-                )
-            )
-            well_formed = True
-        except (msgspec.DecodeError, RecursionError):
-            if kind == "json" and may_hold_nonfinite(data):
-                try:
-                    raw = run(lambda: loads_json_nonfinite(data))
-                    well_formed = via_json = True
-                except (ValueError, RecursionError):
-                    pass
-        if not well_formed:
-            reason = _why(exc)
-            if placeholders and kind == "msgpack":
-                shown = bytes(data[:256]).hex(" ")
-                return self._placeholder(
-                    peek_msgpack_map(data), reason, text=f"{len(data)} bytes: {shown}"
-                )
-            return reason
-        imported, unknown = self._resolve_unknown(raw)
-        if imported or via_json:
-            retried = _attempt(
-                run,
-                (lambda: msgspec.convert(raw, event_union()))
-                if via_json
-                else (lambda: _decoder(kind).decode(data)),
-            )
-            if isinstance(retried, Event):
-                return retried
-            exc = retried
-        reason = unknown or _why(exc)
-        if placeholders and (kind == "msgpack" or isinstance(raw, dict)):
-            return self._placeholder(raw, reason)
-        return reason
-
-    def _placeholder(self, raw: object, reason: str, *, text: str | None = None) -> Event:
-        self.placeholders += 1
-        return placeholder_from_raw(raw, reason, text=text)
-
-    def _resolve_unknown(self, raw: object) -> tuple[bool, str | None]:
-        """For a record whose ``type`` no event class has: whether the module the
-        header names for it (one of ours) was imported and now defines it, or why not."""
-        if not isinstance(raw, dict):
-            return False, None
-        tag = raw.get("type")
-        if not isinstance(tag, str) or tag in known_tags():
-            return False, None
-        shown = repr(clip(tag, 200))
-        module = self.header.event_types.get(tag)
-        if module is None:
-            return False, (
-                f"unknown event type {shown}: no event class of that name is defined; "
-                "import the module that defines it before reading this log"
-            )
-        if not OUR_MODULE.fullmatch(module):
-            return False, (
-                f"event type {shown} is defined in module {clip(module, 200)!r}: "
-                "import it before reading this log"
-            )
-        if module not in self._imports:
-            self._imports[module] = _import(module, self.path)
-        if tag in known_tags():
-            return True, None
-        error = self._imports[module]
-        return False, (
-            f"event type {shown} is defined in module {module!r}, but "
-            + (f"importing it failed: {error}" if error else "that module does not define it")
-        )
-
     # --- the file ------------------------------------------------------------------------
 
     def _remaining(self, offset: int) -> int:
@@ -588,84 +468,6 @@ class LogReader:
 
     def __repr__(self) -> str:
         return f"<LogReader {str(self.path)!r} {self.format} schema={self.header.schema_version}>"
-
-
-def _intact_record_in(data: bytes, start: int, end: int) -> bool:
-    """Whether ``data[start:end]`` holds a whole record whose header and CRC check.
-
-    Tells a torn tail (a record cut short by a crash is the last thing in
-    the file) from a damaged length that claims past the end of the file.
-    Checksums at most a few times the span, so a crafted tail stays cheap
-    (past that, the tail counts as torn).
-    """
-    hsize = RECORD_HEADER.size
-    budget = 4 * (end - start) + (1 << 20)
-    q = data.find(RECORD_MARK, start, end)
-    while q >= 0 and q + hsize <= end:
-        _, check, size, crc = RECORD_HEADER.unpack_from(data, q)
-        stop = q + hsize + size
-        if check == (size ^ size >> 16) & 0xFFFF and stop <= end:
-            budget -= size
-            if budget < 0:
-                return False
-            with memoryview(data) as view:
-                if zlib.crc32(view[q + hsize : stop]) == crc:
-                    return True
-        q = data.find(RECORD_MARK, q + 1, end)
-    return False
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, RecursionError):
-        return "nested too deep to decode (RecursionError)"
-    return f"not a valid event: {clip(str(exc), 1000)}"
-
-
-def _attempt(
-    run: Callable[[Callable[[], object]], object], decode: Callable[[], object]
-) -> Event | msgspec.DecodeError | RecursionError:
-    """One more try at decoding a record: the event, or why it still failed."""
-    try:
-        found = run(decode)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        return exc
-    assert isinstance(found, Event)
-    return found
-
-
-def _here(work: Callable[[], object]) -> object:
-    return work()
-
-
-def _on_fresh_stack(work: Callable[[], object]) -> object:
-    """``work()`` on a new thread, whose Python stack starts empty: the whole
-    recursion limit is there for the decoder. Only for records that hit it."""
-    outcome: list[tuple[bool, object]] = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, work()))
-        except BaseException as exc:  # handed back to the caller's thread
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, name="eventbus-log-deep-decode", daemon=True)
-    thread.start()
-    thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        assert isinstance(value, BaseException)
-        raise value
-    return value
-
-
-def _import(module: str, path: Path) -> str:
-    """Import one of this library's modules named by a log header; why it failed, or ``""``."""
-    try:
-        importlib.import_module(module)
-    except Exception as exc:
-        _log.warning("cannot import event types for a log", path=str(path), module=module)
-        return clip(describe(exc), 500)
-    return ""
 
 
 class LogContents(msgspec.Struct, frozen=True, kw_only=True):

@@ -28,13 +28,7 @@ from typing import Literal, Self
 import msgspec
 
 from ._bus import EventBus
-from ._codec import (
-    encode_json,
-    encode_json_nonfinite,
-    event_modules,
-    has_nonfinite,
-    placeholder_for,
-)
+from ._codec import encode_json, encode_json_nonfinite, event_modules, has_nonfinite
 from ._events import CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
 from ._logformat import (
     MAX_LINE,
@@ -47,6 +41,7 @@ from ._logformat import (
     format_for_path,
 )
 from ._logging import get_logger
+from ._placeholders import placeholder_for
 
 __all__ = ["FsyncPolicy", "LogRecorder"]
 

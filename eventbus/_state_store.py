@@ -23,17 +23,13 @@ from ._bus import EventBus
 from ._events import CheckpointSaved, StateRestored, StateSnapshotted
 from ._logging import get_logger
 from ._state import (
+    MAX_REASON_CHARS,
     Snapshot,
     StateFormatError,
     StateRestoreError,
-    VettedState,
-    _shorten,
-    plan_restore,
-    rebuild_vetted,
     state_key_of,
     stateful_keys,
     take_states,
-    vet_state,
 )
 from ._state_files import (
     DEFAULT_MAX_BYTES,
@@ -43,7 +39,9 @@ from ._state_files import (
     resume_state_path,
     state_path,
 )
+from ._state_restore import VettedState, plan_restore, rebuild_vetted, vet_state
 from ._subscription import Subscription
+from ._text import clip
 
 __all__ = ["SNAPSHOT_ORDER", "StateStore"]
 
@@ -218,7 +216,7 @@ class StateStore:
             vetted[position] = checked
         if self.strict and (notes or not plan.clean or problems or failures):
             raise StateRestoreError(
-                f"restoring {_shorten(source) or 'snapshot'}: "
+                f"restoring {clip(source, MAX_REASON_CHARS) or 'snapshot'}: "
                 + "; ".join(notes + plan.warnings + tuple(problems) + tuple(failures))
             )
         restored = list(callbacks)

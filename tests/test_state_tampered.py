@@ -348,7 +348,7 @@ def test_save_survives_deep_loud_and_uncomparable_states(tmp_path: Path) -> None
     event = store.snapshot(str(tmp_path / "ckpt"))
     assert event.keys == (key(Tally),)
     assert "nested too deeply" in event.errors[key(Deep)]
-    assert len(event.errors[key(Loud)]) < 3000 and "chars" in event.errors[key(Loud)]
+    assert len(event.errors[key(Loud)]) < 3000 and event.errors[key(Loud)].endswith("…")  # cut
     assert key(Sneaky) in event.errors
     assert store.load(str(tmp_path / "ckpt")).states[key(Tally)]["attributes"] == {"count": 3}
 

@@ -1,0 +1,328 @@
+"""Putting saved states back: which live callback gets which state, and what of it.
+
+Restoring matches by key, never by position alone, keeps the callbacks'
+order and reports every mismatch instead of ``zip``-truncating (HF's list
+form, which grows on every save, is read from its newest entries). And it
+sets only what a callback declares as its state: a snapshot file is data
+anyone who can write the checkpoint can edit, so ``__dict__`` or a method
+name in it is ignored and reported, never set.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from ._state import (
+    MALFORMED,
+    MAX_REASON_CHARS,
+    CallbackState,
+    Snapshot,
+    StatefulCallback,
+    declared_only,
+    listed,
+    member,
+    rebuild_default,
+    stateful_keys,
+)
+from ._text import clip, safe_str
+
+__all__ = ["RestorePlan", "VettedState", "plan_restore", "rebuild", "rebuild_vetted", "vet_state"]
+
+
+def _class_of_key(key: str) -> str:
+    """The class part of a key: ``pkg.mod.Cls[x]`` -> ``pkg.mod.Cls``.
+
+    Module paths and qualnames never contain ``[``, so the first one starts the suffix.
+    """
+    return key.split("[", 1)[0]
+
+
+_POSITION = re.compile(r"(.*)\[([0-9]{1,18})\]\Z", re.DOTALL)
+
+
+def _hf_position(key: str) -> tuple[str, int]:
+    """(class name, position) of a key of a snapshot keyed by class name: ``Name`` is
+    HF's single form (position 0), ``Name[i]`` the i-th of its list form."""
+    match = _POSITION.match(key)
+    if match is None:
+        return key, 0
+    return match[1], int(match[2])
+
+
+class RestorePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """Which live callback gets which saved state, and every mismatch found."""
+
+    matches: dict[int, str]  # position in the live list -> saved key
+    restored: tuple[str, ...]  # live keys that get a state
+    missing: tuple[str, ...]  # saved keys with no live callback
+    unsaved: tuple[str, ...]  # live keys with no saved state
+    mismatched: tuple[str, ...]  # "Class: N saved, M live"
+    warnings: tuple[str, ...]
+    #: Saved keys passed over as stale: the earlier entries of an HF list that grew.
+    stale: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        return not self.warnings
+
+
+def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan:
+    """Match live stateful callbacks to saved states by key, never by position alone.
+
+    For a Hugging Face snapshot (keyed by class name) the live instances of a
+    class take the saved states of that class name by position. HF appends
+    every save's states to its list form, so when more are saved than live
+    the *last* ones are taken (the latest save) and the earlier ones are
+    reported as stale, with their count; fewer saved than live is reported
+    as a count mismatch, never truncated silently.
+    """
+    live = stateful_keys(callbacks)
+    positions = {id(cb): i for i, cb in enumerate(callbacks)}
+    saved = snapshot.states
+    # A state found malformed or unsaved still holds its place (and its reason).
+    failed = [key for key in snapshot.errors if key not in saved]
+    taken: list[tuple[int, str, str]] = []  # (live position, live key, saved key)
+    unsaved_at: list[tuple[int, str]] = []
+    reasons: dict[str, str] = {}
+    mismatched: list[str] = []
+    stale: list[str] = []
+    stale_notes: list[str] = []
+    used: set[str] = set()
+
+    def take(live_key: str, callback: object, saved_key: str | None) -> None:
+        position = positions[id(callback)]
+        if saved_key is not None and saved_key in saved:
+            taken.append((position, live_key, saved_key))
+            used.add(saved_key)
+            return
+        unsaved_at.append((position, live_key))
+        if saved_key is not None:
+            used.add(saved_key)
+            reasons[live_key] = snapshot.errors[saved_key]
+        elif live_key in snapshot.errors:
+            reasons[live_key] = snapshot.errors[live_key]
+
+    if snapshot.keyed_by == "class_name":
+        entries: dict[str, list[tuple[int, int, str]]] = {}
+        for order, key in enumerate([*saved, *failed]):
+            name, position = _hf_position(key)
+            entries.setdefault(name, []).append((position, order, key))
+        groups: dict[str, list[tuple[str, object]]] = {}
+        for key, callback in live.items():
+            groups.setdefault(type(callback).__name__, []).append((key, callback))
+        for name, group in groups.items():
+            found = sorted(entries.get(name, []))
+            if len(found) > len(group):
+                cut = len(found) - len(group)
+                stale.extend(key for *_, key in found[:cut])
+                used.update(key for *_, key in found[:cut])
+                found = found[cut:]
+                mismatched.append(f"{name}: {cut + len(group)} saved, {len(group)} live")
+                stale_notes.append(
+                    f"{name}: {cut + len(group)} saved states for {len(group)} live "
+                    f"callback(s): took the last {len(group)}, ignored {cut} earlier stale "
+                    "one(s) (Hugging Face appends to the list on every save)"
+                )
+            elif found and len(found) < len(group):
+                mismatched.append(f"{name}: {len(found)} saved, {len(group)} live")
+            for index, (key, callback) in enumerate(group):
+                take(key, callback, found[index][2] if index < len(found) else None)
+    else:
+        for key, callback in live.items():
+            take(key, callback, key if key in saved or key in snapshot.errors else None)
+        live_classes: dict[str, int] = {}
+        for key in live:
+            group_name = _class_of_key(key)
+            live_classes[group_name] = live_classes.get(group_name, 0) + 1
+        saved_classes: dict[str, int] = {}
+        for key in [*saved, *failed]:
+            group_name = _class_of_key(key)
+            saved_classes[group_name] = saved_classes.get(group_name, 0) + 1
+        mismatched = [
+            f"{group_name}: {count} saved, {live_classes[group_name]} live"
+            for group_name, count in saved_classes.items()
+            if live_classes.get(group_name, count) != count
+        ]
+    missing = [key for key in saved if key not in used]
+    taken.sort()
+    matches = {position: saved_key for position, _, saved_key in taken}
+    restored = [live_key for _, live_key, _ in taken]
+    unsaved = [live_key for _, live_key in sorted(unsaved_at)]
+
+    warnings: list[str] = []
+    if missing:
+        warnings.append(f"saved states with no live callback (dropped): {listed(missing)}")
+    for key in unsaved:
+        why = reasons.get(key)
+        why = None if why is None else clip(why, MAX_REASON_CHARS)
+        if why is None:
+            warnings.append(f"live callback {key} has no saved state and starts fresh")
+        elif why.startswith(MALFORMED):
+            warnings.append(f"live callback {key} starts fresh: its saved state is {why}")
+        else:
+            warnings.append(
+                f"live callback {key} has no saved state and starts fresh "
+                f"(its state could not be saved: {why})"
+            )
+    stale_names = {note.split(":", 1)[0] for note in stale_notes}
+    counts = [m for m in mismatched if m.split(":", 1)[0] not in stale_names]
+    if counts:
+        warnings.append(f"instance counts differ between save and resume: {'; '.join(counts)}")
+    warnings.extend(stale_notes)
+    return RestorePlan(
+        matches=matches,
+        restored=tuple(restored),
+        missing=tuple(missing),
+        unsaved=tuple(unsaved),
+        mismatched=tuple(mismatched),
+        warnings=tuple(warnings),
+        stale=tuple(stale),
+    )
+
+
+# --- what a restore may set ---------------------------------------------------------------
+
+
+class VettedState(msgspec.Struct, frozen=True, kw_only=True):
+    """A saved state cut down to the names the live callback declares, and what was cut.
+
+    ``ignored``: names in the saved state that its class does not declare
+    (``args.x``, ``attributes.__dict__``), left out. ``wrong_types``: declared
+    names whose saved JSON kind differs from the live value's. ``own_from_state``:
+    the class restores itself (``from_state``), so the state is passed whole.
+    """
+
+    state: CallbackState
+    ignored: tuple[str, ...] = ()
+    wrong_types: tuple[str, ...] = ()
+    own_from_state: bool = False
+
+    def problems(self, key: str) -> tuple[str, ...]:
+        """One line per kind of problem, naming the callback (``key``)."""
+        lines = []
+        if self.ignored:
+            lines.append(
+                f"{key}: ignored saved names its class does not declare as state: "
+                f"{listed(self.ignored)}"
+            )
+        if self.wrong_types:
+            lines.append(f"{key}: {listed(self.wrong_types)}")
+        return tuple(lines)
+
+
+_STATEFUL_FROM_STATE = StatefulCallback.__dict__["from_state"].__func__
+
+
+def _own_from_state(cls: type[Any]) -> Any:
+    """The class's ``from_state`` when it has its own (not ``StatefulCallback``'s), else None."""
+    method = getattr(cls, "from_state", None)
+    if not callable(method) or getattr(method, "__func__", None) is _STATEFUL_FROM_STATE:
+        return None
+    return method
+
+
+def _is_state(state: Any) -> bool:
+    return (
+        type(state) is dict
+        and type(state.get("args")) is dict
+        and type(state.get("attributes")) is dict
+    )
+
+
+def _declared_names(callback: object) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(args, attributes) a restore of ``callback`` may set, each name -> its live value.
+
+    A ``StatefulCallback`` declares them in ``state_args``/``state_attributes``;
+    any other stateful callback by what its own ``state()`` returns now.
+    """
+    if isinstance(callback, StatefulCallback):
+        cls = type(callback)
+        return (
+            {name: getattr(callback, name, None) for name in cls.state_args},
+            {name: getattr(callback, name, None) for name in cls.state_attributes},
+        )
+    live = callback.state()  # type: ignore[attr-defined]
+    if not _is_state(live):
+        raise ValueError("its live state() does not return {'args': {...}, 'attributes': {...}}")
+    return live["args"], live["attributes"]
+
+
+def _json_kind(value: Any) -> str | None:
+    """The JSON kind of a value (int and float are one: numbers); None for null or
+    for a live value that is no JSON value at all (nothing to compare with)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return None
+
+
+def vet_state(callback: object, state: CallbackState) -> VettedState:
+    """What of ``state`` a restore of ``callback`` may set.
+
+    Only the names the callback declares as its state are kept (see
+    ``_declared_names``): a tampered snapshot cannot set ``__dict__`` or
+    replace a method. A class with its own ``from_state`` gets the state
+    whole and must validate it itself. ``ValueError`` if the saved state is
+    not shaped like one or the live callback's declared names cannot be
+    read (its ``state()`` raised).
+    """
+    if not _is_state(state):
+        raise ValueError("the saved state is not {'args': {...}, 'attributes': {...}}")
+    if _own_from_state(type(callback)) is not None:
+        return VettedState(state=state, own_from_state=True)
+    try:
+        live_args, live_attributes = _declared_names(callback)
+    except Exception as exc:
+        raise ValueError(
+            f"reading its declared state failed ({type(exc).__name__}: {clip(safe_str(exc), 200)})"
+        ) from exc
+    kept, ignored = declared_only(state, list(live_args), list(live_attributes))
+    wrong: list[str] = []
+    for part, live in (("args", live_args), ("attributes", live_attributes)):
+        for name, value in kept[part].items():  # type: ignore[literal-required]
+            saved_kind, live_kind = _json_kind(value), _json_kind(live[name])
+            if saved_kind is not None and live_kind is not None and saved_kind != live_kind:
+                wrong.append(
+                    f"{member(part, name)} is {saved_kind} in the snapshot, "
+                    f"the live value is {live_kind}"
+                )
+    return VettedState(state=kept, ignored=tuple(ignored), wrong_types=tuple(wrong))
+
+
+def rebuild_vetted(callback: object, vetted: VettedState) -> object:
+    """A new instance of ``callback``'s class from a vetted state.
+
+    ``cls.from_state`` when the class defines one (and it must return an
+    instance of the class), else ``cls(**args)`` so ``__init__`` logic runs,
+    then each declared attribute is set.
+    """
+    cls = type(callback)
+    own = _own_from_state(cls)
+    if own is None:
+        return rebuild_default(cls, vetted.state)
+    instance = own(vetted.state)
+    if not isinstance(instance, cls):
+        raise TypeError(
+            f"{cls.__qualname__}.from_state returned {type(instance).__qualname__}, "
+            f"not a {cls.__qualname__}"
+        )
+    return instance
+
+
+def rebuild(callback: object, state: CallbackState) -> object:
+    """A new instance of ``callback``'s class carrying the declared part of ``state``
+    (``vet_state`` then ``rebuild_vetted``)."""
+    return rebuild_vetted(callback, vet_state(callback, state))
