@@ -20,8 +20,9 @@ from ._interfaces import ExceptionCallback, ReportCallback, RunCallback, UserCal
 from ._lifecycle import RunCallbackHandler
 from ._metrics_logger import MetricsLogger
 from ._progress import ProgressDisplay
+from ._reporter import Reporter
 from ._reports import ReportCallbackHandler
-from ._run import Reporter, Run, WorkerFn, open_run
+from ._run import Run, WorkerFn, open_run
 from ._user import UserCallbackHandler, implemented_hooks
 
 __all__ = [

@@ -13,6 +13,7 @@ import msgspec
 
 from eventbus import EventBus, RunFinished, Subscription
 
+from ._checkpoints import CheckpointTracker
 from ._context import RunResult, TrainRunContext
 from ._failures import ExceptionCallbackHandler
 from ._interfaces import ReportCallback, UserCallback
@@ -40,6 +41,7 @@ class CallbackAttachment:
         world_size: int | None = None,
         required_ranks: Iterable[int] | None = None,
         report_callbacks: Iterable[ReportCallback] = (),
+        announce_checkpoints: bool = False,
     ) -> None:
         self.bus = bus
         self.user = UserCallbackHandler(callbacks)
@@ -56,14 +58,19 @@ class CallbackAttachment:
         self.failures = ExceptionCallbackHandler(
             [self.user], context_for=self.lifecycle.context_for
         )
-        self.last_checkpoint: str | None = None
+        self.checkpoints = CheckpointTracker(bus, self.reports, announce=announce_checkpoints)
+        self.reports.report_callbacks.append(self.checkpoints)
         self.subscriptions: list[Subscription] = [
             self.failures.subscribe(bus, order=_ORDER_FAILURES),
             self.lifecycle.subscribe(bus, order=_ORDER_LIFECYCLE),
             self.reports.subscribe(bus, order=_ORDER_REPORTS),
             *self.user.subscribe(bus),
         ]
-        self.reports.report_callbacks.append(_LastCheckpoint(self))
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        """The checkpoint of the latest complete round (where a restart resumes)."""
+        return self.checkpoints.last
 
     @property
     def run_context(self) -> TrainRunContext | None:
@@ -105,19 +112,6 @@ class CallbackAttachment:
             sub.cancel()
 
 
-class _LastCheckpoint:
-    """Keeps the checkpoint of the latest complete round (where a restart resumes)."""
-
-    def __init__(self, attachment: CallbackAttachment) -> None:
-        self.attachment = attachment
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        if checkpoint is not None:
-            self.attachment.last_checkpoint = checkpoint
-
-
 def attach_user_callbacks(
     bus: EventBus,
     callbacks: Iterable[UserCallback | Any],
@@ -125,12 +119,15 @@ def attach_user_callbacks(
     world_size: int | None = None,
     required_ranks: Iterable[int] | None = None,
     report_callbacks: Iterable[ReportCallback] = (),
+    announce_checkpoints: bool = False,
 ) -> CallbackAttachment:
     """Wire ``callbacks`` onto ``bus``: report gathering, failure gathering, lifecycle.
 
     The run context comes from the first ``RunStarted`` (or, if there is
     none, from the first event naming the run). ``report_callbacks`` get
-    the gathered rounds too, synchronously, inside the bus.
+    the gathered rounds too, synchronously, inside the bus;
+    ``announce_checkpoints`` emits a ``CheckpointSaved`` for each round's
+    checkpoint (a live run does; a replay has the recorded ones).
     """
     return CallbackAttachment(
         bus,
@@ -138,4 +135,5 @@ def attach_user_callbacks(
         world_size=world_size,
         required_ranks=required_ranks,
         report_callbacks=report_callbacks,
+        announce_checkpoints=announce_checkpoints,
     )

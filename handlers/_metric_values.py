@@ -28,7 +28,6 @@ __all__ = [
     "MetricsError",
     "RejectedMetrics",
     "freeze_metrics",
-    "metrics_problem",
 ]
 
 #: Deepest nesting of lists and dicts inside one report's metrics.
@@ -126,19 +125,6 @@ def _thaw(value: Any) -> Any:
     if isinstance(value, list):
         return [_thaw(item) for item in list.__iter__(value)]
     return value
-
-
-def metrics_problem(metrics: Any) -> tuple[str, str] | None:
-    """``(field, reason)`` when ``metrics`` cannot be accepted, else ``None``.
-
-    ``field`` is the path of the offending value (``metrics['hist'][3]``).
-    Never raises, whatever the values' own methods do.
-    """
-    try:
-        freeze_metrics(metrics)
-    except MetricsError as exc:
-        return exc.field, exc.reason
-    return None
 
 
 def _thorough_problem(metrics: Any) -> tuple[str, str] | None:

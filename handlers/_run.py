@@ -3,14 +3,8 @@
 The bus runs in its own task under a shielded scope, so that when the run's
 body is cancelled the bus still delivers ``RunFinished`` and ``after_run``
 before it stops: lifecycle hooks run exactly once on every way out.
-
-The same holds when something ends the run from inside: a callback with
-``on_error="raise"`` that fails, or ``KeyboardInterrupt``/``SystemExit``
-raised by a callback or a worker (or delivered by a signal). The run stops
-its body and workers, delivers ``RunFinished`` (``cancelled`` for an
-interrupt, ``failed`` otherwise) and ``after_run``, records them, and then
-raises that exception itself, unwrapped from any exception group, on asyncio
-and trio alike.
+The same holds when a callback, a worker or a signal ends the run from
+inside (``_ending`` says how that is reported).
 """
 
 from __future__ import annotations
@@ -33,7 +27,6 @@ from eventbus import (
     Clock,
     EventBus,
     LogRecorder,
-    Report,
     RunFinished,
     RunStarted,
     StateRestored,
@@ -45,71 +38,16 @@ from eventbus import (
 
 from ._attach import CallbackAttachment, attach_user_callbacks
 from ._context import RunResult, RunStatus, TrainRunContext
+from ._ending import describe_end, interrupt_in, only_cancellations, status_of
 from ._errors import WorkerGroupError
 from ._interfaces import UserCallback
-from ._metric_values import MetricsError, RejectedMetrics, freeze_metrics
-from ._metrics import mean_metrics
+from ._reporter import Reporter
 
-__all__ = ["Reporter", "Run", "WorkerFn", "open_run"]
+__all__ = ["Run", "WorkerFn", "open_run"]
 
 _log = get_logger("handlers.run")
 
-WorkerFn = Callable[["Reporter"], Awaitable[Any]]
-
-
-class Reporter:
-    """One rank's handle: ``await report(metrics, checkpoint=None)``.
-
-    ``report`` copies ``metrics`` at once (into a read-only ``FrozenDict``):
-    the worker may reuse or change its dict afterwards, and callbacks still
-    see what was reported. Metrics that are not JSON values a log can hold
-    are judged at once (the worker may change them afterwards); the run
-    rejects them (``ReportRejected`` naming the rank and the path inside the
-    metrics) and goes on.
-
-    ``latest_checkpoint`` is the checkpoint of the latest complete round
-    (where a restarted worker resumes); ``should_stop`` turns true when a
-    callback (say ``EarlyStopping``) or the trainer asked the run to stop.
-    """
-
-    def __init__(self, run: Run, rank: int) -> None:
-        self.run = run
-        self.rank = rank
-        self.world_size = run.world_size
-        self.attempt = 0
-        self._index = 0
-
-    async def report(self, metrics: dict[str, Any], checkpoint: str | None = None) -> None:
-        run = self.run
-        index = self._index
-        self._index += 1
-        reported: Any
-        try:
-            reported = freeze_metrics(metrics)
-        except MetricsError as exc:  # the gatherer rejects it, naming rank and field
-            reported = RejectedMetrics(exc.field, exc.reason)
-        await run.bus.publish(
-            Report(
-                run_id=run.run_id,
-                rank=self.rank,
-                world_size=self.world_size,
-                index=index,
-                metrics=reported,
-                checkpoint=checkpoint,
-            )
-        )
-
-    @property
-    def reports(self) -> int:
-        return self._index
-
-    @property
-    def latest_checkpoint(self) -> str | None:
-        return self.run.latest_checkpoint
-
-    @property
-    def should_stop(self) -> bool:
-        return self.run.should_stop
+WorkerFn = Callable[[Reporter], Awaitable[Any]]
 
 
 class Run:
@@ -379,7 +317,7 @@ class Run:
             self.callbacks,
             world_size=self.world_size,
             required_ranks=self.required_ranks,
-            report_callbacks=[_CheckpointAnnouncer(self)],
+            announce_checkpoints=True,
         )
         await self.bus.publish(
             RunStarted(
@@ -414,11 +352,11 @@ class Run:
         cancelled_class = anyio.get_cancelled_exc_class()
         # An interrupt that reached the body (trio raises KeyboardInterrupt where the
         # main task is, possibly inside a task group) ends the run like one from inside.
-        interrupt = _interrupt_in(exc)
+        interrupt = interrupt_in(exc)
         if interrupt is not None and self._ended_by is None:
             self._ended_by = interrupt
         cancelled = isinstance(exc, cancelled_class) or (
-            self._ended_by is not None and _only_cancellations(exc, cancelled_class)
+            self._ended_by is not None and only_cancellations(exc, cancelled_class)
         )
         if exc is None:
             try:
@@ -436,13 +374,13 @@ class Run:
             await self._drain()
             ended_by = self._ended_by
             if ended_by is not None:
-                self.status, error = _status_of(ended_by)
+                self.status, error = status_of(ended_by)
             elif exc is None:
                 self.status, error = "finished", None
             elif cancelled:
                 self.status, error = "cancelled", None
             else:
-                self.status, error = "failed", _describe(exc)
+                self.status, error = "failed", describe_end(exc)
             await self._finish(self.status, error)
             self._bus_stop.set()
         # The bus task shields itself and has been told to stop: this only waits for it.
@@ -453,7 +391,7 @@ class Run:
             else:
                 await self._tg.__aexit__(None, None, None)
         except BaseException as group:
-            if self._ended_by is None or not _only_cancellations(group, cancelled_class):
+            if self._ended_by is None or not only_cancellations(group, cancelled_class):
                 raise
         finally:
             self._close_log()
@@ -480,70 +418,6 @@ class Run:
             await self._drain()
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))
-
-
-def _interrupt_in(exc: BaseException | None) -> BaseException | None:
-    """The ``KeyboardInterrupt``/``SystemExit`` in ``exc``, found inside exception groups too."""
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _interrupt_in(inner)
-            if found is not None:
-                return found
-    return None
-
-
-def _only_cancellations(exc: BaseException | None, cancelled_class: type[BaseException]) -> bool:
-    """Whether ``exc`` holds nothing but cancellations and interrupts: the fallout of
-    ending the run from inside, which the exception that ended it replaces."""
-    if exc is None or isinstance(exc, (cancelled_class, KeyboardInterrupt, SystemExit)):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_only_cancellations(inner, cancelled_class) for inner in exc.exceptions)
-    return False
-
-
-def _status_of(ended_by: BaseException) -> tuple[RunStatus, str | None]:
-    """An interrupt cancels the run; ``SystemExit`` or a callback's raise fails it."""
-    if isinstance(ended_by, KeyboardInterrupt):
-        return "cancelled", None
-    return "failed", _describe(ended_by)
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` of the exception that ended the run (whose ``__str__`` may raise)."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return type(exc).__name__
-
-
-class _CheckpointAnnouncer:
-    """Announces each complete round's checkpoint as ``CheckpointSaved``.
-
-    The state store snapshots callback states on it.
-    """
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        if checkpoint is None or self.run.attachment is None:
-            return
-        reports = self.run.attachment.reports
-        self.run.bus.emit(
-            CheckpointSaved(
-                run_id=run_context.run_id,
-                checkpoint=checkpoint,
-                index=reports.rounds - 1,
-                ranks=reports.required_ranks,
-                metrics=mean_metrics(metrics),
-            ),
-            derived=True,
-        )
 
 
 def open_run(

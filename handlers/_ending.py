@@ -1,0 +1,52 @@
+"""How a run that something ended from inside reports it: the status, the error text,
+and the exception to raise, found inside exception groups.
+
+A run ended by an interrupt (``KeyboardInterrupt``, from a callback, a worker
+or a signal) is ``cancelled``; by ``SystemExit`` or a callback's
+``on_error="raise"``, ``failed``. The cancellations the ending caused in the
+body and the workers are its fallout: the exception that ended the run
+replaces them, unwrapped, on asyncio and trio alike.
+"""
+
+from __future__ import annotations
+
+from ._context import RunStatus
+
+__all__ = ["describe_end", "interrupt_in", "only_cancellations", "status_of"]
+
+
+def interrupt_in(exc: BaseException | None) -> BaseException | None:
+    """The ``KeyboardInterrupt``/``SystemExit`` in ``exc``, found inside exception groups too."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = interrupt_in(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def only_cancellations(exc: BaseException | None, cancelled_class: type[BaseException]) -> bool:
+    """Whether ``exc`` holds nothing but cancellations and interrupts: the fallout of
+    ending the run from inside, which the exception that ended it replaces."""
+    if exc is None or isinstance(exc, (cancelled_class, KeyboardInterrupt, SystemExit)):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(only_cancellations(inner, cancelled_class) for inner in exc.exceptions)
+    return False
+
+
+def status_of(ended_by: BaseException) -> tuple[RunStatus, str | None]:
+    """An interrupt cancels the run; ``SystemExit`` or a callback's raise fails it."""
+    if isinstance(ended_by, KeyboardInterrupt):
+        return "cancelled", None
+    return "failed", describe_end(ended_by)
+
+
+def describe_end(exc: BaseException) -> str:
+    """``Type: message`` of the exception that ended the run (whose ``__str__`` may raise)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
