@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from _builders import nested_dict, record_spans
 
 import eventbus._logformat
 import eventbus._reader
@@ -71,17 +72,8 @@ def report(seq: int, metrics: Any = DEFAULT, **fields: Any) -> Report:
     return Report(**values)
 
 
-def deep(depth: int) -> dict[str, Any]:
-    root: dict[str, Any] = {}
-    node = root
-    for _ in range(depth):
-        node["a"] = {}
-        node = node["a"]
-    return root
-
-
 def depth_of(value: Any) -> int:
-    """How deep ``deep(n)`` nests (counted without recursing)."""
+    """How deep ``nested_dict(n)`` nests (counted without recursing)."""
     n = 0
     while isinstance(value, dict) and "a" in value:
         value, n = value["a"], n + 1
@@ -105,14 +97,7 @@ def frame(payload: bytes) -> bytes:
 
 def records(path: Path) -> list[tuple[int, int]]:
     """(start, end) of each record of a version-2 msgpack log."""
-    data = path.read_bytes()
-    pos = 16 + struct.unpack_from("<I", data, 12)[0]
-    spans = []
-    while pos < len(data):
-        end = pos + 12 + struct.unpack_from("<I", data, pos + 4)[0]
-        spans.append((pos, end))
-        pos = end
-    return spans
+    return record_spans(path.read_bytes())
 
 
 def v1_log(path: Path, payloads: list[bytes], *, event_types: bool = False) -> Path:
@@ -142,7 +127,7 @@ UNENCODABLE: dict[str, Any] = {
     "path": Path("/tmp/x"),
     "object": Opaque(),
     "bad repr": BadRepr(),
-    "deep": deep(5000),
+    "deep": nested_dict(5000),
     "lone surrogate": "\udc80",
 }
 
@@ -271,7 +256,12 @@ async def test_a_bus_tap_recorder_survives_bad_events_and_records_to_the_end(
             recorder.attach(bus)
             bus.subscribe(Event, seen.append)
             for i in range(12):
-                bad = {0: {"p": Path("/p")}, 1: deep(3000), 2: {"big": 2**80}, 3: {"n": math.nan}}
+                bad = {
+                    0: {"p": Path("/p")},
+                    1: nested_dict(3000),
+                    2: {"big": 2**80},
+                    3: {"n": math.nan},
+                }
                 await bus.publish(report(-1, bad.get(i % 5, {"loss": 1.0}), time=0.0))
                 await bus.wait_idle()
                 clock.advance(0.3)
@@ -483,7 +473,7 @@ def test_a_record_nested_nearly_to_the_limit_decodes_on_a_deeper_stack(tmp_path:
     (a test, a framework) still decodes it, on a fresh thread's stack."""
     for name in FORMATS:
         path = tmp_path / name
-        events = [report(i, deep(d)) for i, d in enumerate((900, 940, 960))]
+        events = [report(i, nested_dict(d)) for i, d in enumerate((900, 940, 960))]
 
         def record(path: Path = path, events: list[Report] = events) -> None:
             with LogRecorder(path) as recorder:

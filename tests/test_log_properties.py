@@ -13,12 +13,12 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import struct
 from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
 import pytest
+from _builders import record_spans
 from hypothesis import HealthCheck, given, settings
 
 from eventbus import (
@@ -153,16 +153,6 @@ def same(a: Event, b: Event) -> bool:
         return encode_msgpack(a) == encode_msgpack(b)
     except (OverflowError, TypeError):
         return False
-
-
-def record_spans(data: bytes) -> list[tuple[int, int]]:
-    pos = 16 + struct.unpack_from("<I", data, 12)[0]
-    spans = []
-    while pos < len(data):
-        end = pos + 12 + struct.unpack_from("<I", data, pos + 4)[0]
-        spans.append((pos, end))
-        pos = end
-    return spans
 
 
 def line_spans(data: bytes) -> list[tuple[int, int]]:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 import anyio
 import pytest
+from _builders import nested_dict
 
 from eventbus import (
     Report,
@@ -375,11 +376,7 @@ async def test_a_report_the_log_cannot_hold_is_rejected_and_the_run_goes_on(
 
 
 async def test_a_dict_nested_far_too_deep_is_rejected_not_a_crash(tmp_path: Path) -> None:
-    deep: dict[str, Any] = {}
-    inner = deep
-    for _ in range(100_000):
-        inner["x"] = {}
-        inner = inner["x"]
+    deep = nested_dict(100_000)
     watcher = Watcher()
 
     async def worker(reporter: Reporter) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from _builders import nested_dict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +37,7 @@ from eventbus import Event, EventPlaceholder, Report, RunFinished, read_log
 from eventbus._bus import EMIT_HEADROOM
 from eventbus._lanes import MAX_BATCH
 from handlers import Reporter, RunResult, TrainRunContext, UserCallback, open_run
-from handlers._metric_values import metrics_problem
+from handlers._metric_values import MetricsError, freeze_metrics
 
 from ._figures import FIGURES
 
@@ -100,15 +101,6 @@ metrics = st.one_of(
     values,  # not even a dict, sometimes
     st.just("deep"),  # stands for a dict nested 10,000 deep (built in the worker)
 )
-
-
-def deep_dict(depth: int) -> dict[str, Any]:
-    root: dict[str, Any] = {}
-    inner = root
-    for _ in range(depth):
-        inner["x"] = {}
-        inner = inner["x"]
-    return root
 
 
 # --- what callbacks do -----------------------------------------------------------------------
@@ -245,7 +237,7 @@ async def adversarial_run(
     async def worker(reporter: Reporter) -> None:
         shared: dict[str, Any] = {}  # reused, and changed after each report
         for planned in reports:
-            value = deep_dict(10_000) if planned == "deep" else planned
+            value = nested_dict(10_000) if planned == "deep" else planned
             if isinstance(value, dict) and len(value) <= 2 and all(type(k) is str for k in value):
                 shared.clear()
                 shared.update(value)
@@ -307,7 +299,13 @@ async def adversarial_run(
 
 
 def _acceptable(value: Any) -> bool:
-    return value != "deep" and metrics_problem(value) is None
+    if value == "deep":
+        return False
+    try:
+        freeze_metrics(value)
+    except MetricsError:
+        return False
+    return True
 
 
 def _same(seen: Any, sent: Any) -> bool:
