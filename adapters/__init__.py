@@ -1,6 +1,15 @@
-"""adapters: the edges of the runtime (command line, Hugging Face Trainer, Ray Train).
+"""adapters: the edges where the runtime meets the outside.
 
-Third-party libraries are imported only here, lazily, behind extras.
+- ``adapters.transformers``: our callbacks, bus and state store behind a
+  Hugging Face ``TrainerCallback``, and HF's ``trainer_state.json`` format;
+- ``adapters.ray``: our callbacks and bus behind a Ray Train v2 ``UserCallback``;
+- ``adapters.cli``: the ``eventbus`` command line (the demo trainer, the
+  callback-overhead bench, and show / replay / convert / stats for logs).
+
+Both trainer adapters run the bus in a thread of its own, fed through a
+bounded hand-off (``adapters._bus_thread``). Third-party libraries
+(transformers, torch, ray, matplotlib) are imported only here, when the
+module or feature that needs them is used, and are installed as extras.
 """
 
 __all__: list[str] = []

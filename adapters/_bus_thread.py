@@ -28,6 +28,12 @@ A daemon thread of our own rather than ``start_blocking_portal``: leaving the
 portal joins its thread, so a callback stuck forever in a plain sync call
 would hang the trainer's process. Here ``close`` waits up to its deadline,
 then abandons the thread and says so.
+
+A callback that fails the run (``on_error="raise"``, or ``KeyboardInterrupt``
+or ``SystemExit`` raised in it) does so in the bus's thread, where nothing
+can stop the trainer. The bus is told to go on (its ``on_failure``), so that
+the run's end can still be delivered, and the failure is kept (``failure``)
+for the trainer's thread: ``adapters._threaded_run`` raises it there.
 """
 
 from __future__ import annotations
@@ -43,9 +49,10 @@ from typing import Any, Literal
 
 import anyio
 
-from eventbus import BusClosed, CloseReport, Event, EventBus, LogRecorder, get_logger
+from eventbus import BusClosed, CloseReport, Event, EventBus, get_logger
+from eventbus.log import LogRecorder
 
-__all__ = ["BusThread"]
+__all__ = ["Backend", "BusThread", "describe"]
 
 _log = get_logger("adapters.bus_thread")
 
@@ -137,6 +144,10 @@ class BusThread:
         self._ready = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
+        #: What failed the run in the bus's thread: a callback's ``on_error="raise"``
+        #: failure or interrupt (the bus went on), else why the thread ended early.
+        #: An attribute, not a property: the trainer's every hand-off reads it.
+        self.failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._in_hand: object = None  # the pump's current item
 
@@ -148,7 +159,7 @@ class BusThread:
 
     @property
     def error(self) -> BaseException | None:
-        """Why the bus thread ended early (a handler with ``on_error="raise"`` failed)."""
+        """Why the bus thread ended early (it failed to start, or broke)."""
         return self._error
 
     def start(self, timeout: float = 30.0) -> None:
@@ -281,7 +292,9 @@ class BusThread:
             anyio.run(self._main, backend=self.backend)
         except BaseException as exc:
             self._error = exc
-            _log.error("bus thread failed", thread=self.name, error=f"{type(exc).__name__}: {exc}")
+            if self.failure is None:
+                self.failure = exc
+            _log.error("bus thread failed", thread=self.name, error=describe(exc))
         finally:
             self._accepting = False
             self._done.set()
@@ -291,8 +304,14 @@ class BusThread:
                 if type(item) is _Barrier:
                     item.done.set()
 
+    def _failed_by(self, exc: BaseException) -> None:
+        """The bus's ``on_failure`` (called once, in its thread): keep ``exc`` for the
+        trainer's thread; the bus goes on, so the run's end is still delivered."""
+        self.failure = exc
+        _log.error("a callback failed the run", thread=self.name, error=describe(exc))
+
     async def _main(self) -> None:
-        bus = EventBus(**self._bus_options)
+        bus = EventBus(**self._bus_options, on_failure=self._failed_by)
         self.bus = bus
         recorder: LogRecorder | None = None
         try:
@@ -339,7 +358,7 @@ class BusThread:
                     item.done.set()
                 else:
                     return
-            except BusClosed:  # the bus failed (a handler with on_error="raise")
+            except BusClosed:  # the bus stopped on its own (it broke): nothing more to deliver
                 self._accepting = False
                 return
 
@@ -352,3 +371,11 @@ def _thread_safe_scheduler() -> Callable[[Callable[[], object]], object]:
         import trio  # a test extra: needed only on trio
 
         return trio.lowlevel.current_trio_token().run_sync_soon
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message``, even when the exception's ``__str__`` raises."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__

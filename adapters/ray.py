@@ -12,8 +12,11 @@ What it does. ``after_report(run_context, metrics, checkpoint)`` becomes one
 ``CheckpointSaved`` when Ray persisted a checkpoint; ``after_exception``
 becomes one ``WorkerFailure`` per failed rank. The events are handed to a bus
 in its own thread (``adapters._bus_thread``), so Ray's loop waits at most for
-a bounded hand-off, and every exception is caught here: one raised into Ray
-would abort the run as a ``ControllerError``.
+a bounded hand-off, and every exception of ours is caught here: one raised
+into Ray would abort the run as a ``ControllerError``. Except one: a callback
+that fails the run (``on_error="raise"``, or an interrupt raised in it) ends
+our run, ``after_run`` included, and its exception is raised into Ray's next
+hook, which then fails the run as a ``ControllerError``, as asked.
 
 Run start and end. A ``UserCallback`` has no such hooks, so the callback
 comes with a companion, ``lifecycle`` (a Ray ``ControllerCallback``): pass
@@ -26,11 +29,12 @@ the log. Without it the run starts at the first report and its end, with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Unpack
 
 import msgspec
 
@@ -43,28 +47,27 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     ) from _exc
 
 from eventbus import (
-    BusClosed,
     CheckpointSaved,
     CloseReport,
     Event,
     EventBus,
     Report,
-    RunFinished,
     RunStarted,
     WorkerFailure,
     get_logger,
 )
-from handlers import CallbackAttachment, attach_user_callbacks
+from handlers import RunStatus
+from handlers.wiring import CallbackAttachment, attach_user_callbacks
 
-from ._bus_thread import Backend, BusThread
+from ._bus_thread import describe
+from ._threaded_run import BusOptions, ThreadedAdapter, ThreadedRun, log_path
 
 __all__ = ["EventBusUserCallback", "RunLifecycleCallback", "recorded_logs"]
 
 _log = get_logger("adapters.ray")
 
-RunStatus = Literal["finished", "failed", "cancelled"]
 #: Attributes that exist only in the controller, never pickled.
-_RUNTIME = ("_thread", "_run_id", "_round", "_bus_lost", "_warned_lifecycle", "log_path")
+_RUNTIME = ("_round", "_warned_lifecycle", "log_path")
 
 
 def recorded_logs(storage_path: str | os.PathLike[str], name: str) -> list[Path]:
@@ -79,17 +82,18 @@ def recorded_logs(storage_path: str | os.PathLike[str], name: str) -> list[Path]
     )
 
 
-class EventBusUserCallback(UserCallback):  # type: ignore[misc]  # ray is untyped to mypy
+class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]  # untyped to mypy
     """Delivers Ray Train's reports and failures to ``callbacks`` (``handlers.UserCallback``s).
 
     ``record``: record the run's events, with ``True`` to
     ``<storage_path>/<name>/eventbus-<run_id>.msgpack`` (the run's storage,
     which must be a local or shared file system; see ``recorded_logs``), or
     to a given path.
-    ``period``, ``timeout``, ``budget`` and ``buffer`` configure the bus;
-    ``buffer`` also bounds the hand-off, which waits at most
-    ``handoff_timeout`` seconds (on Ray's loop) before it drops and counts
-    an event. Register ``lifecycle`` too (see the module docstring).
+    ``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``
+    (default 1 s: it is Ray's loop that waits), ``drain_timeout`` and
+    ``backend`` configure the bus and its hand-off
+    (``adapters._threaded_run.BusOptions``). Register ``lifecycle`` too (see
+    the module docstring).
     """
 
     def __init__(
@@ -97,34 +101,16 @@ class EventBusUserCallback(UserCallback):  # type: ignore[misc]  # ray is untype
         callbacks: Iterable[Any] = (),
         *,
         record: bool | str | os.PathLike[str] = True,
-        period: float = 2.0,
-        timeout: float = 30.0,
-        budget: float = 0.05,
-        buffer: int = 1024,
-        handoff_timeout: float = 1.0,
-        drain_timeout: float = 10.0,
-        backend: Backend = "asyncio",
+        **bus_options: Unpack[BusOptions],
     ) -> None:
         self.callbacks = list(callbacks)
         self.record = record if isinstance(record, bool) else os.fspath(record)
-        self.handoff_timeout = handoff_timeout
-        self.drain_timeout = drain_timeout
-        self.backend: Backend = backend
-        self.bus_options: dict[str, Any] = {
-            "period": period,
-            "timeout": timeout,
-            "budget": budget,
-            "buffer": buffer,
-            "drain_timeout": drain_timeout,
-        }
+        self._run = ThreadedRun("eventbus-ray-controller", {"handoff_timeout": 1.0, **bus_options})
         self.lifecycle = RunLifecycleCallback(self)
         self._reset()
 
     def _reset(self) -> None:
-        self._thread: BusThread | None = None
-        self._run_id = ""
         self._round = 0
-        self._bus_lost = False
         self._warned_lifecycle = False
         self.log_path: Path | None = None
 
@@ -140,35 +126,21 @@ class EventBusUserCallback(UserCallback):  # type: ignore[misc]  # ray is untype
         self.__dict__.update(state)
         self._reset()
 
-    # --- what users read (in the controller process) -------------------------------------
-
-    @property
-    def run_id(self) -> str:
-        return self._run_id
-
-    @property
-    def attachment(self) -> CallbackAttachment | None:
-        result = self._thread.setup_result if self._thread is not None else None
-        return result if isinstance(result, CallbackAttachment) else None
-
-    @property
-    def dropped(self) -> int:
-        return self._thread.dropped if self._thread is not None else 0
-
     # --- Ray's hooks (the controller's loop thread) -------------------------------------
 
     def after_report(
         self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any | None
     ) -> None:
-        try:
+        events: list[Event] = []
+        with _never_into_ray("after_report"):
             self._ensure_started(run_context, len(metrics))
             path = _checkpoint_path(checkpoint)
             index = self._round
             world_size = len(metrics)
             # Built first, handed off after: a bad entry must not leave a partial round.
-            events: list[Event] = [
+            events = [
                 Report(
-                    run_id=self._run_id,
+                    run_id=self.run_id,
                     rank=rank,
                     world_size=world_size,
                     index=index,
@@ -180,7 +152,7 @@ class EventBusUserCallback(UserCallback):  # type: ignore[misc]  # ray is untype
             if path is not None:
                 events.append(
                     CheckpointSaved(
-                        run_id=self._run_id,
+                        run_id=self.run_id,
                         checkpoint=path,
                         index=index,
                         ranks=tuple(range(world_size)),
@@ -188,37 +160,46 @@ class EventBusUserCallback(UserCallback):  # type: ignore[misc]  # ray is untype
                     )
                 )
             self._round = index + 1
-            for event in events:
-                self._handoff(event)
-        except Exception as exc:  # never into Ray: it would abort the run
-            _log.error("after_report not delivered", error=f"{type(exc).__name__}: {exc}")
+        for event in events:
+            self._run.handoff(event)  # a callback's failure of the run goes into Ray
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
-        try:
+        events: list[Event] = []
+        with _never_into_ray("after_exception"):
             self._ensure_started(run_context, None)
-            for rank, exc in sorted(worker_exceptions.items()):
-                self._handoff(WorkerFailure.from_exception(self._run_id, int(rank), exc))
-        except Exception as exc:
-            _log.error("after_exception not delivered", error=f"{type(exc).__name__}: {exc}")
+            events = [
+                WorkerFailure.from_exception(self.run_id, int(rank), exc)
+                for rank, exc in sorted(worker_exceptions.items())
+            ]
+        for event in events:
+            self._run.handoff(event)
 
     # --- the run ------------------------------------------------------------------------
 
     def start(self, run_context: Any, world_size: int | None = None) -> None:
         """Start the bus and publish ``RunStarted`` (the lifecycle companion calls this)."""
-        if self._thread is not None:
+        if self._run.thread is not None:
             return
-        self._run_id = str(run_context.run_id)
+        run_id = str(run_context.run_id)
         run_config = run_context.run_config
         name = str(run_config.name)
         workers = getattr(run_context.scaling_config, "num_workers", None)
         # 0 (unknown: an elastic range, say): the gatherer takes the first report's.
         size = workers if isinstance(workers, int) and workers > 0 else (world_size or 0)
         storage = _local_experiment_dir(run_config)
-        self.log_path = self._log_path(storage)
-        self._thread = self._start_bus(size)
-        self._handoff(
+        if self.record is True and storage is None:
+            _log.warning("no local storage path for the run: its event log is not recorded")
+        else:
+            self.log_path = log_path(self.record, storage or "", run_id)
+        callbacks = self.callbacks
+
+        def setup(bus: EventBus) -> CallbackAttachment:
+            return attach_user_callbacks(bus, callbacks, world_size=size or None)
+
+        self._run.start(setup, run_id=run_id, log=self.log_path)
+        self._run.handoff(
             RunStarted(
-                run_id=self._run_id,
+                run_id=run_id,
                 name=name,
                 world_size=size,
                 config=_json_config(run_context.train_loop_config, size),
@@ -228,17 +209,14 @@ class EventBusUserCallback(UserCallback):  # type: ignore[misc]  # ray is untype
         )
 
     def finish(self, status: RunStatus, error: str | None = None) -> CloseReport | None:
-        """Publish ``RunFinished``, drain the bus, close the log (bounded by ``drain_timeout``)."""
-        thread = self._thread
-        if thread is None or not thread.running:
-            return None
-        final = (
-            [] if self._bus_lost else [RunFinished(run_id=self._run_id, status=status, error=error)]
-        )
-        return thread.close(final, timeout=self.drain_timeout + 5.0)
+        """Publish ``RunFinished``, drain the bus, close the log (bounded by ``drain_timeout``).
+
+        A callback's failure of the run not raised into Ray yet is raised here.
+        """
+        return self._run.finish(status, error)
 
     def _ensure_started(self, run_context: Any, world_size: int | None) -> None:
-        if self._thread is None:
+        if self._run.thread is None:
             if not self._warned_lifecycle:
                 self._warned_lifecycle = True
                 _log.warning(
@@ -247,48 +225,14 @@ class EventBusUserCallback(UserCallback):  # type: ignore[misc]  # ray is untype
                 )
             self.start(run_context, world_size)
 
-    def _log_path(self, storage: str | None) -> Path | None:
-        if self.record is False:
-            return None
-        if self.record is True:
-            if storage is None:
-                _log.warning("no local storage path for the run: its event log is not recorded")
-                return None
-            return Path(storage, f"eventbus-{self._run_id}.msgpack")
-        return Path(self.record)
 
-    def _start_bus(self, world_size: int) -> BusThread:
-        callbacks = self.callbacks
-
-        def setup(bus: EventBus) -> CallbackAttachment:
-            return attach_user_callbacks(bus, callbacks, world_size=world_size or None)
-
-        thread = BusThread(
-            setup,
-            log=self.log_path,
-            run_id=self._run_id,
-            name="eventbus-ray-controller",
-            capacity=self.bus_options["buffer"],
-            handoff_timeout=self.handoff_timeout,
-            backend=self.backend,
-            **self.bus_options,
-        )
-        thread.start()
-        return thread
-
-    def _handoff(self, event: Event) -> None:
-        thread = self._thread
-        if thread is None or self._bus_lost:
-            return
-        try:
-            thread.handoff(event)
-        except BusClosed:
-            self._bus_lost = True
-            _log.error(
-                "the callbacks' bus stopped; the run goes on without our callbacks",
-                run_id=self._run_id,
-                error=repr(thread.error),
-            )
+@contextlib.contextmanager
+def _never_into_ray(hook: str) -> Iterator[None]:
+    """Our own errors are logged: raised into Ray, they would abort the run."""
+    try:
+        yield
+    except Exception as exc:
+        _log.error(f"{hook} not delivered", error=describe(exc))
 
 
 class RunLifecycleCallback(ControllerCallback):  # type: ignore[misc]  # ray is untyped to mypy
@@ -302,26 +246,21 @@ class RunLifecycleCallback(ControllerCallback):  # type: ignore[misc]  # ray is 
         self.owner = owner
 
     def after_controller_start(self, train_run_context: Any) -> None:
-        try:
+        with _never_into_ray("event bus start"):
             self.owner.start(train_run_context)
-        except Exception as exc:
-            _log.error("event bus not started", error=f"{type(exc).__name__}: {exc}")
 
     def after_controller_finish(self, result: Any) -> None:
-        try:
+        # The run is over: a callback's failure in its last moments is logged, not raised.
+        with _never_into_ray("event bus close"):
             error = getattr(result, "error", None)
             if error is None:
                 self.owner.finish("finished")
             else:
-                self.owner.finish("failed", f"{type(error).__name__}: {error}")
-        except Exception as exc:
-            _log.error("event bus not closed cleanly", error=f"{type(exc).__name__}: {exc}")
+                self.owner.finish("failed", describe(error))
 
     def before_controller_abort(self) -> None:
-        try:
+        with _never_into_ray("event bus close"):
             self.owner.finish("cancelled", "the run was aborted")
-        except Exception as exc:
-            _log.error("event bus not closed cleanly", error=f"{type(exc).__name__}: {exc}")
 
 
 def _checkpoint_path(checkpoint: Any | None) -> str | None:

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+from _harness import time_publishing
 
 from eventbus import EventBus, Report
 
@@ -85,12 +86,7 @@ async def through_bus(
     async with EventBus(buffer=1024, timeout=deadline_s, budget=1.0) as bus:
         for fn in fns:
             bus.subscribe(Report, fn, mode=mode)  # type: ignore[arg-type]
-        publish = bus.publish
-        start = time.perf_counter()
-        for event in events:
-            await publish(event)
-        await bus.wait_idle()
-        elapsed = time.perf_counter() - start
+        elapsed = await time_publishing(bus, events)
     return elapsed
 
 

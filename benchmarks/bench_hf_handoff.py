@@ -37,6 +37,7 @@ for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETR
 import anyio  # noqa: E402
 import anyio.from_thread  # noqa: E402
 import transformers  # noqa: E402
+from _harness import CountRounds  # noqa: E402
 from transformers.trainer_callback import (  # noqa: E402
     CallbackHandler,
     TrainerCallback,
@@ -46,7 +47,6 @@ from transformers.trainer_callback import (  # noqa: E402
 
 from adapters.transformers import EventBusCallback  # noqa: E402
 from eventbus import EventBus, Report  # noqa: E402
-from handlers import TrainRunContext, UserCallback  # noqa: E402
 
 TARGET_US = 20.0
 LOGS = {"loss": 0.25, "grad_norm": 1.5, "learning_rate": 5e-05, "epoch": 0.5}
@@ -58,16 +58,6 @@ class TrivialHF(TrainerCallback):  # type: ignore[misc]  # transformers is untyp
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
         self.calls += 1
-
-
-class Trivial(UserCallback):
-    def __init__(self) -> None:
-        self.rounds = 0
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds += 1
 
 
 def handler_for(callback: Any) -> Any:
@@ -110,7 +100,7 @@ def measure(calls: int, burst: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
 
     # Ours: EventBusCallback with one trivial UserCallback behind it.
-    trivial = Trivial()
+    trivial = CountRounds()
     ours = EventBusCallback([trivial], state=False)
     ours.on_train_begin(args, state, control)
     ours_handler = handler_for(ours)

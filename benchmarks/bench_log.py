@@ -35,17 +35,10 @@ from typing import Any
 import anyio
 import msgspec
 
-from eventbus import (
-    Event,
-    EventBus,
-    LogReader,
-    LogRecorder,
-    Report,
-    VirtualClock,
-    replay,
-)
-from eventbus._codec import _decoder
-from eventbus._logformat import LOG_FORMAT_VERSION, RECORD_LENGTH
+from eventbus import Event, EventBus, Report, VirtualClock
+from eventbus._codec import decoder_for
+from eventbus.log import LOG_FORMAT_VERSION, LogReader, LogRecorder, replay
+from eventbus.log._format import RECORD_LENGTH
 
 #: Format version 1 frames a record with its length (4 bytes); version 2 with a
 #: marker, a length check, the length and a CRC-32 (12 bytes, the length at byte 4).
@@ -107,8 +100,12 @@ def write_log(path: Path, n: int, chunk: int = 100_000) -> None:
     """``n`` events in ``path`` (JSON Lines for a ``.jsonl`` name)."""
     with LogRecorder(path, fsync="never", batch_bytes=1 << 20) as recorder:
         for start in range(0, n, chunk):
-            for i, event in enumerate(make_events(min(chunk, n - start))):
-                recorder.record(msgspec.structs.replace(event, seq=start + i, time=1.0 + i * 1e-3))
+            recorder.write_many(
+                [
+                    msgspec.structs.replace(event, seq=start + i, time=1.0 + i * 1e-3)
+                    for i, event in enumerate(make_events(min(chunk, n - start)))
+                ]
+            )
 
 
 def read_all(path: Path) -> tuple[float, int]:
@@ -130,7 +127,7 @@ def decode_floor(path: Path) -> float:
         size = RECORD_LENGTH.unpack_from(data, pos + LENGTH_AT)[0]
         payloads.append(data[pos + FRAME : pos + FRAME + size])
         pos += FRAME + size
-    decode = _decoder("msgpack").decode
+    decode = decoder_for("msgpack").decode
     start = time.perf_counter()
     for payload in payloads:
         decode(payload)

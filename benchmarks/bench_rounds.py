@@ -28,22 +28,14 @@ import time
 from typing import Any
 
 import anyio
+from _harness import CountRounds, time_publishing
 
 from eventbus import EventBus, Report
-from handlers import ReportCallbackHandler, TrainRunContext, UserCallback, attach_user_callbacks
+from handlers import ReportCallbackHandler, TrainRunContext
+from handlers.wiring import attach_user_callbacks
 
 CALLBACKS = 2
 TARGET_US = 2.0
-
-
-class Noop(UserCallback):
-    def __init__(self) -> None:
-        self.rounds = 0
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds += 1
 
 
 def make_reports(world_size: int, rounds: int) -> list[Report]:
@@ -77,7 +69,7 @@ def make_reports(world_size: int, rounds: int) -> list[Report]:
 
 
 def floor(world_size: int, rounds: int) -> float:
-    callbacks = [Noop() for _ in range(CALLBACKS)]
+    callbacks = [CountRounds() for _ in range(CALLBACKS)]
     context = TrainRunContext(run_id="bench", name="bench", world_size=world_size)
     metrics = [{"loss": 0.5, "step": 0} for _ in range(world_size)]
     start = time.perf_counter()
@@ -88,9 +80,9 @@ def floor(world_size: int, rounds: int) -> float:
 
 
 def gather_only(world_size: int, events: list[Report]) -> float:
-    callbacks = [Noop() for _ in range(CALLBACKS)]
+    callbacks = [CountRounds() for _ in range(CALLBACKS)]
     handler = ReportCallbackHandler(callbacks, world_size=world_size)
-    handle = handler.on_report  # what the bus calls
+    handle = handler.handle  # what the bus calls
     start = time.perf_counter()
     for event in events:
         handle(event)
@@ -100,15 +92,10 @@ def gather_only(world_size: int, events: list[Report]) -> float:
 
 
 async def through_bus(world_size: int, events: list[Report]) -> float:
-    callbacks = [Noop() for _ in range(CALLBACKS)]
+    callbacks = [CountRounds() for _ in range(CALLBACKS)]
     async with EventBus(timeout=30.0, period=3600.0, budget=1.0) as bus:  # no budget warnings
         attach_user_callbacks(bus, callbacks, world_size=world_size)
-        publish = bus.publish
-        start = time.perf_counter()
-        for event in events:
-            await publish(event)
-        await bus.wait_idle()
-        elapsed = time.perf_counter() - start
+        elapsed = await time_publishing(bus, events)
     assert callbacks[0].rounds == len(events) // world_size
     return elapsed
 

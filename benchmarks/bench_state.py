@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eventbus import CallbackState, StateStore
+from eventbus.state import CallbackState, StateStore
 
 TARGET_MS = 10.0
 

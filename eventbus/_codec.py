@@ -22,7 +22,7 @@ from typing import Any, Union
 
 import msgspec
 
-from ._events import Event, event_types
+from ._events import Event, event_types, registry, tag_of
 
 __all__ = [
     "EventDecodeError",
@@ -52,38 +52,32 @@ _NONFINITE_FLOAT64 = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]")
 
 def event_union() -> Any:
     """The tagged union of every event class defined so far (rebuilt when one is added)."""
-    if _unions and _unions[0][0] == Event._generation:
+    if _unions and _unions[0][0] == registry.generation:
         return _unions[0][1]
     types = event_types()
     union = types[0] if len(types) == 1 else Union[types]  # noqa: UP007 (runtime union)
-    _unions[:] = [(Event._generation, union)]
+    _unions[:] = [(registry.generation, union)]
     return union
 
 
-def _decoder(kind: str) -> Any:
+def decoder_for(kind: str) -> Any:
+    """The decoder of every event type defined so far (rebuilt when one is added)."""
     cached = _decoders.get(kind)
-    if cached is not None and cached[0] == Event._generation:
+    if cached is not None and cached[0] == registry.generation:
         return cached[1]
     union = event_union()
     decoder = msgspec.msgpack.Decoder(union) if kind == "msgpack" else msgspec.json.Decoder(union)
-    _decoders[kind] = (Event._generation, decoder)
+    _decoders[kind] = (registry.generation, decoder)
     return decoder
 
 
 def known_tags() -> frozenset[str]:
     """The tags of every event class defined so far (cached until one is added)."""
-    if _tags and _tags[0][0] == Event._generation:
+    if _tags and _tags[0][0] == registry.generation:
         return _tags[0][1]
     tags = frozenset(tag_of(cls) for cls in event_types())
-    _tags[:] = [(Event._generation, tags)]
+    _tags[:] = [(registry.generation, tags)]
     return tags
-
-
-def tag_of(cls: type) -> str:
-    """The ``type`` tag an event class is written with."""
-    config = getattr(cls, "__struct_config__", None)
-    tag = getattr(config, "tag", None)
-    return str(tag) if tag is not None else cls.__name__
 
 
 def event_modules() -> dict[str, str]:
@@ -150,7 +144,7 @@ def loads_json_nonfinite(data: bytes | bytearray | memoryview | str) -> Any:
 def decode_msgpack(data: bytes | bytearray | memoryview) -> Event:
     """Decode one msgpack event; raises ``EventDecodeError`` on anything invalid."""
     try:
-        event: Event = _decoder("msgpack").decode(data)
+        event: Event = decoder_for("msgpack").decode(data)
     except msgspec.DecodeError as exc:
         raise EventDecodeError(f"invalid event: {exc}") from exc
     except RecursionError:
@@ -164,7 +158,7 @@ def decode_json(data: bytes | str) -> Event:
     Accepts the ``NaN``/``Infinity``/``-Infinity`` tokens ``encode_json`` writes.
     """
     try:
-        event: Event = _decoder("json").decode(data)
+        event: Event = decoder_for("json").decode(data)
     except msgspec.DecodeError as exc:
         if may_hold_nonfinite(data):
             try:

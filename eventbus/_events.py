@@ -1,4 +1,4 @@
-"""Event types: one tagged union of frozen msgspec structs.
+"""Event types: one tagged union of frozen msgspec structs, every event of the project.
 
 Every message on the bus, in a log or on the wire is an ``Event`` subclass, so
 it decodes to exactly one class by its ``type`` tag, and anything unknown or
@@ -9,37 +9,15 @@ Exceptions travel as type name, message and traceback text: never pickled.
 from __future__ import annotations
 
 import traceback as _traceback
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import msgspec
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "BudgetReport",
-    "CheckpointMismatch",
-    "CheckpointSaved",
-    "Event",
-    "EventPlaceholder",
-    "HandlerFailed",
-    "HandlerStateChanged",
-    "HandlerTimedOut",
-    "HandlerUsage",
-    "HealthCheckTick",
-    "Report",
-    "ReportRejected",
-    "RunFinished",
-    "RunStarted",
-    "StateRestored",
-    "StateSnapshotted",
-    "WorkerFailure",
-    "WorkerGroupRestarted",
-    "event_types",
-]
-
 #: Bumped whenever an event changes shape incompatibly; logs carry it.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Metrics = dict[str, Any]
+RunStatus = Literal["finished", "failed", "cancelled"]
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
@@ -54,19 +32,70 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tru
     seq: int = -1
     time: float = 0.0
 
-    _registry: ClassVar[dict[str, type[Event]]] = {}
-    _generation: ClassVar[int] = 0
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # Every subclass joins the union that codecs decode, user events included.
-        Event._registry[cls.__name__] = cls
-        Event._generation += 1
+        registry.add(cls)
+
+
+class EventRegistry:
+    """Every event class, keyed by module-qualified name; each ``type`` tag names one.
+
+    Every subclass of ``Event`` joins the union that codecs decode, user
+    events included. A second class with the tag of another (say a user's own
+    ``Report``) would make every recorded event of that tag decode as the
+    wrong class, dropping fields, so it is refused: ``TypeError`` naming both,
+    and the newcomer is left out. Defining the same class again (a module
+    reloaded, a class made in a function called twice) replaces it.
+
+    A class's tag is known only once msgspec has made the class, after
+    ``__init_subclass__``; so new classes wait in ``pending`` until the union
+    is next needed (a decoder built, a log opened, ``event_types()``). (A
+    metaclass could check at once, but msgspec then builds every instance on
+    its slow path: three times the cost of each event.) ``generation`` counts
+    changes, for caches of the union.
+    """
+
+    def __init__(self) -> None:
+        self._classes: dict[str, type[Event]] = {}
+        self._owners: dict[str, str] = {}
+        self._pending: list[type[Event]] = []
+        self.generation = 0
+
+    def add(self, cls: type[Event]) -> None:
+        self._pending.append(cls)
+        self.generation += 1
+
+    def classes(self) -> tuple[type[Event], ...]:
+        """Every event class, the pending ones checked and added first."""
+        while self._pending:
+            cls = self._pending.pop(0)
+            key = f"{cls.__module__}.{cls.__qualname__}"
+            tag = tag_of(cls)
+            owner = self._owners.get(tag)
+            if owner is not None and owner != key:
+                raise TypeError(
+                    f"event type tag {tag!r} of {key} is already taken by {owner}: a log "
+                    f"could not tell them apart; rename the class or give it its own tag: "
+                    f'class {cls.__name__}(Event, tag="yourpackage.{cls.__name__}")'
+                )
+            self._owners[tag] = key
+            self._classes[key] = cls
+        return tuple(self._classes.values())
+
+
+registry = EventRegistry()
+
+
+def tag_of(cls: type) -> str:
+    """The ``type`` tag an event class is written with (its name, unless given one)."""
+    config = getattr(cls, "__struct_config__", None)
+    tag = getattr(config, "tag", None)
+    return str(tag) if tag is not None else cls.__name__
 
 
 def event_types() -> tuple[type[Event], ...]:
     """All event classes defined so far (the tagged union that logs decode)."""
-    return tuple(Event._registry.values())
+    return registry.classes()
 
 
 # --- training events ---------------------------------------------------------
@@ -160,7 +189,7 @@ class RunStarted(Event, frozen=True, kw_only=True):
 
 class RunFinished(Event, frozen=True, kw_only=True):
     run_id: str
-    status: Literal["finished", "failed", "cancelled"]
+    status: RunStatus
     error: str | None = None
 
 
@@ -288,3 +317,97 @@ class StateRestored(Event, frozen=True, kw_only=True):
     warnings: tuple[str, ...] = ()
     #: Classes whose saved and live instance counts differ: ``"Class: N saved, M live"``.
     mismatched: tuple[str, ...] = ()
+
+
+# --- what training callbacks are told ----------------------------------------------
+# The gathering (``handlers``) derives these from the events above: a round
+# once every required rank reported, a period's failures, the run's start
+# and end. Each carries the run's context, so a callback subscribes to its
+# event like any handler and needs nothing else.
+
+
+class TrainRunContext(msgspec.Struct, frozen=True, kw_only=True):
+    """Immutable facts about one run, given to every callback call.
+
+    ``start_time`` is wall-clock seconds since the epoch when known (from
+    ``RunStarted``), else the bus time of the first event of the run.
+    """
+
+    run_id: str
+    name: str
+    world_size: int
+    config: dict[str, Any] = msgspec.field(default_factory=dict)
+    storage: str | None = None
+    start_time: float = 0.0
+
+    @classmethod
+    def from_started(cls, event: RunStarted) -> TrainRunContext:
+        return cls(
+            run_id=event.run_id,
+            name=event.name,
+            world_size=event.world_size,
+            config=dict(event.config),
+            storage=event.storage,
+            start_time=event.wall_time or event.time,
+        )
+
+    @classmethod
+    def from_event(cls, event: Event) -> TrainRunContext:
+        """A context for a run whose ``RunStarted`` was never seen (a partial log)."""
+        run_id = str(getattr(event, "run_id", "") or "run")
+        return cls(
+            run_id=run_id,
+            name=run_id,
+            world_size=int(getattr(event, "world_size", 0) or 0),
+            start_time=float(event.time),
+        )
+
+
+class RunResult(msgspec.Struct, frozen=True, kw_only=True):
+    """How a run ended, given to ``after_run``."""
+
+    run_id: str
+    status: RunStatus
+    error: str | None = None
+    rounds: int = 0
+    reports: int = 0
+    rejected: int = 0
+    failures: int = 0
+    restarts: int = 0
+    last_checkpoint: str | None = None
+
+
+class RunBegan(Event, frozen=True, kw_only=True):
+    """The run began: ``before_run`` is due, before anything else of the run."""
+
+    context: TrainRunContext
+
+
+class RoundGathered(Event, frozen=True, kw_only=True):
+    """One report round: ``metrics[i]`` from the i-th required rank; ``after_report`` is due.
+
+    The dicts in ``metrics`` are read-only (``FrozenDict``), shared by every
+    callback: none sees another's edits.
+    """
+
+    context: TrainRunContext
+    round: int
+    #: The required ranks, in order: ``metrics[i]`` is rank ``ranks[i]``'s.
+    ranks: tuple[int, ...]
+    metrics: list[dict[str, Any]]
+    checkpoint: str | None = None
+
+
+class FailuresGathered(Event, frozen=True, kw_only=True):
+    """Worker failures of one health-check period; ``after_exception`` is due."""
+
+    context: TrainRunContext
+    index: int
+    failures: tuple[WorkerFailure, ...]
+
+
+class RunEnded(Event, frozen=True, kw_only=True):
+    """``after_run`` is due: every other gathered event of the run came before it."""
+
+    context: TrainRunContext
+    result: RunResult

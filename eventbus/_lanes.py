@@ -1,63 +1,72 @@
-"""Runners besides the dispatcher: lanes, and the guards the watchdog reads.
+"""Lanes: a handler's own task and bounded FIFO, so a slow handler delays only itself.
 
-A lane gives one handler its own task and bounded FIFO, so a slow handler
-delays only itself; a guard tells the bus's single watchdog what a runner is
-awaiting, so no cancel scope is needed per call.
+A lane knows nothing of the bus. The dispatcher ``put``s batches into it;
+the lane's task takes them out in order and hands them to its own
+``Runner``. What the lane must tell others comes in as callables: that
+deliveries left the dispatcher's hands (``handed``), that it went idle
+(``idle``), and that it ended (``ended``).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import anyio
 
-if TYPE_CHECKING:
-    from ._bus import EventBus
-    from ._events import Event
-    from ._subscription import Subscription
+from ._events import Event
+from ._runners import Runner
+from ._subscription import Subscription
 
-__all__ = ["MAX_BATCH", "Guard", "Lane"]
+__all__ = ["MAX_BATCH", "Lane"]
 
 #: At most this many events are handed to a handler as one batch.
 MAX_BATCH = 1024
 
 
-class Guard:
-    """What one runner (the dispatcher or a lane) is awaiting, for the watchdog."""
-
-    __slots__ = ("pending", "progress", "scope", "seen_at", "seen_progress", "seen_scope", "sub")
-
-    def __init__(self) -> None:
-        self.sub: Subscription | None = None
-        self.scope: anyio.CancelScope | None = None
-        self.progress = 0
-        #: Events of the batch being run that are neither handled nor skipped yet.
-        self.pending = 0
-        self.seen_scope: anyio.CancelScope | None = None
-        self.seen_progress = -1
-        self.seen_at = 0.0
-
-
 class Lane:
-    """A handler's own task and bounded FIFO: a slow handler delays only itself."""
+    """One lane-mode subscription's queue and the task that empties it."""
 
-    __slots__ = ("bus", "capacity", "guard", "queue", "room", "sleeping", "sub", "wake")
+    __slots__ = (
+        "_closed",
+        "_ended",
+        "_handed",
+        "_idle",
+        "_room",
+        "_runner",
+        "_sleeping",
+        "_sub",
+        "_wake",
+        "capacity",
+        "queue",
+    )
 
-    def __init__(self, bus: EventBus, sub: Subscription, capacity: int) -> None:
-        self.bus = bus
-        self.sub = sub
+    def __init__(
+        self,
+        sub: Subscription,
+        runner: Runner,
+        capacity: int,
+        *,
+        handed: Callable[[int], None],
+        idle: Callable[[], None],
+        ended: Callable[[Subscription], None],
+    ) -> None:
+        self._sub = sub
+        self._runner = runner
         self.capacity = capacity
         self.queue: deque[Event] = deque()
-        self.wake = anyio.Event()
-        self.room: anyio.Event | None = None
-        self.sleeping = False
-        self.guard = Guard()
-        bus._guards.append(self.guard)
+        self._handed = handed
+        self._idle = idle
+        self._ended = ended
+        self._wake = anyio.Event()
+        self._room: anyio.Event | None = None
+        self._sleeping = False
+        self._closed = False
 
     @property
     def queued(self) -> int:
-        return len(self.queue) + self.guard.pending
+        """Deliveries not made yet: waiting in the queue, or in the batch being run."""
+        return len(self.queue) + self._runner.pending
 
     async def put(self, events: list[Event]) -> None:
         """Queue ``events``, waiting for room; each one leaves the dispatcher's
@@ -67,36 +76,44 @@ class Lane:
             room = self.capacity - len(queue)
             if room > 0:
                 queue.extend(events[:room])
-                self.bus._in_hand -= room
+                self._handed(room)
                 events = events[room:]
-                self._wake()
-            self.room = anyio.Event()
-            await self.room.wait()
+                self._wake_up()
+            self._room = anyio.Event()
+            await self._room.wait()
         queue.extend(events)
-        self.bus._in_hand -= len(events)
-        self._wake()
+        self._handed(len(events))
+        self._wake_up()
 
-    def _wake(self) -> None:
-        if self.sleeping:
-            self.sleeping = False
-            self.wake.set()
+    def close(self) -> None:
+        """The subscription was cancelled: end the task once the queue is empty
+        (what is left in it is skipped, as the runner sees the subscription inactive)."""
+        self._closed = True
+        self._wake_up()
+
+    def _wake_up(self) -> None:
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.set()
 
     async def run(self) -> None:
         queue = self.queue
-        bus = self.bus
+        run = self._runner.run
+        sub = self._sub
         while True:
             if not queue:
-                if not self.sub.active:
-                    bus._guards.remove(self.guard)
+                if self._closed:
+                    self._runner.close()
+                    self._ended(sub)
                     return
-                self.sleeping = True
-                self.wake = anyio.Event()
-                bus._maybe_idle()
-                await self.wake.wait()
+                self._sleeping = True
+                self._wake = anyio.Event()
+                self._idle()
+                await self._wake.wait()
                 continue
             n = min(len(queue), MAX_BATCH)
             batch = [queue.popleft() for _ in range(n)]
-            if self.room is not None:
-                self.room.set()
-                self.room = None
-            await bus._run(self.sub, batch, self.guard)
+            if self._room is not None:
+                self._room.set()
+                self._room = None
+            await run(sub, batch)

@@ -1,32 +1,59 @@
-"""A handler registered on the bus, with its policy and its running figures.
+"""A handler registered on the bus: what it asked for, and what it has cost.
 
-Counters live as plain slot attributes on the subscription so the dispatch
-loop updates them with one attribute store each, never through a dict.
+A ``Subscription`` is the handler's configuration (event types, order, mode,
+deadline, policies, budget) and its state (normal, coalescing, disabled).
+Its counters live apart, in ``Figures``: a slotted object that the runners
+update with one attribute store each, once per batch, never through a dict.
+
+A subscription does not know the bus. ``cancel()``, ``enable()`` and its
+queued count go through the small ``Owner`` interface it is given, so the
+registry that keeps it decides what they mean.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Literal, Protocol
 
 import msgspec
 
-if TYPE_CHECKING:
-    from ._bus import EventBus
-    from ._events import Event
-    from ._lanes import Lane
+from ._events import Event
 
-__all__ = ["DeliveryMode", "ErrorPolicy", "OverBudgetPolicy", "Subscription", "SubscriptionStats"]
+__all__ = [
+    "CALIBRATION_CALLS",
+    "FAST_CALL",
+    "DeliveryMode",
+    "ErrorPolicy",
+    "Figures",
+    "HandlerState",
+    "OverBudgetPolicy",
+    "Owner",
+    "Subscription",
+    "SubscriptionStats",
+    "handler_name",
+    "is_async_callable",
+]
 
 DeliveryMode = Literal["inline", "lane"]
 ErrorPolicy = Literal["log", "raise", "disable"]
 OverBudgetPolicy = Literal["warn", "coalesce", "disable"]
 HandlerState = Literal["normal", "coalescing", "disabled"]
 
+#: A handler whose mean call time is below this is timed per batch, not per call:
+#: below it, reading the clock would cost as much as the call itself.
+FAST_CALL = 2e-6
+#: Calls timed one by one before a handler may switch to per-batch timing.
+CALIBRATION_CALLS = 256
+
 
 class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
-    """Lifetime figures of one subscription."""
+    """Lifetime figures of one subscription.
+
+    ``total`` is the time spent in the handler over its life and ``max`` its
+    longest call, in seconds (for a handler cheap enough to be timed per
+    batch, the mean call of the batch stands in for its longest).
+    """
 
     name: str
     mode: DeliveryMode
@@ -36,9 +63,127 @@ class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
     skipped: int
     queued: int
     state: HandlerState
+    total: float = 0.0
+    max: float = 0.0
 
 
-def _is_async_callable(handler: Callable[..., Any]) -> bool:
+class Figures:
+    """What one handler has cost, over its life and in the current health-check
+    period (``p_*``), and how its next calls are timed.
+
+    The lifetime time totals are not added per call: a period's total is
+    folded into them when the period closes, and ``total``/``max`` add the
+    open period when asked.
+    """
+
+    __slots__ = (
+        "calls",
+        "closed_max",
+        "closed_total",
+        "failed",
+        "faults",
+        "fine_calls",
+        "fine_total",
+        "p_calls",
+        "p_faults",
+        "p_max",
+        "p_skipped",
+        "p_timeouts",
+        "p_total",
+        "per_call",
+        "skipped",
+        "timed_out",
+    )
+
+    def __init__(self) -> None:
+        # Lifetime.
+        self.calls = 0
+        self.failed = 0
+        self.timed_out = 0
+        self.skipped = 0
+        self.faults = 0  # faults since the handler was last (re-)enabled
+        self.closed_total = 0.0  # time in the handler in the periods closed so far
+        self.closed_max = 0.0
+        # Current health-check period.
+        self.p_calls = 0
+        self.p_total = 0.0
+        self.p_max = 0.0
+        self.p_timeouts = 0
+        self.p_faults = 0
+        self.p_skipped = 0
+        # Timing mode: per call (exact) until calls prove cheap, then per batch.
+        self.per_call = True
+        self.fine_calls = 0
+        self.fine_total = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.closed_total + self.p_total
+
+    @property
+    def max(self) -> float:
+        return self.closed_max if self.closed_max >= self.p_max else self.p_max
+
+    def add_batch(self, calls: int, total: float, longest: float, *, timed_per_call: bool) -> None:
+        """Add one batch's figures; decide how the handler's next calls are timed."""
+        self.calls += calls
+        self.p_calls += calls
+        self.p_total += total
+        if longest > self.p_max:
+            self.p_max = longest
+        if timed_per_call:
+            self.fine_calls += calls
+            self.fine_total += total
+            if self.fine_calls >= CALIBRATION_CALLS:
+                self.per_call = self.fine_total / self.fine_calls >= FAST_CALL
+                self.fine_calls = 0
+                self.fine_total = 0.0
+        elif calls and total / calls >= FAST_CALL:
+            self.per_call = True
+
+    def add_failure(self) -> int:
+        """A call raised; returns the period's count (the policy logs the first)."""
+        self.failed += 1
+        self.p_faults += 1
+        return self.p_faults
+
+    def add_timeout(self) -> int:
+        """A call overran its deadline; returns the period's count."""
+        self.timed_out += 1
+        self.p_timeouts += 1
+        return self.p_timeouts
+
+    def add_fault(self) -> int:
+        """A failure or a timeout, towards ``max_faults``; returns the count since the
+        handler was last (re-)enabled."""
+        self.faults += 1
+        return self.faults
+
+    def skip(self, count: int) -> None:
+        """``count`` deliveries were not made (disabled, coalesced, or cut short)."""
+        self.skipped += count
+        self.p_skipped += count
+
+    def close_period(self) -> None:
+        """Fold the period's time into the lifetime totals and start a new period."""
+        self.closed_total += self.p_total
+        if self.p_max > self.closed_max:
+            self.closed_max = self.p_max
+        self.p_calls = self.p_timeouts = self.p_faults = self.p_skipped = 0
+        self.p_total = self.p_max = 0.0
+
+
+class Owner(Protocol):
+    """What a subscription asks of whoever keeps it (the bus's registry)."""
+
+    def cancel(self, sub: Subscription) -> None: ...
+
+    def enable(self, sub: Subscription) -> None: ...
+
+    def queued(self, sub: Subscription) -> int: ...
+
+
+def is_async_callable(handler: Callable[..., Any]) -> bool:
     if inspect.iscoroutinefunction(handler):
         return True
     call = getattr(handler, "__call__", None)  # noqa: B004 (async __call__ on objects)
@@ -53,52 +198,72 @@ def handler_name(handler: Callable[..., Any]) -> str:
     return f"{module}.{qualname}" if module else qualname
 
 
+def _checked_types(
+    event_types: type[Event] | Iterable[type[Event]],
+    handler: Callable[[Any], Any],
+    *,
+    mode: str,
+    timeout: float,
+    on_error: str,
+    max_faults: int,
+    budget: float | None,
+    over_budget: str,
+) -> tuple[type[Event], ...]:
+    """Refuse a bad ``subscribe`` call before anything is registered; the event types."""
+    types = (event_types,) if isinstance(event_types, type) else tuple(event_types)
+    if not types or not all(isinstance(t, type) and issubclass(t, Event) for t in types):
+        raise TypeError(f"event_types must be Event subclasses, got {event_types!r}")
+    if not callable(handler):
+        raise TypeError(f"handler must be callable, got {handler!r}")
+    if mode not in ("inline", "lane"):
+        raise ValueError(f"mode must be 'inline' or 'lane', got {mode!r}")
+    if on_error not in ("log", "raise", "disable"):
+        raise ValueError(f"on_error must be 'log', 'raise' or 'disable', got {on_error!r}")
+    if over_budget not in ("warn", "coalesce", "disable"):
+        raise ValueError(
+            f"over_budget must be 'warn', 'coalesce' or 'disable', got {over_budget!r}"
+        )
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    if budget is not None and not 0 < budget <= 1:
+        raise ValueError(f"budget is a share of the period, in (0, 1], got {budget}")
+    if max_faults < 1:
+        raise ValueError(f"max_faults must be at least 1, got {max_faults}")
+    return types
+
+
 class Subscription:
     """One handler on one bus. ``cancel()`` stops deliveries from the next batch on."""
 
     __slots__ = (
-        "_bus",
+        "_owner",
         "active",
         "barrier",
         "blocking",
         "budget",
-        "calls",
-        "failed",
-        "faults",
-        "fine_calls",
-        "fine_total",
+        "figures",
         "handler",
         "index",
         "is_async",
-        "lane",
         "max_faults",
         "mode",
         "name",
         "on_error",
         "order",
         "over_budget",
-        "p_calls",
-        "p_faults",
-        "p_max",
-        "p_skipped",
-        "p_timeouts",
-        "p_total",
-        "per_call",
-        "skipped",
         "state",
         "state_reason",
-        "timed_out",
         "timeout",
         "types",
     )
 
     def __init__(
         self,
-        bus: EventBus,
-        types: tuple[type[Event], ...],
+        owner: Owner,
+        event_types: type[Event] | Iterable[type[Event]],
         handler: Callable[..., Any],
         *,
-        name: str,
+        name: str | None,
         index: int,
         order: int,
         mode: DeliveryMode,
@@ -110,10 +275,19 @@ class Subscription:
         over_budget: OverBudgetPolicy,
         barrier: bool = False,
     ) -> None:
-        self._bus = bus
-        self.types = types
+        self.types = _checked_types(
+            event_types,
+            handler,
+            mode=mode,
+            timeout=timeout,
+            on_error=on_error,
+            max_faults=max_faults,
+            budget=budget,
+            over_budget=over_budget,
+        )
+        self._owner = owner
         self.handler = handler
-        self.name = name
+        self.name = name = name or handler_name(handler)
         self.index = index
         self.order = order
         self.mode: DeliveryMode = mode
@@ -121,59 +295,61 @@ class Subscription:
         self.on_error: ErrorPolicy = on_error
         self.max_faults = max_faults
         self.blocking = blocking
-        self.is_async = _is_async_callable(handler)
+        self.is_async = is_async_callable(handler)
+        if blocking and self.is_async:
+            raise ValueError(f"{name}: blocking=True is for sync handlers; this one is async")
         self.budget = budget
         self.over_budget: OverBudgetPolicy = over_budget
         self.barrier = barrier
-        self.lane: Lane | None = None
         self.active = True
         self.state: HandlerState = "normal"
         self.state_reason = ""
-        # Lifetime counters.
-        self.calls = 0
-        self.failed = 0
-        self.timed_out = 0
-        self.skipped = 0
-        self.faults = 0  # faults since the handler was last (re-)enabled
-        # Current health-check period.
-        self.p_calls = 0
-        self.p_total = 0.0
-        self.p_max = 0.0
-        self.p_timeouts = 0
-        self.p_faults = 0
-        self.p_skipped = 0
-        # Timing mode: per call (exact) until calls prove cheap, then per batch.
-        self.per_call = True
-        self.fine_calls = 0
-        self.fine_total = 0.0
-
-    def matches(self, event_type: type[Event]) -> bool:
-        return issubclass(event_type, self.types)
+        self.figures = Figures()
 
     def cancel(self) -> None:
         """Stop delivering to this handler (events it is handling now still finish)."""
         if self.active:
             self.active = False
-            self._bus._unsubscribe(self)
+            self._owner.cancel(self)
 
     def enable(self) -> None:
         """Resume deliveries to a handler that was disabled by faults or budget."""
-        self._bus._set_state(self, "normal", "enabled by the user")
+        self._owner.enable(self)
+
+    def make_async(self, handler: Callable[[Any], Awaitable[Any]]) -> None:
+        """From now on call ``handler``, an async wrapper of the handler (a sync
+        handler that returned a coroutine has its coroutines awaited)."""
+        self.handler = handler
+        self.is_async = True
+
+    def change_state(self, state: HandlerState, reason: str) -> bool:
+        """Move to ``state``; False if it was already there. Re-enabling forgives
+        the faults counted towards ``max_faults``."""
+        if self.state == state:
+            return False
+        self.state = state
+        self.state_reason = reason
+        if state == "normal":
+            self.figures.faults = 0  # re-enabled: its past faults are forgiven
+        return True
 
     @property
     def queued(self) -> int:
-        return self.lane.queued if self.lane is not None else 0
+        return self._owner.queued(self)
 
     def stats(self) -> SubscriptionStats:
+        figures = self.figures
         return SubscriptionStats(
             name=self.name,
             mode=self.mode,
-            calls=self.calls,
-            failed=self.failed,
-            timed_out=self.timed_out,
-            skipped=self.skipped,
+            calls=figures.calls,
+            failed=figures.failed,
+            timed_out=figures.timed_out,
+            skipped=figures.skipped,
             queued=self.queued,
             state=self.state,
+            total=figures.total,
+            max=figures.max,
         )
 
     def __repr__(self) -> str:

@@ -1,24 +1,25 @@
 """A data-parallel async trainer with callbacks: the example to copy.
 
-Four workers fit a linear model by SGD (the model and data come from the
-demo, ``adapters.demo``; swap in yours), report their loss every step and a
-checkpoint every ten. Rounds of reports reach the callbacks once every rank
-has reported; a worker failure reaches ``after_exception`` and the group
-restarts from the latest complete checkpoint.
+Four workers fit a line by SGD (the model and data below are a stand-in:
+swap in yours), report their loss every step and a checkpoint every ten.
+Rounds of reports reach the callbacks once every rank has reported; a worker
+failure reaches ``after_exception`` and the group restarts from the latest
+complete checkpoint.
 
     python examples/demo_trainer.py
 """
 
 from __future__ import annotations
 
+import json
 import random
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from adapters.demo import LinearModel, make_shard
 from handlers import (
     BestCheckpoints,
     EarlyStopping,
@@ -27,6 +28,30 @@ from handlers import (
     UserCallback,
     open_run,
 )
+
+
+def make_data(seed: int, samples: int = 256) -> list[tuple[float, float]]:
+    """This rank's shard: noisy points of the line y = 3x + 1."""
+    rng = random.Random(seed)
+    points = [rng.uniform(-1, 1) for _ in range(samples)]
+    return [(x, 3 * x + 1 + rng.gauss(0, 0.1)) for x in points]
+
+
+@dataclass
+class Line:
+    """The model, y = w*x + b; its checkpoint is its JSON."""
+
+    w: float = 0.0
+    b: float = 0.0
+    step: int = 0
+
+    def sgd_step(self, batch: list[tuple[float, float]], lr: float) -> float:
+        """One step down the mean squared error's gradient; the batch's loss before it."""
+        errors = [(self.w * x + self.b - y, x) for x, y in batch]
+        self.w -= lr * 2 * sum(e * x for e, x in errors) / len(batch)
+        self.b -= lr * 2 * sum(e for e, _ in errors) / len(batch)
+        self.step += 1
+        return sum(e * e for e, _ in errors) / len(batch)
 
 
 class PrintFailures(UserCallback):
@@ -43,11 +68,11 @@ async def main(out: Path, steps: int = 60) -> None:
     best = BestCheckpoints("loss", k=2)
 
     async def train(reporter: Reporter) -> None:
-        model = LinearModel()
+        model = Line()
         if reporter.latest_checkpoint:  # restarted: resume from the last complete round
             path = anyio.Path(reporter.latest_checkpoint, f"rank_{reporter.rank}.json")
-            model = LinearModel.from_json(await path.read_text())
-        data = make_shard(reporter.rank + 1, 256)
+            model = Line(**json.loads(await path.read_text()))
+        data = make_data(reporter.rank + 1)
         rng = random.Random(reporter.rank)
         while model.step < steps and not reporter.should_stop:
             if reporter.rank == 1 and reporter.attempt == 0 and model.step == steps // 2:
@@ -57,7 +82,7 @@ async def main(out: Path, steps: int = 60) -> None:
             if model.step % 10 == 0:
                 folder = anyio.Path(out, f"step_{model.step:04d}")
                 await folder.mkdir(exist_ok=True)
-                await (folder / f"rank_{reporter.rank}.json").write_text(model.to_json())
+                await (folder / f"rank_{reporter.rank}.json").write_text(json.dumps(asdict(model)))
                 checkpoint = str(folder)
             metrics: dict[str, Any] = {"loss": loss}
             await reporter.report(metrics, checkpoint=checkpoint)

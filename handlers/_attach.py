@@ -11,10 +11,9 @@ from typing import Any
 
 import msgspec
 
-from eventbus import EventBus, RunFinished, Subscription
+from eventbus import EventBus, RunFinished, Stage, Subscription
+from eventbus.events import RunResult, RunStatus, TrainRunContext
 
-from ._checkpoints import CheckpointTracker
-from ._context import RunResult, TrainRunContext
 from ._failures import ExceptionCallbackHandler
 from ._interfaces import ReportCallback, UserCallback
 from ._lifecycle import RunCallbackHandler
@@ -23,15 +22,21 @@ from ._user import UserCallbackHandler
 
 __all__ = ["CallbackAttachment", "attach_user_callbacks"]
 
-# Gathering runs before any callback for the same event; the lifecycle first of all
-# (it owns the run context), failures before it (flushed before ``after_run``).
-_ORDER_FAILURES = -300
-_ORDER_LIFECYCLE = -200
-_ORDER_REPORTS = -100
-
 
 class CallbackAttachment:
-    """The handlers wired by ``attach_user_callbacks``, with the run's figures."""
+    """Wires training callbacks onto a bus; keeps the handlers and the run's figures.
+
+    Each stage is an ordinary subscriber (``Stage`` says in which order): the
+    gatherers turn raw events into gathered ones, each carrying the run's
+    context, and every hook of every training callback subscribes to its
+    gathered event. The run context comes from the first ``RunStarted`` (or,
+    if there is none, from the first event naming the run).
+    ``report_callbacks`` get the gathered rounds too, synchronously, inside
+    the bus; ``announce_checkpoints`` emits a ``CheckpointSaved`` for each
+    round's checkpoint (a live run does; a replay has the recorded ones). The
+    gatherers declare what they derive (``EventBus.derives``), so a replay
+    into the bus leaves out the gathered events its log recorded.
+    """
 
     def __init__(
         self,
@@ -44,33 +49,29 @@ class CallbackAttachment:
         announce_checkpoints: bool = False,
     ) -> None:
         self.bus = bus
-        self.user = UserCallbackHandler(callbacks)
         self.restarts = 0
-        self.lifecycle = RunCallbackHandler(
-            [self.user], result_of=self._result, world_size=world_size
-        )
+        self.lifecycle = RunCallbackHandler(result_of=self._result, world_size=world_size)
+        context_for = self.lifecycle.context_for
         self.reports = ReportCallbackHandler(
-            [self.user, *report_callbacks],
+            report_callbacks,
             world_size=world_size,
             required_ranks=required_ranks,
-            context_for=self.lifecycle.context_for,
+            context_for=context_for,
+            announce_checkpoints=announce_checkpoints,
         )
-        self.failures = ExceptionCallbackHandler(
-            [self.user], context_for=self.lifecycle.context_for
-        )
-        self.checkpoints = CheckpointTracker(bus, self.reports, announce=announce_checkpoints)
-        self.reports.report_callbacks.append(self.checkpoints)
+        self.failures = ExceptionCallbackHandler(context_for=context_for)
+        self.user = UserCallbackHandler(callbacks, context_of=context_for)
         self.subscriptions: list[Subscription] = [
-            self.failures.subscribe(bus, order=_ORDER_FAILURES),
-            self.lifecycle.subscribe(bus, order=_ORDER_LIFECYCLE),
-            self.reports.subscribe(bus, order=_ORDER_REPORTS),
-            *self.user.subscribe(bus),
+            self.failures.subscribe(bus, order=Stage.GATHER_FAILURES),
+            self.lifecycle.subscribe(bus, order=Stage.LIFECYCLE),
+            self.reports.subscribe(bus, order=Stage.GATHER_REPORTS),
+            *self.user.subscribe(bus, order=Stage.CALLBACKS),
         ]
 
     @property
     def last_checkpoint(self) -> str | None:
         """The checkpoint of the latest complete round (where a restart resumes)."""
-        return self.checkpoints.last
+        return self.reports.last_checkpoint
 
     @property
     def run_context(self) -> TrainRunContext | None:
@@ -80,12 +81,12 @@ class CallbackAttachment:
     def callbacks(self) -> list[Any]:
         return self.user.callbacks
 
-    def result(self, status: str = "finished") -> RunResult:
+    def result(self, status: RunStatus = "finished") -> RunResult:
         """The figures so far, as ``after_run`` would get them."""
         context = self.run_context
         return RunResult(
             run_id=context.run_id if context else "",
-            status=status,  # type: ignore[arg-type]
+            status=status,
             rounds=self.reports.rounds,
             reports=self.reports.reports,
             rejected=self.reports.rejected,
@@ -99,12 +100,12 @@ class CallbackAttachment:
             self.result(event.status), run_id=context.run_id, error=event.error
         )
 
-    async def finish(self, status: str = "finished", error: str | None = None) -> None:
+    async def finish(self, status: RunStatus = "finished", error: str | None = None) -> None:
         """Publish ``RunFinished`` if the events never did (a log cut short)."""
         if not self.lifecycle.finished:
             context = self.lifecycle.run_context
             run_id = context.run_id if context else "run"
-            await self.bus.publish(RunFinished(run_id=run_id, status=status, error=error))  # type: ignore[arg-type]
+            await self.bus.publish(RunFinished(run_id=run_id, status=status, error=error))
 
     def cancel(self) -> None:
         """Detach every handler from the bus."""
@@ -112,28 +113,6 @@ class CallbackAttachment:
             sub.cancel()
 
 
-def attach_user_callbacks(
-    bus: EventBus,
-    callbacks: Iterable[UserCallback | Any],
-    *,
-    world_size: int | None = None,
-    required_ranks: Iterable[int] | None = None,
-    report_callbacks: Iterable[ReportCallback] = (),
-    announce_checkpoints: bool = False,
-) -> CallbackAttachment:
-    """Wire ``callbacks`` onto ``bus``: report gathering, failure gathering, lifecycle.
-
-    The run context comes from the first ``RunStarted`` (or, if there is
-    none, from the first event naming the run). ``report_callbacks`` get
-    the gathered rounds too, synchronously, inside the bus;
-    ``announce_checkpoints`` emits a ``CheckpointSaved`` for each round's
-    checkpoint (a live run does; a replay has the recorded ones).
-    """
-    return CallbackAttachment(
-        bus,
-        callbacks,
-        world_size=world_size,
-        required_ranks=required_ranks,
-        report_callbacks=report_callbacks,
-        announce_checkpoints=announce_checkpoints,
-    )
+#: ``attach_user_callbacks(bus, callbacks, ...)``: wire ``callbacks`` onto ``bus`` (report
+#: gathering, failure gathering, lifecycle) and get the attachment.
+attach_user_callbacks = CallbackAttachment

@@ -10,7 +10,7 @@ replaces them, unwrapped, on asyncio and trio alike.
 
 from __future__ import annotations
 
-from ._context import RunStatus
+from eventbus.events import RunStatus
 
 __all__ = ["describe_end", "interrupt_in", "only_cancellations", "status_of"]
 

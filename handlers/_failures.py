@@ -4,16 +4,25 @@ A failure belongs to the period its bus time falls in: the tick that ends a
 period can be dispatched after failures stamped in the next one (the
 dispatcher ends a period when it takes the next batch), so failures are
 split by time, not by arrival. Failures still pending when the run finishes
-are delivered then: none is lost.
+are delivered then: none is lost. Subscribed to a bus, each delivery is
+also a ``FailuresGathered`` event, to which training callbacks subscribe.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from eventbus import Event, EventBus, HealthCheckTick, RunFinished, Subscription, WorkerFailure
+from eventbus import (
+    Event,
+    EventBus,
+    HealthCheckTick,
+    RunFinished,
+    Stage,
+    Subscription,
+    WorkerFailure,
+)
+from eventbus.events import FailuresGathered, TrainRunContext
 
-from ._context import TrainRunContext
 from ._errors import WorkerError
 from ._interfaces import ExceptionCallback
 
@@ -29,18 +38,21 @@ class ExceptionCallbackHandler:
 
     def __init__(
         self,
-        exception_callbacks: Iterable[ExceptionCallback],
+        exception_callbacks: Iterable[ExceptionCallback] = (),
         *,
         context_for: Callable[[Event], TrainRunContext] | None = None,
     ) -> None:
         self.exception_callbacks = list(exception_callbacks)
         self._context_for = context_for or TrainRunContext.from_event
         self._pending: list[WorkerFailure] = []
+        self._bus: EventBus | None = None
         #: Figures: failures seen, after_exception deliveries made.
         self.failures = 0
         self.deliveries = 0
 
-    def subscribe(self, bus: EventBus, *, order: int = -100) -> Subscription:
+    def subscribe(self, bus: EventBus, *, order: int = Stage.GATHER_FAILURES) -> Subscription:
+        self._bus = bus
+        bus.derives(FailuresGathered)
         return bus.subscribe(
             (WorkerFailure, HealthCheckTick, RunFinished),
             self.handle,
@@ -68,10 +80,21 @@ class ExceptionCallbackHandler:
             self._deliver(due)
 
     def _deliver(self, failures: list[WorkerFailure]) -> None:
-        exceptions: dict[int, Exception] = {}
+        first: dict[int, WorkerFailure] = {}
         for failure in failures:
-            exceptions.setdefault(failure.rank, WorkerError.from_failure(failure))
+            first.setdefault(failure.rank, failure)
         self.deliveries += 1
         context = self._context_for(failures[0])
-        for callback in self.exception_callbacks:
-            callback.after_exception(context, exceptions)
+        if self.exception_callbacks:
+            exceptions: dict[int, Exception] = {
+                rank: WorkerError.from_failure(f) for rank, f in first.items()
+            }
+            for callback in self.exception_callbacks:
+                callback.after_exception(context, exceptions)
+        if self._bus is not None:
+            self._bus.emit(
+                FailuresGathered(
+                    context=context, index=self.deliveries - 1, failures=tuple(first.values())
+                ),
+                derived=True,
+            )

@@ -1,10 +1,11 @@
 """The callback interfaces: what users implement, and what the handlers call.
 
 ``UserCallback`` is the one users subclass (all methods optional, sync or
-async). ``ReportCallback``, ``ExceptionCallback`` and ``RunCallback`` are the
-narrow interfaces the gathering handlers call, synchronously, inside the bus;
-``UserCallbackHandler`` implements all three by turning each call into an
-event, so every user callback runs as its own bus subscription.
+async): each hook it overrides becomes its own bus subscription, to the
+event the gathering emits for it. ``ReportCallback``, ``ExceptionCallback``
+and ``RunCallback`` are the narrow interfaces the gathering handlers also
+call directly, synchronously, inside the bus (Ray Train's shape: an
+``XxxCallbackHandler`` over a list of ``XxxCallback``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from eventbus import DeliveryMode, ErrorPolicy, Event, OverBudgetPolicy
 
 if TYPE_CHECKING:
-    from ._context import RunResult, TrainRunContext
+    from eventbus.events import RunResult, TrainRunContext
 
 __all__ = ["ExceptionCallback", "ReportCallback", "RunCallback", "UserCallback"]
 

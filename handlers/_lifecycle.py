@@ -2,7 +2,9 @@
 
 This handler also owns the run context: from the first ``RunStarted``, or,
 when a log has none, built from the first event that names the run, in which
-case ``before_run`` is called right then, so it still comes first.
+case the run begins right then, so ``before_run`` still comes first.
+Subscribed to a bus, the start and the end are also ``RunBegan`` and
+``RunEnded`` events, to which training callbacks subscribe.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from eventbus import Event, EventBus, RunFinished, RunStarted, Subscription
+from eventbus import Event, EventBus, RunFinished, RunStarted, Stage, Subscription
+from eventbus.events import RunBegan, RunEnded, RunResult, TrainRunContext
 
-from ._context import RunResult, TrainRunContext
 from ._interfaces import RunCallback
 
 __all__ = ["RunCallbackHandler"]
@@ -36,21 +38,21 @@ class RunCallbackHandler:
 
     def __init__(
         self,
-        run_callbacks: Iterable[RunCallback],
+        run_callbacks: Iterable[RunCallback] = (),
         *,
-        run_context: TrainRunContext | None = None,
         result_of: ResultOf = _bare_result,
         world_size: int | None = None,
     ) -> None:
         self.run_callbacks = list(run_callbacks)
         self._world_size = world_size
+        self._bus: EventBus | None = None
         self.run_context: TrainRunContext | None = None
         self.result: RunResult | None = None
         self._result_of = result_of
-        if run_context is not None:
-            self._begin(run_context)
 
-    def subscribe(self, bus: EventBus, *, order: int = -200) -> Subscription:
+    def subscribe(self, bus: EventBus, *, order: int = Stage.LIFECYCLE) -> Subscription:
+        self._bus = bus
+        bus.derives(RunBegan, RunEnded)
         return bus.subscribe(
             (RunStarted, RunFinished), self.handle, name="handlers.RunCallbackHandler", order=order
         )
@@ -66,7 +68,7 @@ class RunCallbackHandler:
             if not context.world_size and self._world_size:
                 context = msgspec.structs.replace(context, world_size=self._world_size)
             self._begin(context)
-            assert self.run_context is not None
+            return context
         return self.run_context
 
     def handle(self, event: Event) -> None:
@@ -80,11 +82,15 @@ class RunCallbackHandler:
         if self.result is not None:
             return
         context = self.context_for(event)
-        self.result = self._result_of(event, context)
+        self.result = result = self._result_of(event, context)
         for callback in self.run_callbacks:
-            callback.after_run(context, self.result)
+            callback.after_run(context, result)
+        if self._bus is not None:
+            self._bus.emit(RunEnded(context=context, result=result), derived=True)
 
     def _begin(self, context: TrainRunContext) -> None:
         self.run_context = context
         for callback in self.run_callbacks:
             callback.before_run(context)
+        if self._bus is not None:
+            self._bus.emit(RunBegan(context=context), derived=True)

@@ -5,6 +5,11 @@ is released only when every required rank has a report waiting; then exactly
 one report per required rank is taken, in rank order. The count of required
 ranks still missing a report is kept up to date, so a report costs O(1) and
 a round O(required ranks).
+
+A round is told two ways: synchronously to the ``ReportCallback``s given
+(Ray Train's shape: a handler over a list of callbacks), and, on a bus, as a
+``RoundGathered`` event carrying the run's context, to which training
+callbacks subscribe like any handler.
 """
 
 from __future__ import annotations
@@ -15,17 +20,20 @@ from typing import Any
 
 from eventbus import (
     CheckpointMismatch,
+    CheckpointSaved,
     Event,
     EventBus,
     Report,
     ReportRejected,
+    Stage,
     Subscription,
     WorkerGroupRestarted,
 )
+from eventbus.events import RoundGathered, TrainRunContext
 
-from ._context import TrainRunContext
 from ._interfaces import ReportCallback
 from ._metric_values import FrozenDict, MetricsError, freeze_metrics
+from ._metrics import mean_metrics
 
 __all__ = ["ReportCallbackHandler"]
 
@@ -37,7 +45,8 @@ MAX_WORLD_SIZE = 1 << 17
 
 
 class ReportCallbackHandler:
-    """Gathers ``Report`` events into rounds and calls ``after_report`` of each callback.
+    """Gathers ``Report`` events into rounds: calls ``after_report`` of each callback
+    and, subscribed to a bus, emits a ``RoundGathered``.
 
     ``world_size`` defaults to the run's (the context's, or the first
     report's); ``required_ranks`` to all ranks. A ``WorkerGroupRestarted``
@@ -47,17 +56,25 @@ class ReportCallbackHandler:
     name different checkpoints for one round give a ``CheckpointMismatch``
     and the round has no checkpoint. Nothing already gathered is lost either
     way. Callbacks get each rank's metrics as a read-only copy (``FrozenDict``).
+
+    ``announce_checkpoints``: a round's checkpoint is also announced as
+    ``CheckpointSaved`` (on which the state store snapshots), right behind
+    its ``RoundGathered``, so the snapshot holds the callbacks' states as of
+    that round and no later one. A live run announces; a replay has the
+    recorded announcements.
     """
 
     def __init__(
         self,
-        report_callbacks: Iterable[ReportCallback],
+        report_callbacks: Iterable[ReportCallback] = (),
         *,
         world_size: int | None = None,
         required_ranks: Iterable[int] | None = None,
         context_for: ContextFor | None = None,
+        announce_checkpoints: bool = False,
     ) -> None:
         self.report_callbacks = list(report_callbacks)
+        self.announce_checkpoints = announce_checkpoints
         self._context_for = context_for or _first_event_context()
         self._bus: EventBus | None = None
         self.world_size = 0
@@ -75,6 +92,8 @@ class ReportCallbackHandler:
         self.rejected = 0
         self.discarded = 0
         self.mismatches = 0
+        #: The checkpoint of the latest round that had one (where a restart resumes).
+        self.last_checkpoint: str | None = None
         if world_size is not None:
             self._configure(world_size, required_ranks)
         elif required_ranks is not None:
@@ -82,21 +101,18 @@ class ReportCallbackHandler:
 
     # --- wiring ------------------------------------------------------------------
 
-    def subscribe(self, bus: EventBus, *, order: int = -100) -> Subscription:
+    def subscribe(self, bus: EventBus, *, order: int = Stage.GATHER_REPORTS) -> Subscription:
         """Gather from ``bus`` (inline, so rounds follow publish order exactly)."""
         self._bus = bus
+        bus.derives(RoundGathered, ReportRejected, CheckpointMismatch)
+        if self.announce_checkpoints:
+            bus.derives(CheckpointSaved)
         return bus.subscribe(
             (Report, WorkerGroupRestarted),
-            self.on_report,
+            self.handle,
             name="handlers.ReportCallbackHandler",
             order=order,
         )
-
-    def handle(self, event: Event) -> None:
-        if type(event) is Report:
-            self.on_report(event)
-        elif isinstance(event, WorkerGroupRestarted):
-            self.on_restart(event)
 
     # --- rules -------------------------------------------------------------------
 
@@ -121,9 +137,10 @@ class ReportCallbackHandler:
         self._missing = len(required)
         self._configured = True
 
-    def on_report(self, report: Report) -> None:
-        """The hot path: every check is a comparison or a C-level type scan."""
-        if type(report) is not Report:  # the subscription also routes restarts here
+    def handle(self, report: Report | WorkerGroupRestarted) -> None:
+        """A report (the hot path: every check is a comparison or a C-level type
+        scan) or a restart."""
+        if type(report) is not Report:
             if isinstance(report, WorkerGroupRestarted):
                 self.on_restart(report)
             return
@@ -203,10 +220,34 @@ class ReportCallbackHandler:
                 checkpoint = None
                 break
         self.rounds += 1
+        if checkpoint is not None:
+            self.last_checkpoint = checkpoint
         context = self._context_for(first)
         metrics: list[dict[str, Any]] = [frozen for _, frozen in entries]
         for callback in self.report_callbacks:
             callback.after_report(context, metrics, checkpoint)
+        bus = self._bus
+        if bus is None:
+            return
+        round_ = self.rounds - 1
+        ranks = self.required_ranks
+        bus.emit(
+            RoundGathered(
+                context=context, round=round_, ranks=ranks, metrics=metrics, checkpoint=checkpoint
+            ),
+            derived=True,
+        )
+        if checkpoint is not None and self.announce_checkpoints:
+            bus.emit(
+                CheckpointSaved(
+                    run_id=context.run_id,
+                    checkpoint=checkpoint,
+                    index=round_,
+                    ranks=ranks,
+                    metrics=mean_metrics(metrics),
+                ),
+                derived=True,
+            )
 
     def _mismatch(self, reports: Sequence[Report]) -> None:
         self.mismatches += 1

@@ -26,18 +26,18 @@ from eventbus import (
     CheckpointSaved,
     Clock,
     EventBus,
-    LogRecorder,
     RunFinished,
     RunStarted,
     StateRestored,
-    StateStore,
     WorkerFailure,
     WorkerGroupRestarted,
     get_logger,
 )
+from eventbus.events import RunResult, RunStatus, TrainRunContext
+from eventbus.log import LogRecorder
+from eventbus.state import StateStore
 
 from ._attach import CallbackAttachment, attach_user_callbacks
-from ._context import RunResult, RunStatus, TrainRunContext
 from ._ending import describe_end, interrupt_in, only_cancellations, status_of
 from ._errors import WorkerGroupError
 from ._interfaces import UserCallback

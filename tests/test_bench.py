@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from adapters.bench import BenchResult, Workload, run_bench, synthetic_events
+from adapters.cli import BenchResult, Workload, run_bench, synthetic_events
 from eventbus import CheckpointSaved, Report, RunFinished, RunStarted, WorkerFailure
 from handlers import UserCallback
 

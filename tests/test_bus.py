@@ -437,13 +437,13 @@ async def test_closing_from_a_handler_is_a_clear_error() -> None:
 
 
 def test_a_blocking_call_abandoned_before_its_thread_started_never_runs() -> None:
-    from eventbus._bus import _ThreadCall
+    from eventbus._runners import ThreadCall
 
     ran: list[int] = []
-    late = _ThreadCall(lambda e: ran.append(e.index), report(1))
+    late = ThreadCall(lambda e: ran.append(e.index), report(1))
     late.abandon()
     late.run()  # the worker thread picks it up after the deadline
-    on_time = _ThreadCall(lambda e: ran.append(e.index), report(2))
+    on_time = ThreadCall(lambda e: ran.append(e.index), report(2))
     on_time.run()
     on_time.abandon()  # abandoned while running: it already ran (and would run on)
     assert ran == [2]

@@ -242,7 +242,7 @@ async def test_a_coroutine_returned_by_a_sync_handler_is_awaited(per_call: bool)
     with capture_logs() as logs:
         async with EventBus() as bus:
             sub = bus.subscribe(Report, lambda e: upload(e))  # noqa: PLW0108 (sync, on purpose)
-            sub.per_call = per_call  # both ways a sync handler is timed
+            sub.figures.per_call = per_call  # both ways a sync handler is timed
             for i in range(5):
                 await bus.publish(report(i))
             await bus.wait_idle()
@@ -336,8 +336,9 @@ async def test_a_publish_that_must_wait_from_a_handler_fails_at_once() -> None:
     async with EventBus(buffer=1, timeout=30) as bus:
 
         async def publishes(event: Report) -> None:
-            for i in range(3):
-                await bus.publish(report(100 + i))
+            if event.index == 0:  # only the first: what it publishes must not publish again
+                for i in range(3):
+                    await bus.publish(report(100 + i))
 
         bus.subscribe(HandlerFailed, failures.append)
         bus.subscribe(Report, publishes)

@@ -13,17 +13,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from eventbus import (
-    LOG_MAGIC,
-    SCHEMA_VERSION,
-    CheckpointSaved,
-    LogRecorder,
-    Report,
-    WorkerFailure,
-    encode_json,
-    encode_msgpack,
-    read_log,
-)
+from eventbus import CheckpointSaved, Report, WorkerFailure
+from eventbus.events import SCHEMA_VERSION, encode_json, encode_msgpack
+from eventbus.log import LOG_MAGIC, LogRecorder, read_log
 from eventbus.testing import report_rounds, sample_event, write_log
 
 

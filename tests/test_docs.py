@@ -42,8 +42,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from eventbus import LOG_FORMAT_VERSION, Report, Snapshot, decode_json
-from eventbus._logformat import decode_jsonl_header
+from eventbus import Report
+from eventbus.events import decode_json
+from eventbus.log import LOG_FORMAT_VERSION
+from eventbus.log._format import decode_jsonl_header
+from eventbus.state import Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -362,7 +365,7 @@ def test_documented_formats_decode_with_our_decoders(block: Block) -> None:
     elif kind == "log-header":
         header = decode_jsonl_header(block.where, block.text.encode())
         assert header.format_version == LOG_FORMAT_VERSION
-        assert header.event_types["RunBegan"] == "handlers._events"
+        assert header.event_types["RunBegan"] == "eventbus._events"
     elif kind == "log-event":
         for line in block.text.splitlines():
             event = decode_json(line.encode())

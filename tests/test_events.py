@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import msgspec
 import pytest
 
-from eventbus import (
-    CheckpointSaved,
-    Event,
+from eventbus import CheckpointSaved, Event, Report, WorkerFailure
+from eventbus.events import (
     EventDecodeError,
-    Report,
-    WorkerFailure,
     decode_json,
     decode_msgpack,
     encode_json,
     encode_msgpack,
     event_types,
 )
+from eventbus.log import LogRecorder
+from eventbus.testing import sample_event
+
+BuiltinReport = Report
 
 
 def test_report_round_trips_in_both_formats() -> None:
@@ -84,3 +88,63 @@ def test_checkpoint_saved_defaults() -> None:
     saved = CheckpointSaved(run_id="r", checkpoint="ckpt/1", index=1)
     assert saved.ranks == () and saved.metrics == {}
     assert decode_msgpack(encode_msgpack(saved)) == saved
+
+
+def test_a_users_event_cannot_take_the_tag_of_a_built_in() -> None:
+    class Report(Event, frozen=True, kw_only=True):  # a user's own Report
+        value: int
+
+    taken = r"tag 'Report' .* already taken by eventbus\._events\.Report"
+    with pytest.raises(TypeError, match=taken):  # as soon as the union is needed
+        event_types()
+    # Refused once and left out: the built-in still decodes as itself, with every field.
+    assert Report not in event_types()
+    event = decode_msgpack(encode_msgpack(sample_event(BuiltinReport)))
+    assert type(event) is BuiltinReport
+
+
+def test_a_log_cannot_be_opened_while_a_tag_is_taken_twice(tmp_path: Path) -> None:
+    class WorkerFailure(Event, frozen=True, kw_only=True):
+        note: str
+
+    with pytest.raises(TypeError, match="WorkerFailure"):
+        LogRecorder(tmp_path / "run.evlog")
+
+
+def test_two_user_events_of_one_name_are_told_apart_by_their_own_tags() -> None:
+    class Ping(Event, frozen=True, kw_only=True, tag="first.Ping"):
+        a: int
+
+    class Ping2(Event, frozen=True, kw_only=True, tag="second.Ping"):
+        b: str
+
+    assert type(decode_json(encode_json(Ping(a=1)))) is Ping
+    assert type(decode_json(encode_json(Ping2(b="x")))) is Ping2
+
+    class Other(Event, frozen=True, kw_only=True, tag="first.Ping"):
+        c: int
+
+    with pytest.raises(TypeError, match=r"first\.Ping"):
+        decode_json(encode_json(Ping(a=1)))
+    assert type(decode_json(encode_json(Ping(a=1)))) is Ping
+
+
+def test_defining_the_same_event_class_again_replaces_it() -> None:
+    def define() -> Any:
+        class Redefined(Event, frozen=True, kw_only=True):
+            n: int
+
+        return Redefined
+
+    first, second = define(), define()
+    assert first is not second
+    assert type(decode_json(encode_json(second(n=1)))) is second
+    assert first not in event_types() and second in event_types()
+
+
+def test_every_event_of_the_project_is_defined_in_one_module() -> None:
+    ours = [c for c in event_types() if c.__module__.split(".")[0] in ("eventbus", "handlers")]
+    assert {c.__module__ for c in ours} == {"eventbus._events"}
+    assert {"RunBegan", "RoundGathered", "FailuresGathered", "RunEnded"} <= {
+        c.__name__ for c in ours
+    }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ def rounds(values: list[float], name: str = "loss") -> list[list[dict[str, Any]]
     return [[{name: v - 1.0}, {name: v + 1.0}] for v in values]
 
 
-def restore(cls: Any, state: dict[str, Any]) -> Any:
+def restore(cls: Any, state: Mapping[str, Any]) -> Any:
     """What the state store does: rebuild from args, set attributes (through JSON)."""
     state = json.loads(json.dumps(state))
     obj = cls(**state["args"])

@@ -29,8 +29,8 @@ from handlers import (
     TrainRunContext,
     UserCallback,
     WorkerError,
-    attach_user_callbacks,
 )
+from handlers.wiring import attach_user_callbacks
 
 
 def report(rank: Any, index: Any, world_size: int = 3, **kw: Any) -> Report:
@@ -259,16 +259,54 @@ async def test_context_from_reports_when_the_log_has_no_run_started() -> None:
 
 
 @pytest.mark.anyio
-async def test_derived_events_of_another_attachment_are_ignored() -> None:
+async def test_a_round_reaches_callbacks_as_one_event_carrying_its_context() -> None:
+    gathered: list[RoundGathered] = []
     rec = Recorder()
     async with EventBus(clock=VirtualClock(), period=1000) as bus:
-        attach_user_callbacks(bus, [rec], world_size=1)
-        await bus.publish(RunStarted(run_id="r", name="n", world_size=1))
-        # As if replayed from a log recorded by another attachment:
-        await bus.publish(RoundGathered(origin="elsewhere", run_id="r", round=0, metrics=[{}]))
-        await bus.publish(report(0, 0, world_size=1))
-        await bus.publish(RunFinished(run_id="r", status="finished"))
-    assert [c[0] for c in rec.calls] == ["before_run", "after_report", "after_run"]
+        attach_user_callbacks(bus, [rec], world_size=2)
+        bus.subscribe(RoundGathered, gathered.append)
+        await bus.publish(RunStarted(run_id="r", name="n", world_size=2))
+        for rank in (1, 0):
+            await bus.publish(report(rank, 0, world_size=2, checkpoint="ck"))
+        await bus.wait_idle()
+    (event,) = gathered
+    assert event.context.run_id == "r" and event.context.world_size == 2
+    assert (event.round, event.ranks, event.checkpoint) == (0, (0, 1), "ck")
+    assert [m["rank"] for m in event.metrics] == [0, 1]
+    assert of(rec.calls, "after_report") == [([0, 0], "ck")]
+
+
+@pytest.mark.anyio
+async def test_replaying_a_run_with_its_callbacks_delivers_each_round_once(
+    tmp_path: Path,
+) -> None:
+    """The log holds the gathered events of the run; a replay that gathers again
+    leaves them out, so neither a callback nor a raw handler sees a round twice."""
+    from eventbus.log import replay_file
+    from handlers import open_run
+
+    log = tmp_path / "run.evlog"
+
+    async def worker(reporter: Any) -> None:
+        for step in range(3):
+            await reporter.report({"loss": 1.0 / (step + 1)}, checkpoint=f"ck{step}")
+
+    async with open_run(world_size=2, callbacks=[], log=log, clock=VirtualClock()) as run:
+        await run.workers(worker)
+
+    rec = Recorder()
+    raw: list[RoundGathered] = []
+
+    def setup(bus: EventBus) -> None:
+        attach_user_callbacks(bus, [rec])
+        bus.subscribe(RoundGathered, raw.append)
+
+    await replay_file(log, setup)
+    assert [c[0] for c in rec.calls] == ["before_run", *["after_report"] * 3, "after_run"]
+    assert [e.round for e in raw] == [0, 1, 2]
+    alone: list[RoundGathered] = []  # no gathering on the bus: the recorded rounds
+    await replay_file(log, lambda bus: bus.subscribe(RoundGathered, alone.append))
+    assert [e.round for e in alone] == [0, 1, 2]
 
 
 @pytest.mark.anyio

@@ -1,46 +1,190 @@
-"""The dependency rule and the public-API rule, checked on the source."""
+"""The layout rules, checked on the source: what may import what, sizes, the public surface.
+
+- ``eventbus`` (the runtime: events, bus, log, state) imports nothing of
+  ours; ``handlers`` (training semantics) only ``eventbus``; ``adapters``
+  (frameworks, the command line) both. Nothing imports pickle, and heavy
+  libraries only in ``adapters``.
+- Across packages only public modules and names are used; inside a package,
+  no module reads another's private names (``_name``) and no object
+  another's private attributes (``x._attr``).
+- No module over 500 lines, no class over 400; the ``eventbus`` root at
+  most 40 names; pipeline order by ``Stage``, never a number.
+"""
 
 from __future__ import annotations
 
 import ast
 import importlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("eventbus", "handlers", "adapters")
 HEAVY = {"torch", "transformers", "ray", "matplotlib", "rich", "numpy", "accelerate"}
+PICKLE = {"pickle", "cPickle", "cloudpickle", "dill"}
 FORBIDDEN = {
-    "eventbus": {"handlers", "adapters", "pickle", "cPickle", "cloudpickle", "dill"} | HEAVY,
-    "handlers": {"adapters", "pickle", "cPickle", "cloudpickle", "dill"} | HEAVY,
+    "eventbus": {"handlers", "adapters"} | PICKLE | HEAVY,
+    "handlers": {"adapters"} | PICKLE | HEAVY,
+    "adapters": PICKLE,
 }
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 400
+MAX_ROOT_NAMES = 40
+#: Private names of the standard library that typing needs.
+STDLIB_PRIVATES = {"_SubParsersAction"}
 
 
-def imported_top_levels(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
+def sources(package: str) -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted((ROOT / package).rglob("*.py")):
+        yield str(path.relative_to(ROOT)), ast.parse(path.read_text(), filename=str(path))
+
+
+def module_of(relative: str) -> str:
+    parts = relative.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def absolute_imports(relative: str, tree: ast.Module) -> Iterator[tuple[str, list[str]]]:
+    """Each import as (absolute module, names imported from it)."""
+    here = module_of(relative).split(".")
+    base = here if relative.endswith("__init__.py") else here[:-1]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
+            for alias in node.names:
+                yield alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                up = base[: len(base) - node.level + 1]
+                module = ".".join([*up, node.module] if node.module else up)
+            else:
+                module = node.module or ""
+            yield module, [alias.name for alias in node.names]
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def is_module(dotted: str) -> bool:
+    """Whether ``dotted`` names one of our modules (a private module of a package may
+    be imported by its siblings: only private names are off limits)."""
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_package_imports_only_what_the_layering_allows(package: str) -> None:
-    offenders = {
-        str(path.relative_to(ROOT)): sorted(imported_top_levels(path) & FORBIDDEN[package])
-        for path in sorted((ROOT / package).rglob("*.py"))
-    }
-    assert {path: names for path, names in offenders.items() if names} == {}
+    offenders = {}
+    for relative, tree in sources(package):
+        tops = {module.split(".")[0] for module, _ in absolute_imports(relative, tree)}
+        if bad := sorted(tops & FORBIDDEN[package]):
+            offenders[relative] = bad
+    assert offenders == {}
 
 
-@pytest.mark.parametrize("package", ["eventbus", "handlers", "adapters"])
-def test_public_names_are_exported_and_exist(package: str) -> None:
-    module = importlib.import_module(package)
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_private_names_are_read_across_modules(package: str) -> None:
+    """``from .x import _name`` or ``other._attr``: a module reaching into another's privates."""
+    offenders: list[str] = []
+    for relative, tree in sources(package):
+        here = module_of(relative)
+        for module, names in absolute_imports(relative, tree):
+            top = module.split(".")[0]
+            if top in PACKAGES and top != package:
+                private = [p for p in module.split(".") if p.startswith("_")]
+                if private:
+                    offenders.append(f"{relative}: imports {module} (private to {top})")
+            if module != here:
+                offenders.extend(
+                    f"{relative}: imports {name} from {module}"
+                    for name in names
+                    if name.startswith("_")
+                    and not name.startswith("__")
+                    and not is_module(f"{module}.{name}")
+                )
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and node.attr not in STDLIB_PRIVATES
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
+                offenders.append(f"{relative}:{node.lineno}: reads .{node.attr}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_modules_and_classes_stay_small(package: str) -> None:
+    too_big = []
+    for relative, tree in sources(package):
+        lines = (ROOT / relative).read_text().count("\n")
+        if lines > MAX_MODULE_LINES:
+            too_big.append(f"{relative}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_CLASS_LINES:
+                    too_big.append(f"{relative}: class {node.name}, {length} lines")
+    assert too_big == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_pipeline_order_is_a_named_stage_never_a_number(package: str) -> None:
+    numbers = []
+    for relative, tree in sources(package):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg == "order":
+                value = node.value
+                if isinstance(value, ast.UnaryOp):
+                    value = value.operand
+                if isinstance(value, ast.Constant | ast.BinOp) or (
+                    isinstance(value, ast.Attribute) and value.attr == "maxsize"
+                ):
+                    numbers.append(f"{relative}:{node.lineno}")
+    assert numbers == []
+
+
+def test_the_eventbus_root_holds_what_users_touch() -> None:
+    eventbus = importlib.import_module("eventbus")
+    assert len(eventbus.__all__) <= MAX_ROOT_NAMES
+
+
+def test_every_event_of_the_project_is_in_one_module() -> None:
+    offenders = []
+    for package in PACKAGES:
+        for relative, tree in sources(package):
+            if relative == "eventbus/_events.py":
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef) and any(
+                    isinstance(base, ast.Name) and base.id == "Event" for base in node.bases
+                ):
+                    offenders.append(f"{relative}: {node.name}")
+    assert offenders == []
+
+
+PUBLIC_MODULES = [
+    "eventbus",
+    "eventbus.events",
+    "eventbus.log",
+    "eventbus.state",
+    "eventbus.testing",
+    "handlers",
+    "handlers.builtins",
+    "handlers.wiring",
+    "adapters",
+]
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_public_names_are_exported_and_exist(name: str) -> None:
+    module = importlib.import_module(name)
     exported = module.__all__
     assert len(exported) == len(set(exported))
-    missing = [name for name in exported if not hasattr(module, name)]
+    missing = [n for n in exported if not hasattr(module, n)]
     assert missing == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_packages_are_typed(package: str) -> None:
     assert (ROOT / package / "py.typed").exists()

@@ -12,23 +12,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventbus import (
-    LOG_MAGIC,
-    SCHEMA_VERSION,
     CheckpointSaved,
-    CorruptLogError,
     Event,
     EventBus,
     EventFilter,
     HandlerFailed,
-    LogError,
-    LogFormatError,
-    LogReader,
-    LogRecorder,
     Report,
     RunStarted,
     VirtualClock,
     WorkerFailure,
-    event_types,
+)
+from eventbus.events import SCHEMA_VERSION, event_types
+from eventbus.log import (
+    LOG_MAGIC,
+    CorruptLogError,
+    LogError,
+    LogFormatError,
+    LogReader,
+    LogRecorder,
     read_log,
 )
 from eventbus.testing import report_rounds, sample_event, write_log

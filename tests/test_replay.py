@@ -13,16 +13,14 @@ from eventbus import (
     Event,
     EventBus,
     EventFilter,
-    EventPlaceholder,
     HandlerFailed,
     HandlerTimedOut,
     HealthCheckTick,
-    LogRecorder,
     Report,
     VirtualClock,
-    read_log,
-    replay,
 )
+from eventbus.events import EventPlaceholder
+from eventbus.log import LogRecorder, read_log, replay
 from eventbus.testing import (
     EventCapture,
     assert_rounds,

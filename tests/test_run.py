@@ -15,11 +15,10 @@ from eventbus import (
     Report,
     RunFinished,
     RunStarted,
-    StateRestoreError,
     WorkerFailure,
-    read_log,
-    state_key_of,
 )
+from eventbus.log import read_log
+from eventbus.state import StateRestoreError, state_key_of
 from handlers import (
     EarlyStopping,
     Reporter,

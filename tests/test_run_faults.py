@@ -20,12 +20,8 @@ import anyio
 import pytest
 from _builders import nested_dict
 
-from eventbus import (
-    Report,
-    ReportRejected,
-    RunFinished,
-    read_log,
-)
+from eventbus import Report, ReportRejected, RunFinished
+from eventbus.log import read_log
 from handlers import Reporter, RunResult, TrainRunContext, UserCallback, open_run
 
 pytestmark = pytest.mark.anyio

@@ -16,18 +16,20 @@ import pytest
 from structlog.testing import capture_logs
 
 from eventbus import (
-    CallbackState,
     CheckpointSaved,
     EventBus,
     HandlerFailed,
-    Snapshot,
-    StateFormatError,
     Stateful,
     StatefulCallback,
-    StateKeyConflict,
     StateRestored,
-    StateRestoreError,
     StateSnapshotted,
+)
+from eventbus.state import (
+    CallbackState,
+    Snapshot,
+    StateFormatError,
+    StateKeyConflict,
+    StateRestoreError,
     StateStore,
     is_stateful,
     state_key_of,

@@ -24,15 +24,15 @@ from typing import Any
 
 import pytest
 
-from eventbus import (
+from adapters.transformers import read_hf_trainer_state
+from eventbus.state import (
     STATE_FILENAME,
     CallbackState,
     StateFormatError,
     StatePathError,
     StateStore,
-    read_hf_trainer_state,
 )
-from eventbus._state_files import LEFTOVER_AGE, atomic_write
+from eventbus.state._files import LEFTOVER_AGE, atomic_write
 
 
 class Counter:
@@ -268,7 +268,8 @@ _READ_IN_A_CHILD = textwrap.dedent(
     import resource, sys
     # Bounded, so that a reader which reads without limit fails here instead of the host.
     resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
-    from eventbus import StateStore, read_hf_trainer_state
+    from adapters.transformers import read_hf_trainer_state
+    from eventbus.state import StateStore
     try:
         if sys.argv[1] == "hf":
             read_hf_trainer_state(sys.argv[2])
@@ -442,7 +443,7 @@ def test_atomic_write_failure_leaves_the_old_file_and_no_temporary(tmp_path: Pat
 _REWRITER = textwrap.dedent(
     """
     import sys
-    from eventbus import StateStore
+    from eventbus.state import StateStore
 
     class Padded:
         # Big enough that a rewrite takes a while, so kills land mid-write.
@@ -558,7 +559,7 @@ _WRITER = textwrap.dedent(
 
     os.kill = kill
 
-    from eventbus import StateStore
+    from eventbus.state import StateStore
 
     class Padded:
         def __init__(self):

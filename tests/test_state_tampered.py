@@ -22,15 +22,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from eventbus import (
+from adapters.transformers import read_hf_trainer_state
+from eventbus import StatefulCallback
+from eventbus.state import (
     STATE_FILENAME,
     CallbackState,
     Snapshot,
     StateFormatError,
-    StatefulCallback,
     StateRestoreError,
     StateStore,
-    read_hf_trainer_state,
 )
 from handlers import EarlyStopping as BuiltinEarly
 

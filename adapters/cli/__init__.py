@@ -1,8 +1,14 @@
-"""The ``eventbus`` command line: one module per command group.
+"""The ``eventbus`` command line: ``demo``, ``bench``, ``show``, ``replay``, ``convert``, ``stats``.
 
-Each command module exposes ``register(subparsers)``, which adds its
-subcommands and sets ``func`` (taking the parsed arguments, returning the exit
-code). Errors meant for users are ``CliError``: printed as one line, exit 2.
+One module per command group (``_demo``, ``_bench``, ``_log``), each with
+``register(subparsers)``, which adds its subcommands and sets ``func``
+(taking the parsed arguments, returning the exit code); what a command runs
+lives beside it (``_demo_trainer``, ``_bench_runner``). Errors meant for
+users are ``CliError``: printed as one line, exit 2.
+
+The bench is also a library, for measuring callbacks from code or tests:
+``run_bench`` on ``synthetic_events(Workload(...))`` or a recorded log's
+events gives a ``BenchResult`` (what ``eventbus bench --json`` writes).
 """
 
 from __future__ import annotations
@@ -14,9 +20,19 @@ from typing import Any
 
 import eventbus
 
+from ._bench_runner import BenchResult, CallbackFigures, Workload, run_bench, synthetic_events
 from ._common import CliError
 
-__all__ = ["CliError", "build_parser", "main"]
+__all__ = [
+    "BenchResult",
+    "CallbackFigures",
+    "CliError",
+    "Workload",
+    "build_parser",
+    "main",
+    "run_bench",
+    "synthetic_events",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

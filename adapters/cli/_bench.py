@@ -15,7 +15,7 @@ import msgspec
 from eventbus import Event
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, UserCallback
 
-from ..bench import BenchResult, Workload, run_bench, synthetic_events
+from ._bench_runner import BenchResult, Workload, run_bench, synthetic_events
 from ._common import CliError, check_log_tail, load_object, reading_log
 
 __all__ = ["register"]
@@ -52,7 +52,7 @@ class _SilentLogger:
         pass
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="benchmark callbacks' overhead per health-check period",
@@ -152,19 +152,10 @@ def _events(args: argparse.Namespace) -> list[Event]:
             events = list(reader)
         check_log_tail(reader)
         return events
+    # The workload's options are named as its fields.
+    workload = Workload(**{name: getattr(args, name) for name in Workload.__struct_fields__})
     try:
-        return synthetic_events(
-            Workload(
-                world_size=args.world_size,
-                rate=args.rate,
-                metrics=args.metrics,
-                checkpoint_every=args.checkpoint_every,
-                failure_rate=args.failure_rate,
-                duration=args.duration,
-                events=args.events,
-                seed=args.seed,
-            )
-        )
+        return synthetic_events(workload)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 

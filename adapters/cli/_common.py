@@ -7,13 +7,22 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from eventbus import LogError, LogReader
+from eventbus.log import LogError, LogReader
+from handlers.wiring import implemented_hooks
 
-__all__ = ["CliError", "check_log_tail", "load_object", "reading_log"]
+__all__ = [
+    "CliError",
+    "callback_name",
+    "check_log_tail",
+    "is_training_callback",
+    "load_object",
+    "reading_log",
+    "split_callbacks",
+]
 
 
 class CliError(Exception):
@@ -98,3 +107,38 @@ def takes_no_arguments(func: Callable[..., Any]) -> bool:
     return all(
         p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
     )
+
+
+def is_training_callback(obj: Any) -> bool:
+    """Whether ``obj`` is wired as a training callback or as a plain bus handler.
+
+    One rule, ``handlers``'s own: an object that implements a training hook
+    (``implemented_hooks``) is a training callback; anything else must be a
+    callable, a handler that gets every event. ``ValueError`` otherwise.
+    """
+    if implemented_hooks(obj):
+        return True
+    if callable(obj):
+        return False
+    raise ValueError(
+        "neither a handler (callable) nor a training callback (with before_run, "
+        "after_report, after_exception or after_run)"
+    )
+
+
+def split_callbacks(callbacks: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+    """Training callbacks and plain bus handlers (see ``is_training_callback``)."""
+    training: list[Any] = []
+    plain: list[Any] = []
+    for callback in callbacks:
+        try:
+            (training if is_training_callback(callback) else plain).append(callback)
+        except ValueError as exc:
+            raise ValueError(f"{callback_name(callback)}: {exc}") from None
+    return training, plain
+
+
+def callback_name(callback: Any) -> str:
+    """How a callback is named in figures: a function's own name, or its class's."""
+    name = getattr(callback, "__qualname__", None)  # functions and methods have their own
+    return name if isinstance(name, str) else type(callback).__qualname__

@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from adapters.demo import main_sync
 from eventbus import configure_logging
 
 from ._common import CliError
+from ._demo_trainer import main_sync
 
 __all__ = ["register"]
 

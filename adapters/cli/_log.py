@@ -26,22 +26,16 @@ from eventbus import (
     EventFilter,
     HandlerFailed,
     HandlerTimedOut,
-    LogError,
-    LogReader,
-    LogRecorder,
-    ReplaySummary,
     Report,
     WorkerFailure,
-    encode_json,
-    replay_file,
 )
+from eventbus.events import encode_json
+from eventbus.log import LogError, LogReader, LogRecorder, ReplaySummary, replay_file
+from handlers.wiring import attach_user_callbacks
 
-from ._common import CliError, check_log_tail, load_object, reading_log
+from ._common import CliError, check_log_tail, is_training_callback, load_object, reading_log
 
 __all__ = ["register"]
-
-#: Methods that make an object a training callback (wired by ``handlers``).
-TRAINING_HOOKS = ("after_report", "after_exception", "before_run", "after_run")
 _SUMMARY_WIDTH = 80
 _COMMON_FIELDS = frozenset({"seq", "time", "rank", "type"})
 
@@ -204,7 +198,7 @@ def _convert(args: argparse.Namespace) -> int:
             raise CliError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
         with recorder:
             for event in reader:
-                recorder.record(event)
+                recorder.write(event)
                 written += 1
     unencodable = (
         f", {recorder.placeholders} not encodable as {recorder.format} (written as placeholders)"
@@ -331,31 +325,19 @@ def _wire(specs: list[str]) -> Callable[[EventBus], None]:
     plain: list[tuple[str, Callable[[Any], Any]]] = []
     for spec in specs:
         obj = load_object(spec)
-        if any(callable(getattr(obj, hook, None)) for hook in TRAINING_HOOKS):
-            training.append(obj)
-        elif callable(obj):
-            plain.append((spec, obj))
-        else:
-            raise CliError(
-                f"{spec!r}: neither a handler (callable) nor a training callback "
-                f"(with {'/'.join(TRAINING_HOOKS)})"
-            )
-    attach: Callable[[EventBus, list[Any]], Any] | None = None
-    if training:
         try:
-            from handlers import attach_user_callbacks
-        except ImportError:
-            raise CliError(
-                "training callbacks need handlers.attach_user_callbacks, "
-                "which this installation does not have"
-            ) from None
-        attach = attach_user_callbacks
+            if is_training_callback(obj):
+                training.append(obj)
+            else:
+                plain.append((spec, obj))
+        except ValueError as exc:
+            raise CliError(f"{spec!r}: {exc}") from None
 
     def setup(bus: EventBus) -> None:
         for spec, handler in plain:
             bus.subscribe(Event, handler, name=spec)
-        if attach is not None:
-            attach(bus, training)
+        if training:
+            attach_user_callbacks(bus, training)
 
     return setup
 

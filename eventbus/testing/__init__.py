@@ -20,11 +20,11 @@ import msgspec
 from .._bus import EventBus
 from .._clock import VirtualClock
 from .._events import Event, Report
-from .._logformat import LogFormat
-from .._reader import read_log
-from .._recorder import LogRecorder
-from .._replay import ReplaySummary, replay_file
-from .._subscription import _is_async_callable, handler_name
+from .._subscription import handler_name, is_async_callable
+from ..log._format import LogFormat
+from ..log._reader import read_log
+from ..log._recorder import LogRecorder
+from ..log._replay import ReplaySummary, replay_file
 
 __all__ = [
     "BusRecording",
@@ -165,7 +165,7 @@ class EventCapture:
 
 def _capturing(handler: Handler, sink: list[Event]) -> Handler:
     """Wrap ``handler`` so that what it is given is also kept (sync stays sync)."""
-    if _is_async_callable(handler):
+    if is_async_callable(handler):
 
         async def capture_async(event: Event) -> Any:
             sink.append(event)

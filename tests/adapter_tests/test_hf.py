@@ -27,16 +27,17 @@ from torch.utils.data import Dataset  # noqa: E402
 
 from adapters.transformers import EventBusCallback, run_with_failures  # noqa: E402
 from eventbus import (  # noqa: E402
-    STATE_FILENAME,
     CheckpointSaved,
+    ErrorPolicy,
     HandlerFailed,
     HandlerTimedOut,
     Report,
     RunFinished,
     RunStarted,
     StatefulCallback,
-    read_log,
 )
+from eventbus.log import read_log  # noqa: E402
+from eventbus.state import STATE_FILENAME  # noqa: E402
 from handlers import RunResult, TrainRunContext, UserCallback  # noqa: E402
 
 MAX_STEPS = 10
@@ -308,3 +309,40 @@ def test_an_exception_in_training_becomes_a_worker_failure(tmp_path: Path) -> No
     (result,) = inputs.results
     assert result.status == "failed" and "RuntimeError" in (result.error or "")
     assert len(inputs.rounds) == 1  # the log at step 2 came before the failure
+
+
+class FailsTheRun(UserCallback):
+    """Raises ``exc`` at its first round; ``on_error="raise"``: that fails the run."""
+
+    on_error: ClassVar[ErrorPolicy] = "raise"
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [(RuntimeError("this callback fails the run"), "failed"), (KeyboardInterrupt(), "cancelled")],
+    ids=["raise", "interrupt"],
+)
+def test_a_callback_failing_the_run_stops_training_with_its_exception(
+    tmp_path: Path, exc: BaseException, status: str
+) -> None:
+    inputs = Inputs()
+    callback = EventBusCallback([FailsTheRun(exc), inputs], log=True)
+    trainer = make_trainer(tmp_path, callback, max_steps=200, logging_steps=1, save_steps=1000)
+    with pytest.raises(type(exc)) as raised:
+        run_with_failures(trainer)
+    assert raised.value is exc  # as itself, out of train()
+    assert trainer.state.global_step < 200  # at a hook soon after the first round
+    (result,) = inputs.results  # after_run once, with the run's real end
+    assert result.status == status
+    assert inputs.exceptions == []  # a callback's failure, not a worker's
+    assert callback.log_path is not None
+    finished = [e for e in read_log(callback.log_path).events if isinstance(e, RunFinished)]
+    assert [e.status for e in finished] == [status]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -41,14 +41,10 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: E402
 
 from adapters.ray import EventBusUserCallback, recorded_logs  # noqa: E402
-from eventbus import RunFinished, RunStarted, read_log, replay_file  # noqa: E402
-from handlers import (  # noqa: E402
-    RoundGathered,
-    RunResult,
-    TrainRunContext,
-    UserCallback,
-    attach_user_callbacks,
-)
+from eventbus import ErrorPolicy, RunFinished, RunStarted  # noqa: E402
+from eventbus.log import read_log, replay_file  # noqa: E402
+from handlers import RoundGathered, RunResult, TrainRunContext, UserCallback  # noqa: E402
+from handlers.wiring import attach_user_callbacks  # noqa: E402
 
 # The controller cannot import this test module: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -243,3 +239,35 @@ def test_the_callback_pickles_as_configuration_and_keeps_its_lifecycle(tmp_path:
     ]
     assert replayed.calls == expected  # the bad report was caught, logged, never raised into Ray
     assert inputs.calls == []  # the driver's object is never called
+
+
+class FailsTheRun(UserCallback):
+    """``on_error="raise"``: its failure fails the run, so Ray must hear of it."""
+
+    on_error: ClassVar[ErrorPolicy] = "raise"
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        raise RuntimeError("this callback fails the run")
+
+
+def test_a_callback_failing_the_run_is_raised_into_ray_after_after_run(tmp_path: Path) -> None:
+    inputs = Inputs()
+    bus_callback = EventBusUserCallback([FailsTheRun(), inputs], period=1.0)
+    lifecycle = bus_callback.lifecycle
+    lifecycle.after_controller_start(fake_run_context(tmp_path))
+    bus_callback.after_report(run_context=None, metrics=[{"a": 1}, {"a": 2}], checkpoint=None)
+    assert bus_callback.attachment is not None and bus_callback.wait_idle(10)
+    # Ray's next hook gets the exception (Ray then fails the run as a ControllerError)...
+    with pytest.raises(RuntimeError, match="this callback fails the run"):
+        bus_callback.after_report(run_context=None, metrics=[{"a": 3}, {"a": 4}], checkpoint=None)
+    # ... once the run has ended: after_run came first, and comes once.
+    lifecycle.after_controller_finish(SimpleNamespace(error=RuntimeError("ControllerError")))
+    assert [call["hook"] for call in inputs.calls] == ["before_run", "after_report", "after_run"]
+    assert inputs.calls[-1]["status"] == "failed"
+    (log,) = recorded_logs(tmp_path, "fake")
+    finished = [e for e in read_log(log).events if isinstance(e, RunFinished)]
+    assert [(e.status, e.error) for e in finished] == [
+        ("failed", "RuntimeError: this callback fails the run")
+    ]

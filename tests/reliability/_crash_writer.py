@@ -30,7 +30,9 @@ from typing import Any
 
 import msgspec
 
-from eventbus import LogRecorder, Report, StateStore, configure_logging
+from eventbus import Report, configure_logging
+from eventbus.log import LogRecorder
+from eventbus.state import StateStore
 
 #: A writer that was not killed stops by itself after this long (it never should be).
 WRITER_LIMIT = 5.0

@@ -21,14 +21,9 @@ import anyio.lowlevel
 import pytest
 import trio
 
-from eventbus import (
-    LogRecorder,
-    RunFinished,
-    RunStarted,
-    StateSnapshotted,
-    StateStore,
-    read_log,
-)
+from eventbus import RunFinished, RunStarted, StateSnapshotted
+from eventbus.log import LogRecorder, read_log
+from eventbus.state import StateStore
 from handlers import Reporter, RunResult, TrainRunContext, UserCallback, open_run
 
 from ._figures import FIGURES

@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eventbus import EventPlaceholder, LogReader, StateStore, encode_msgpack
+from eventbus.events import EventPlaceholder, encode_msgpack
+from eventbus.log import LogReader
+from eventbus.state import StateStore
 
 from ._crash_writer import CHECKPOINT, UNENCODABLE_EVERY, expected_event, hostile_event
 from ._figures import FIGURES

@@ -28,22 +28,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import eventbus
-from eventbus import (
-    CheckpointSaved,
+from eventbus import CheckpointSaved, Report, WorkerFailure
+from eventbus.events import (
     EventDecodeError,
     EventPlaceholder,
-    LogError,
-    LogReader,
-    LogRecorder,
-    Report,
-    StateFormatError,
-    StateStore,
-    WorkerFailure,
     decode_json,
     decode_msgpack,
     encode_json,
     encode_msgpack,
 )
+from eventbus.log import LogError, LogReader, LogRecorder
+from eventbus.state import StateFormatError, StateStore
 
 from ._crash_writer import expected_event
 from ._figures import FIGURES
@@ -66,14 +61,15 @@ FUZZ = settings(
 READING_MODULES = (
     "_codec",
     "_events",
-    "_logformat",
-    "_reader",
-    "_recorder",
-    "_replay",
-    "_state",
-    "_state_files",
-    "_state_hf",
-    "_state_store",
+    "log/_format",
+    "log/_reader",
+    "log/_salvage",
+    "log/_recorder",
+    "log/_replay",
+    "state/_model",
+    "state/_files",
+    "state/_restore",
+    "state/_store",
 )
 FORBIDDEN_IMPORTS = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle"}
 

@@ -23,7 +23,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from eventbus import LogRecorder, StateStore
+from eventbus.log import LogRecorder
+from eventbus.state import StateStore
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, open_run
 
 from ._figures import FIGURES

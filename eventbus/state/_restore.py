@@ -16,7 +16,8 @@ from typing import Any
 
 import msgspec
 
-from ._state import (
+from .._text import clip, safe_str
+from ._model import (
     MALFORMED,
     MAX_REASON_CHARS,
     CallbackState,
@@ -28,7 +29,6 @@ from ._state import (
     rebuild_default,
     stateful_keys,
 )
-from ._text import clip, safe_str
 
 __all__ = ["RestorePlan", "VettedState", "plan_restore", "rebuild", "rebuild_vetted", "vet_state"]
 

@@ -1,4 +1,4 @@
-"""Benchmark the overhead of a stack of callbacks, per health-check period.
+"""What ``eventbus bench`` measures: a stack of callbacks' overhead, per health-check period.
 
 A workload (synthetic, or events read from a recorded log) is driven through
 a real bus with the callbacks attached as in a run, under a
@@ -31,9 +31,13 @@ from eventbus import (
     Report,
     RunFinished,
     RunStarted,
+    Stage,
     WorkerFailure,
 )
-from handlers import TrainRunContext, WorkerError, attach_user_callbacks, implemented_hooks
+from handlers import TrainRunContext, WorkerError
+from handlers.wiring import attach_user_callbacks, implemented_hooks
+
+from ._common import callback_name, split_callbacks
 
 __all__ = [
     "BenchResult",
@@ -194,22 +198,6 @@ def run_bench(
     )
 
 
-def callback_name(callback: Any) -> str:
-    """How a callback is named in the figures: its class, or a function's own name."""
-    name = getattr(callback, "__qualname__", None)  # functions and methods have their own
-    return name if isinstance(name, str) else type(callback).__qualname__
-
-
-def _split(callbacks: list[Any]) -> tuple[list[Any], list[Any]]:
-    """Training callbacks (with training hooks) and plain bus handlers (callables)."""
-    training = [c for c in callbacks if implemented_hooks(c)]
-    plain = [c for c in callbacks if not implemented_hooks(c)]
-    for handler in plain:
-        if not callable(handler):
-            raise ValueError(f"{callback_name(handler)}: neither a training callback nor callable")
-    return training, plain
-
-
 async def _through_bus(
     callbacks: list[Any],
     events: list[Event],
@@ -217,14 +205,16 @@ async def _through_bus(
     progress: Progress | None,
 ) -> tuple[list[BudgetReport], float, list[tuple[list[dict[str, Any]], str | None]]]:
     world_size = max((getattr(e, "world_size", 0) for e in events), default=0) or None
-    training, plain = _split(callbacks)
+    training, plain = split_callbacks(callbacks)
     clock = FastForwardClock(start=events[0].time)
     reports: list[BudgetReport] = []
     rounds: list[tuple[list[dict[str, Any]], str | None]] = []
     copies = [msgspec.structs.replace(e, seq=-1) for e in events]  # a bus stamps what it gets
     started = time.perf_counter()
     async with EventBus(clock=clock, **bus_options) as bus:
-        bus.subscribe(BudgetReport, reports.append, name="bench.budget_reports", order=10**9)
+        bus.subscribe(
+            BudgetReport, reports.append, name="bench.budget_reports", order=Stage.OBSERVE
+        )
         if training:
             attach_user_callbacks(
                 bus, training, world_size=world_size, report_callbacks=[_RoundRecorder(rounds)]
@@ -292,7 +282,7 @@ def _direct_calls(
         "after_exception": [(context, {f.rank: WorkerError.from_failure(f)}) for f in failures],
     }
     calls: list[Call] = []
-    training, plain = _split(callbacks)
+    training, plain = split_callbacks(callbacks)
     for callback in training:
         hooks = implemented_hooks(callback)
         for hook, args_list in arguments.items():

@@ -31,7 +31,7 @@ from typing import Literal
 
 import msgspec
 
-from ._state import (
+from ._model import (
     MALFORMED,
     STATE_FORMAT_VERSION,
     CallbackState,
@@ -40,23 +40,6 @@ from ._state import (
     StateFormatError,
     check_state,
 )
-
-__all__ = [
-    "DEFAULT_MAX_BYTES",
-    "LEFTOVER_AGE",
-    "MAX_LOCATION_CHARS",
-    "MAX_LOCATION_DEPTH",
-    "STATE_FILENAME",
-    "StatePathError",
-    "atomic_write",
-    "encode_snapshot",
-    "read_regular_file",
-    "read_snapshot",
-    "resolve_location",
-    "resume_state_path",
-    "state_path",
-    "write_snapshot",
-]
 
 #: Name of the snapshot file inside a checkpoint directory.
 STATE_FILENAME = "callback_state.json"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from eventbus import get_logger
+from eventbus.events import RunResult, TrainRunContext
 
-from ._context import RunResult, TrainRunContext
-from ._interfaces import UserCallback
-from ._metrics import mean_metrics
+from .._interfaces import UserCallback
+from .._metrics import mean_metrics
 
 __all__ = ["MetricsLogger"]
 

@@ -14,9 +14,8 @@ from typing import Any
 
 import msgspec
 
-from ._codec import tag_of
-from ._events import EventPlaceholder
-from ._text import clip, describe
+from .._events import EventPlaceholder, tag_of
+from .._text import clip, describe
 
 __all__ = [
     "TEXT_LIMIT",

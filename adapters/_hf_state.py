@@ -1,4 +1,4 @@
-"""Hugging Face interop: the ``stateful_callbacks`` section of ``trainer_state.json``.
+"""Hugging Face's ``trainer_state.json``: its ``stateful_callbacks`` section, both ways.
 
 HF's ``TrainerState`` stores ``{ClassName: state}``, or ``{ClassName: [state,
 state, ...]}`` when several callbacks share a class, and its
@@ -11,28 +11,46 @@ Writing our snapshot to HF groups states by class name in callback order; two
 different classes with one name cannot be told apart there, so that is an
 error rather than a silently merged list.
 
-The file itself is read with the standard ``json`` module and written back
-the way HF writes it (``indent=2, sort_keys=True``, trailing newline), so
-fields we do not own, NaN in ``log_history`` included, are kept as they are.
+The file is HF's, so this lives with the HF adapter, not in the runtime's
+state store; it needs no ``transformers`` though (converting a checkpoint's
+states is plain JSON). It is read as defensively as our own snapshots
+(a regular file, at most ``max_bytes``), parsed with the standard ``json``
+module and written back atomically the way HF writes it (``indent=2,
+sort_keys=True``, trailing newline), so fields we do not own, NaN in
+``log_history`` included, are kept as they are.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._state import MALFORMED, CallbackState, Snapshot, StateFormatError, check_state
-from ._state_files import DEFAULT_MAX_BYTES, atomic_write, read_regular_file
+from eventbus.state import (
+    DEFAULT_MAX_BYTES,
+    MALFORMED,
+    CallbackState,
+    Snapshot,
+    StateFormatError,
+    atomic_write,
+    check_state,
+    read_regular_file,
+)
 
 __all__ = [
     "HF_SECTION",
+    "TRAINER_STATE_NAME",
     "from_hf_callbacks",
+    "merge_stateful_callbacks",
     "read_hf_trainer_state",
     "to_hf_callbacks",
     "write_hf_trainer_state",
 ]
 
+#: The Trainer's state file in a checkpoint directory (transformers' ``TRAINER_STATE_NAME``).
+TRAINER_STATE_NAME = "trainer_state.json"
 #: The key of the callbacks' section in HF's ``trainer_state.json``.
 HF_SECTION = "stateful_callbacks"
 
@@ -109,7 +127,29 @@ def _read_json(path: Path, max_bytes: int) -> dict[str, Any]:
     return document
 
 
-def read_hf_trainer_state(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snapshot:
+def _rewrite_section(
+    path: Path,
+    section: Callable[[Any], HFCallbacks],
+    *,
+    max_bytes: int,
+    create: bool,
+) -> None:
+    """Set ``stateful_callbacks`` to ``section(old section)``, keeping every other field,
+    atomically and formatted as HF formats the file."""
+    try:
+        document = _read_json(path, max_bytes)
+    except FileNotFoundError:
+        if not create:
+            raise
+        document = {}
+    document[HF_SECTION] = section(document.get(HF_SECTION))
+    text = json.dumps(document, indent=2, sort_keys=True) + "\n"
+    atomic_write(path, text.encode("utf-8"))
+
+
+def read_hf_trainer_state(
+    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> Snapshot:
     """The callback states of an HF ``trainer_state.json`` (none if it has no section).
 
     A FIFO, device or directory in its place, or a file over ``max_bytes``,
@@ -123,18 +163,34 @@ def read_hf_trainer_state(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTE
 
 
 def write_hf_trainer_state(
-    path: str | Path, snapshot: Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES
+    path: str | os.PathLike[str], snapshot: Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> None:
-    """Set the ``stateful_callbacks`` section of ``path``, keeping every other field.
+    """Replace the ``stateful_callbacks`` section of ``path`` with ``snapshot``'s states.
 
-    Creates the file (with only that section) if it does not exist; writes
-    atomically, formatted as HF formats it.
+    Creates the file (with only that section) if it does not exist.
+    """
+    states = to_hf_callbacks(snapshot)
+    _rewrite_section(Path(path), lambda _: states, max_bytes=max_bytes, create=True)
+
+
+def merge_stateful_callbacks(
+    path: str | os.PathLike[str], snapshot: Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> None:
+    """Put ``snapshot``'s states in the ``stateful_callbacks`` of an existing HF
+    ``trainer_state.json``, next to HF's own entries.
+
+    HF's entries (its ``TrainerControl``, its stateful callbacks) are kept; an
+    entry named like one of our classes is replaced (after a resume HF carries
+    our entries from the resumed checkpoint along, stale). HF itself writes the
+    file with a plain ``open`` just before ``on_save``; we rewrite it atomically.
     """
     path = Path(path)
-    try:
-        document = _read_json(path, max_bytes)
-    except FileNotFoundError:
-        document = {}
-    document[HF_SECTION] = to_hf_callbacks(snapshot)
-    text = json.dumps(document, indent=2, sort_keys=True) + "\n"
-    atomic_write(path, text.encode("utf-8"))
+    states = to_hf_callbacks(snapshot)
+
+    def merged(section: Any) -> HFCallbacks:
+        section = section or {}
+        if not isinstance(section, dict):
+            raise StateFormatError(f"{path}: {HF_SECTION} is not a mapping")
+        return {**section, **states}
+
+    _rewrite_section(path, merged, max_bytes=max_bytes, create=False)

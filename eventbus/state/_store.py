@@ -1,11 +1,11 @@
 """The state store: snapshot every stateful callback at every checkpoint, restore on resume.
 
-It ties the pieces together: keys and checks (``_state``), confined atomic
-files (``_state_files``) and the bus. Attached to a bus, it snapshots on each
+It ties the pieces together: keys and checks (``_model``), confined atomic
+files (``_files``) and the bus. Attached to a bus, it snapshots on each
 ``CheckpointSaved`` after the other handlers of that event (a high ``order``),
 so the states include what those handlers did with the checkpoint.
 
-Locations are of two kinds (see ``_state_files``): a checkpoint reported by
+Locations are of two kinds (see ``_files``): a checkpoint reported by
 a worker (``snapshot``, ``path_of``) must lie inside the root; the one the
 operator resumes from (``load``, ``restore``) may lie anywhere, only its
 snapshot file is confined.
@@ -19,10 +19,21 @@ from pathlib import Path
 
 import msgspec
 
-from ._bus import EventBus
-from ._events import CheckpointSaved, StateRestored, StateSnapshotted
-from ._logging import get_logger
-from ._state import (
+from .._bus import EventBus
+from .._events import CheckpointSaved, StateRestored, StateSnapshotted
+from .._logging import get_logger
+from .._stages import Stage
+from .._subscription import Subscription
+from .._text import clip
+from ._files import (
+    DEFAULT_MAX_BYTES,
+    atomic_write,
+    encode_snapshot,
+    read_snapshot,
+    resume_state_path,
+    state_path,
+)
+from ._model import (
     MAX_REASON_CHARS,
     Snapshot,
     StateFormatError,
@@ -31,24 +42,11 @@ from ._state import (
     stateful_keys,
     take_states,
 )
-from ._state_files import (
-    DEFAULT_MAX_BYTES,
-    atomic_write,
-    encode_snapshot,
-    read_snapshot,
-    resume_state_path,
-    state_path,
-)
-from ._state_restore import VettedState, plan_restore, rebuild_vetted, vet_state
-from ._subscription import Subscription
-from ._text import clip
+from ._restore import VettedState, plan_restore, rebuild_vetted, vet_state
 
-__all__ = ["SNAPSHOT_ORDER", "StateStore"]
+__all__ = ["StateStore"]
 
 _log = get_logger("eventbus.state")
-
-#: Runs after every handler of ``CheckpointSaved`` with a lower order (the default is 0).
-SNAPSHOT_ORDER = 1_000_000
 
 _compact = msgspec.json.Encoder()
 
@@ -250,7 +248,7 @@ class StateStore:
             mismatched=plan.mismatched,
         )
 
-    def attach(self, bus: EventBus, *, order: int = SNAPSHOT_ORDER) -> Subscription:
+    def attach(self, bus: EventBus, *, order: int = Stage.SNAPSHOT) -> Subscription:
         """Snapshot on every ``CheckpointSaved`` of ``bus`` and publish a ``StateSnapshotted``.
 
         Never raises into the bus: a bad location or an I/O error is reported

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar, TextIO
 
 from eventbus import Event, Report
+from eventbus.events import RunResult, TrainRunContext
 
-from ._context import RunResult, TrainRunContext
-from ._interfaces import UserCallback
+from .._interfaces import UserCallback
 
 __all__ = ["ProgressDisplay"]
 

@@ -14,16 +14,19 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from eventbus import (
+# The format needs no transformers: importing it from the adapter does not import them.
+from adapters.transformers import (
+    from_hf_callbacks,
+    read_hf_trainer_state,
+    to_hf_callbacks,
+    write_hf_trainer_state,
+)
+from eventbus.state import (
     CallbackState,
     Snapshot,
     StateFormatError,
     StateRestoreError,
     StateStore,
-    from_hf_callbacks,
-    read_hf_trainer_state,
-    to_hf_callbacks,
-    write_hf_trainer_state,
 )
 
 

@@ -21,15 +21,14 @@ import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
 
 import msgspec
 
-from . import _logformat
-from ._codec import _decoder
-from ._events import Event
-from ._logformat import (
+from .._codec import decoder_for
+from .._events import Event
+from . import _format
+from ._format import (
     LOG_MAGIC,
     MAX_HEADER_LINE,
     MAX_RECORD,
@@ -173,7 +172,7 @@ class LogReader:
         mark = RECORD_MARK_VALUE
         marker = RECORD_MARK
         crc32 = zlib.crc32
-        decode = _decoder("msgpack").decode
+        decode = decoder_for("msgpack").decode
         undecodable = (msgspec.DecodeError, RecursionError)
         data = b""
         pos = 0
@@ -223,7 +222,7 @@ class LogReader:
                         found = self._undecodable("msgpack", payload, exc, placeholders=True)
                         assert not isinstance(found, str)
                         event = found
-                        decode = _decoder("msgpack").decode  # a module may have been imported
+                        decode = decoder_for("msgpack").decode  # a class may be new since
                     yield event
                     pos = stop
                     index += 1
@@ -327,7 +326,7 @@ class LogReader:
 
     def _msgpack_v1_events(self) -> Iterator[Event]:
         read = self._file.read
-        decode = _decoder("msgpack").decode
+        decode = decoder_for("msgpack").decode
         unpack = RECORD_LENGTH.unpack_from
         undecodable = (msgspec.DecodeError, RecursionError)
         data = b""
@@ -381,11 +380,11 @@ class LogReader:
     # --- JSON Lines --------------------------------------------------------------------
 
     def _jsonl_events(self) -> Iterator[Event]:
-        max_line = _logformat.MAX_LINE  # looked up here, so a test can lower it
+        max_line = _format.MAX_LINE  # looked up here, so a test can lower it
         readline = self._file.readline
         limit = max_line + 1  # the longest line and its newline
         quick = min(limit, max(self.chunk_size, 1 << 16))  # one read holds most lines
-        decode = _decoder("json").decode
+        decode = decoder_for("json").decode
         undecodable = (msgspec.DecodeError, RecursionError)
         placeholders = self.header.format_version >= 2
         offset = self.data_offset
@@ -395,11 +394,11 @@ class LogReader:
             size = len(line)
             if size == quick and line[-1] != 10:
                 if size < limit:
-                    line = self._rest_of_line(line, limit)
+                    line = _rest_of_line(self._file, line, limit, self.chunk_size)
                     size = len(line)
                 if size == limit and line[-1] != 10:
                     # Longer than any event: skip to the next newline, holding no more of it.
-                    size += self._skip_line()
+                    size += _skip_line(self._file, self.chunk_size)
                     self._corrupt(offset, index, f"line longer than {max_line} bytes")
                     offset += size
                     index += 1
@@ -411,7 +410,7 @@ class LogReader:
                 event = decode(line)
             except undecodable as exc:
                 found = self._undecodable("json", line, exc, placeholders=placeholders)
-                decode = _decoder("json").decode  # a module may have been imported
+                decode = decoder_for("json").decode  # a class may be new since
                 if isinstance(found, str):
                     if line[-1] != 10:  # the last line, cut short mid-write
                         self.truncated = TruncatedTail(offset=offset, index=index, size=size)
@@ -426,27 +425,6 @@ class LogReader:
             offset += size
             index += 1
 
-    def _rest_of_line(self, start: bytes, limit: int) -> bytes | bytearray:
-        """A line longer than one read, gathered up to ``limit`` bytes (in one buffer:
-        ``readline(limit)`` would hold it twice)."""
-        line = bytearray(start)
-        piece = start
-        while len(line) < limit and piece[-1] != 10:
-            piece = self._file.readline(min(limit - len(line), max(self.chunk_size, 1 << 16)))
-            if not piece:
-                break
-            line += piece
-        return line
-
-    def _skip_line(self) -> int:
-        """Read past the rest of a line, a chunk at a time; the bytes it held."""
-        skipped = 0
-        while piece := self._file.readline(self.chunk_size):
-            skipped += len(piece)
-            if piece[-1] == 10:
-                break
-        return skipped
-
     # --- the file ------------------------------------------------------------------------
 
     def _remaining(self, offset: int) -> int:
@@ -458,16 +436,34 @@ class LogReader:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
         return f"<LogReader {str(self.path)!r} {self.format} schema={self.header.schema_version}>"
+
+
+def _rest_of_line(file: IO[bytes], start: bytes, limit: int, chunk: int) -> bytes | bytearray:
+    """A line longer than one read, gathered up to ``limit`` bytes (in one buffer:
+    ``readline(limit)`` would hold it twice)."""
+    line = bytearray(start)
+    piece = start
+    while len(line) < limit and piece[-1] != 10:
+        piece = file.readline(min(limit - len(line), max(chunk, 1 << 16)))
+        if not piece:
+            break
+        line += piece
+    return line
+
+
+def _skip_line(file: IO[bytes], chunk: int) -> int:
+    """Read past the rest of a line, a chunk at a time; the bytes it held."""
+    skipped = 0
+    while piece := file.readline(chunk):
+        skipped += len(piece)
+        if piece[-1] == 10:
+            break
+    return skipped
 
 
 class LogContents(msgspec.Struct, frozen=True, kw_only=True):

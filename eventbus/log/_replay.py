@@ -9,7 +9,10 @@ ticks and budget reports therefore fall between the same events on every
 replay, and only measured durations (handler times) differ from run to run.
 
 The bus's own diagnostics in the log (ticks, budget reports, handler faults)
-are left out by default: the replay bus produces its own. Placeholders
+are left out by default: the replay bus produces its own. So are the events
+the replay bus's handlers derive themselves (``EventBus.derives``: the
+gathering's rounds, when training callbacks are attached), so that each
+reaches a handler once. Placeholders
 (``EventPlaceholder``: what a log holds for an event it could not keep as
 itself) are never delivered, since no handler can act on them; they are
 counted in ``ReplaySummary.placeholders``.
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -27,10 +29,10 @@ from typing import Any
 import anyio
 import msgspec
 
-from ._bus import BusStats, EventBus
-from ._clock import FastForwardClock, MonotonicClock, VirtualClock
-from ._eventfilter import EventFilter
-from ._events import (
+from .._bus import BusStats, EventBus
+from .._clock import FastForwardClock, MonotonicClock, VirtualClock
+from .._eventfilter import EventFilter
+from .._events import (
     BudgetReport,
     Event,
     EventPlaceholder,
@@ -39,7 +41,7 @@ from ._events import (
     HandlerTimedOut,
     HealthCheckTick,
 )
-from ._logformat import TruncatedTail
+from ._format import TruncatedTail
 from ._reader import LogReader
 
 __all__ = [
@@ -60,7 +62,6 @@ BUS_DIAGNOSTICS: tuple[type[Event], ...] = (
     HandlerTimedOut,
     HandlerStateChanged,
 )
-_USAGE_NAME = "eventbus.replay.usage"
 
 Source = str | os.PathLike[str] | Iterable[Event]
 
@@ -111,19 +112,6 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
         raise KeyError(f"no handler named {name!r}; handlers: {[h.name for h in self.handlers]}")
 
 
-class _Usage:
-    """Sums each handler's time over the budget reports of the replay."""
-
-    def __init__(self) -> None:
-        self.total: dict[str, float] = {}
-        self.max: dict[str, float] = {}
-
-    def __call__(self, report: BudgetReport) -> None:
-        for usage in report.handlers:
-            self.total[usage.handler] = self.total.get(usage.handler, 0.0) + usage.total
-            self.max[usage.handler] = max(self.max.get(usage.handler, 0.0), usage.max)
-
-
 async def replay(
     bus: EventBus,
     source: Source,
@@ -152,10 +140,8 @@ async def replay(
     else:
         events = source
     keep = None if filter is None or filter.empty else filter
-    usage = _Usage()
-    usage_sub = bus.subscribe(BudgetReport, usage, name=_USAGE_NAME, order=sys.maxsize)
     replace = msgspec.structs.replace
-    selection = _Selection(events, keep, include_diagnostics)
+    selection = _Selection(events, keep, include_diagnostics, bus.derived_types)
     started = time.perf_counter()
     try:
         if isinstance(bus.clock, VirtualClock) and instant:
@@ -184,34 +170,28 @@ async def replay(
                 await bus.publish(replace(event, seq=-1, time=0.0))
         await bus.wait_idle()
     finally:
-        usage_sub.cancel()
         if reader is not None:
             reader.close()
     stats = bus.stats()
-    subs = {s.name: s for s in bus.subscriptions}
-    handlers = []
-    for figures in stats.subscriptions:
-        if figures.name == _USAGE_NAME:
-            continue
-        live = subs.get(figures.name)
-        handlers.append(
-            HandlerSummary(
-                name=figures.name,
-                calls=figures.calls,
-                failed=figures.failed,
-                timed_out=figures.timed_out,
-                skipped=figures.skipped,
-                state=figures.state,
-                total=usage.total.get(figures.name, 0.0) + (live.p_total if live else 0.0),
-                max=max(usage.max.get(figures.name, 0.0), live.p_max if live else 0.0),
-            )
+    handlers = tuple(
+        HandlerSummary(
+            name=figures.name,
+            calls=figures.calls,
+            failed=figures.failed,
+            timed_out=figures.timed_out,
+            skipped=figures.skipped,
+            state=figures.state,
+            total=figures.total,
+            max=figures.max,
         )
+        for figures in stats.subscriptions
+    )
     return ReplaySummary(
         replayed=selection.replayed,
         filtered=selection.filtered,
         first_time=selection.first_time,
         last_time=selection.last_time,
-        handlers=tuple(handlers),
+        handlers=handlers,
         bus=stats,
         truncated=reader.truncated if reader is not None else None,
         skipped_corrupt=reader.skipped if reader is not None else 0,
@@ -223,21 +203,26 @@ async def replay(
 class _Selection:
     """The events to replay, in order, counting what the filters left out and
     the placeholders passed over, and noting the recorded time span (of every
-    event, filtered or not; placeholders aside)."""
+    event, filtered or not; placeholders aside). Left out: the bus's own
+    diagnostics (unless included) and what the replay bus derives itself."""
 
     def __init__(
-        self, events: Iterable[Event], keep: EventFilter | None, include_diagnostics: bool
+        self,
+        events: Iterable[Event],
+        keep: EventFilter | None,
+        include_diagnostics: bool,
+        derived: tuple[type[Event], ...],
     ) -> None:
         self.events = events
         self.keep = keep
-        self.include_diagnostics = include_diagnostics
+        self.left_out = derived if include_diagnostics else (*BUS_DIAGNOSTICS, *derived)
         self.replayed = self.filtered = self.placeholders = 0
         self.first_time: float | None = None
         self.last_time: float | None = None
 
     def __iter__(self) -> Iterator[Event]:
         keep = self.keep
-        skip_diagnostics = not self.include_diagnostics
+        left_out = self.left_out
         placeholder = EventPlaceholder  # exact type: a cheaper test than isinstance
         for event in self.events:
             if type(event) is placeholder:  # its time may be unknown (0.0)
@@ -246,9 +231,7 @@ class _Selection:
             if self.first_time is None:
                 self.first_time = event.time
             self.last_time = event.time
-            if (skip_diagnostics and isinstance(event, BUS_DIAGNOSTICS)) or (
-                keep is not None and not keep(event)
-            ):
+            if isinstance(event, left_out) or (keep is not None and not keep(event)):
                 self.filtered += 1
                 continue
             self.replayed += 1

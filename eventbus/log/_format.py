@@ -24,7 +24,7 @@ from typing import Literal
 
 import msgspec
 
-from ._events import SCHEMA_VERSION
+from .._events import SCHEMA_VERSION
 
 __all__ = [
     "LOG_FORMAT_VERSION",

@@ -17,20 +17,20 @@ would be removed by the bus and lose the rest of the run.
 from __future__ import annotations
 
 import os
-import sys
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Literal, Self
 
 import msgspec
 
-from ._bus import EventBus
-from ._codec import encode_json, encode_json_nonfinite, event_modules, has_nonfinite
-from ._events import CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
-from ._logformat import (
+from .._bus import EventBus
+from .._codec import encode_json, encode_json_nonfinite, event_modules, has_nonfinite
+from .._events import CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
+from .._logging import get_logger
+from .._stages import Stage
+from ._format import (
     MAX_LINE,
     MAX_RECORD,
     RECORD_HEADER,
@@ -40,16 +40,11 @@ from ._logformat import (
     encode_header,
     format_for_path,
 )
-from ._logging import get_logger
 from ._placeholders import placeholder_for
 
 __all__ = ["FsyncPolicy", "LogRecorder"]
 
 FsyncPolicy = Literal["never", "checkpoint", "batch"]
-
-#: The recorder's own handlers (fsync at checkpoints, flush each period) run
-#: before every other handler of their event.
-RECORDER_ORDER = -sys.maxsize
 
 _log = get_logger("eventbus.recorder")
 
@@ -113,7 +108,7 @@ class LogRecorder:
         self.record_many: Callable[[Iterable[Event]], None] = (
             self._msgpack_recorder() if self.format == "msgpack" else self._jsonl_recorder()
         )
-        self._flush_file()
+        self.flush()  # the header
 
     # --- recording ------------------------------------------------------------
 
@@ -210,23 +205,22 @@ class LogRecorder:
             )
         return placeholder
 
-    def record(self, event: Event) -> None:
-        """One framed record into the buffer (no flush or fsync policy: see ``write``)."""
-        self.record_many((event,))
-
     def write(self, event: Event) -> None:
         """Record one event directly (not through a bus); honours every policy."""
+        self.write_many((event,))
+
+    def write_many(self, events: Iterable[Event]) -> None:
+        """Record events directly (not through a bus); honours every policy: the
+        buffer goes out every ``flush_interval``, and is made durable after a
+        ``CheckpointSaved`` (policy ``checkpoint``)."""
         if self._file.closed:
             raise ValueError(f"{self.path}: the recorder is closed")
-        self.record(event)
-        if self.fsync == "checkpoint" and isinstance(event, CheckpointSaved):
+        events = events if isinstance(events, list | tuple) else list(events)
+        self.record_many(events)
+        if self.fsync == "checkpoint" and any(type(e) is CheckpointSaved for e in events):
             self.flush(fsync=True)
         elif time.monotonic() - self._last_flush >= self.flush_interval:
             self.flush()
-
-    def write_many(self, events: Iterable[Event]) -> None:
-        for event in events:
-            self.write(event)
 
     # --- a bus -------------------------------------------------------------------
 
@@ -247,11 +241,11 @@ class LogRecorder:
                 CheckpointSaved,
                 self._on_checkpoint,
                 name="eventbus.recorder.fsync",
-                order=RECORDER_ORDER,
+                order=Stage.RECORD,
             )
             self._detach.append(sub.cancel)
         sub = bus.subscribe(
-            HealthCheckTick, self._on_period, name="eventbus.recorder.flush", order=RECORDER_ORDER
+            HealthCheckTick, self._on_period, name="eventbus.recorder.flush", order=Stage.RECORD
         )
         self._detach.append(sub.cancel)
         return self
@@ -282,11 +276,6 @@ class LogRecorder:
         if fsync or self.fsync == "batch":
             os.fsync(self._file.fileno())
 
-    def _flush_file(self) -> None:
-        self._file.write(self._buffer)
-        self._buffer.clear()
-        self._file.flush()
-
     def close(self) -> None:
         """Stop recording, write what is buffered and fsync (unless policy ``never``)."""
         if self._file.closed:
@@ -306,12 +295,7 @@ class LogRecorder:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from ._context import TrainRunContext
-from ._interfaces import UserCallback
-from ._metrics import mean_of
+from eventbus import StatefulCallback
+from eventbus.events import TrainRunContext
+
+from .._interfaces import UserCallback
+from .._metrics import mean_of
 
 __all__ = ["EarlyStopping"]
 
 
-class EarlyStopping(UserCallback):
+class EarlyStopping(UserCallback, StatefulCallback):
     """Sets ``should_stop`` after ``patience`` rounds without improvement of ``metric``.
 
     The round's value is the mean over ranks; it improves when it beats the
@@ -20,6 +22,9 @@ class EarlyStopping(UserCallback):
     without the metric do not count. State (for the state store):
     ``{"args": ..., "attributes": {best, wait, should_stop, rounds}}``.
     """
+
+    state_args = ("metric", "patience", "threshold", "mode")
+    state_attributes = ("best", "wait", "rounds", "should_stop")
 
     def __init__(
         self,
@@ -46,22 +51,6 @@ class EarlyStopping(UserCallback):
     @property
     def state_key(self) -> str:
         return f"EarlyStopping(metric={self.metric!r}, mode={self.mode!r})"
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "args": {
-                "metric": self.metric,
-                "patience": self.patience,
-                "threshold": self.threshold,
-                "mode": self.mode,
-            },
-            "attributes": {
-                "best": self.best,
-                "wait": self.wait,
-                "rounds": self.rounds,
-                "should_stop": self.should_stop,
-            },
-        }
 
     def after_report(
         self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None

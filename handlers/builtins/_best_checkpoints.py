@@ -4,20 +4,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ._context import TrainRunContext
-from ._interfaces import UserCallback
-from ._metrics import mean_of
+from eventbus import StatefulCallback
+from eventbus.events import TrainRunContext
+
+from .._interfaces import UserCallback
+from .._metrics import mean_of
 
 __all__ = ["BestCheckpoints"]
 
 
-class BestCheckpoints(UserCallback):
+class BestCheckpoints(UserCallback, StatefulCallback):
     """Keeps the ``k`` best checkpoints, ranked by the round's mean of ``metric``.
 
     ``top`` is a list of ``[value, checkpoint]``, best first (lists, so it
     survives a JSON round trip unchanged); ``best`` is the best checkpoint.
     Ties keep the earlier checkpoint first. It tracks only: it deletes nothing.
     """
+
+    state_args = ("metric", "k", "mode")
+    state_attributes = ("top",)
 
     def __init__(self, metric: str, k: int = 3, mode: Literal["min", "max"] = "min") -> None:
         if mode not in ("min", "max"):
@@ -40,12 +45,6 @@ class BestCheckpoints(UserCallback):
     @property
     def checkpoints(self) -> list[str]:
         return [str(path) for _, path in self.top]
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "args": {"metric": self.metric, "k": self.k, "mode": self.mode},
-            "attributes": {"top": [list(entry) for entry in self.top]},
-        }
 
     def after_report(
         self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None

@@ -7,7 +7,7 @@ told apart by ``state_key``, and a duplicate is an error instead of a lost
 state); states are checked as strict JSON when they are taken, so a state
 that would not round-trip is reported then, naming the callback and the path
 inside its state, rather than discovered at resume. Putting states back is
-``_state_restore``'s job; files are ``_state_files``'. No I/O here.
+``_restore``'s job; files are ``_files``'. No I/O here.
 """
 
 from __future__ import annotations
@@ -19,30 +19,7 @@ from typing import Any, Literal, Protocol, Self, TypedDict, runtime_checkable
 
 import msgspec
 
-from ._text import clip, describe, safe_str
-
-__all__ = [
-    "MALFORMED",
-    "MAX_REASON_CHARS",
-    "STATE_FORMAT_VERSION",
-    "CallbackState",
-    "Snapshot",
-    "StateError",
-    "StateFormatError",
-    "StateKeyConflict",
-    "StateRestoreError",
-    "Stateful",
-    "StatefulCallback",
-    "check_state",
-    "declared_only",
-    "is_stateful",
-    "listed",
-    "member",
-    "rebuild_default",
-    "state_key_of",
-    "stateful_keys",
-    "take_states",
-]
+from .._text import clip, describe, safe_str
 
 #: Bumped when the snapshot file changes shape incompatibly; files carry it.
 STATE_FORMAT_VERSION = 1

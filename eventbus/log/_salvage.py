@@ -3,18 +3,15 @@ placeholder, or the reason it is corrupt.
 
 A reader's fast path decodes each record once against the event union. This
 is its slow path, for the records that fail: nested nearly as deep as the
-recursion limit allows (decoded again on a fresh thread's stack); of a type
-defined in one of this library's modules the header names but nobody
-imported yet (imported now, then decoded); JSON holding NaN or Infinity
-(decoded through ``json``). A record that is intact but still not an event
-becomes an ``EventPlaceholder`` (counted) in a version-2 log, and corrupt in
-a version-1 one. A module named by a file is imported only if it is ours.
+recursion limit allows (decoded again on a fresh thread's stack); JSON
+holding NaN or Infinity (decoded through ``json``). A record that is intact
+but still not an event (a type nobody defined here: nothing is imported on a
+file's word) becomes an ``EventPlaceholder`` (counted) in a version-2 log,
+and corrupt in a version-1 one.
 """
 
 from __future__ import annotations
 
-import importlib
-import re
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,25 +19,19 @@ from typing import Literal
 
 import msgspec
 
-from ._codec import (
-    _decoder,
+from .._codec import (
+    decoder_for,
     event_union,
     known_tags,
     loads_json_nonfinite,
     may_hold_nonfinite,
 )
-from ._events import Event
-from ._logging import get_logger
+from .._events import Event
+from .._logging import get_logger
+from .._text import clip
 from ._placeholders import peek_msgpack_map, placeholder_from_raw
-from ._text import clip, describe
 
-__all__ = ["OUR_MODULE", "Salvage"]
-
-#: The modules a reader may import to decode a log's event types: this library's own.
-#: No component may start with ``__`` (``adapters.cli.__main__`` runs the CLI).
-OUR_MODULE = re.compile(
-    r"(?:eventbus|handlers|adapters)(?:\.(?!__)[A-Za-z_][A-Za-z0-9_]{0,99}){0,8}", re.ASCII
-)
+__all__ = ["Salvage"]
 
 _log = get_logger("eventbus.reader")
 
@@ -56,7 +47,6 @@ class Salvage:
         self.path = path
         self.event_types = event_types
         self.placeholders = 0
-        self._imports: dict[str, str] = {}  # module -> why importing it failed ("" if it did not)
 
     def __call__(
         self,
@@ -69,7 +59,7 @@ class Salvage:
         """What to yield for a record that failed to decode, or why it is corrupt.
 
         The event after all (nested so deep it needs a fresh stack; its type's
-        module, one of ours, imported now; or NaN/Infinity tokens in JSON,
+        or NaN/Infinity tokens in JSON,
         decoded through ``json``); with ``placeholders`` (an intact record of a
         version-2 log) an ``EventPlaceholder``; otherwise the reason the record
         is corrupt.
@@ -79,7 +69,7 @@ class Salvage:
             # Nested nearly as deep as the recursion limit allows: the writer's stack
             # was shallower than this reader's. A new thread's stack is the shallowest.
             run = _on_fresh_stack
-            retried = _attempt(run, lambda: _decoder(kind).decode(data))
+            retried = _attempt(run, lambda: decoder_for(kind).decode(data))
             if isinstance(retried, Event):
                 return retried
             exc = retried
@@ -107,14 +97,9 @@ class Salvage:
                     peek_msgpack_map(data), reason, text=f"{len(data)} bytes: {shown}"
                 )
             return reason
-        imported, unknown = self._resolve_unknown(raw)
-        if imported or via_json:
-            retried = _attempt(
-                run,
-                (lambda: msgspec.convert(raw, event_union()))
-                if via_json
-                else (lambda: _decoder(kind).decode(data)),
-            )
+        unknown = self._unknown(raw)
+        if via_json:
+            retried = _attempt(run, lambda: msgspec.convert(raw, event_union()))
             if isinstance(retried, Event):
                 return retried
             exc = retried
@@ -127,34 +112,24 @@ class Salvage:
         self.placeholders += 1
         return placeholder_from_raw(raw, reason, text=text)
 
-    def _resolve_unknown(self, raw: object) -> tuple[bool, str | None]:
-        """For a record whose ``type`` no event class has: whether the module the
-        header names for it (one of ours) was imported and now defines it, or why not."""
+    def _unknown(self, raw: object) -> str | None:
+        """Why a record whose ``type`` no event class has cannot decode: the class
+        that wrote it is not defined here. Nothing is imported on a log's word."""
         if not isinstance(raw, dict):
-            return False, None
+            return None
         tag = raw.get("type")
         if not isinstance(tag, str) or tag in known_tags():
-            return False, None
+            return None
         shown = repr(clip(tag, 200))
         module = self.event_types.get(tag)
         if module is None:
-            return False, (
+            return (
                 f"unknown event type {shown}: no event class of that name is defined; "
                 "import the module that defines it before reading this log"
             )
-        if not OUR_MODULE.fullmatch(module):
-            return False, (
-                f"event type {shown} is defined in module {clip(module, 200)!r}: "
-                "import it before reading this log"
-            )
-        if module not in self._imports:
-            self._imports[module] = _import(module, self.path)
-        if tag in known_tags():
-            return True, None
-        error = self._imports[module]
-        return False, (
-            f"event type {shown} is defined in module {module!r}, but "
-            + (f"importing it failed: {error}" if error else "that module does not define it")
+        return (
+            f"event type {shown} is defined in module {clip(module, 200)!r}: "
+            "import it before reading this log"
         )
 
 
@@ -199,13 +174,3 @@ def _on_fresh_stack(work: Callable[[], object]) -> object:
         assert isinstance(value, BaseException)
         raise value
     return value
-
-
-def _import(module: str, path: Path) -> str:
-    """Import one of this library's modules named by a log header; why it failed, or ``""``."""
-    try:
-        importlib.import_module(module)
-    except Exception as exc:
-        _log.warning("cannot import event types for a log", path=str(path), module=module)
-        return clip(describe(exc), 500)
-    return ""

@@ -1,0 +1,393 @@
+"""The Hugging Face ``TrainerCallback`` (``adapters.transformers`` says what it does).
+
+Its own module because it is the part that needs ``transformers``: it is
+imported when ``EventBusCallback`` or ``run_with_failures`` is first used.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Unpack
+
+try:
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+except ImportError as _exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "adapters.transformers needs Hugging Face transformers: "
+        "pip install 'train-eventbus[transformers]'"
+    ) from _exc
+
+from eventbus import (
+    CheckpointSaved,
+    Event,
+    EventBus,
+    Report,
+    RunStarted,
+    Stage,
+    StateRestored,
+    StateSnapshotted,
+    WorkerFailure,
+    get_logger,
+)
+from eventbus.state import Snapshot, StateError, StateStore, is_stateful
+from handlers import RunStatus
+from handlers.wiring import CallbackAttachment, attach_user_callbacks
+
+from ._bus_thread import describe
+from ._hf_state import TRAINER_STATE_NAME, merge_stateful_callbacks, read_hf_trainer_state
+from ._threaded_run import BusOptions, ThreadedAdapter, ThreadedRun, end_status, log_path
+
+__all__ = ["EventBusCallback", "run_with_failures"]
+
+_log = get_logger("adapters.transformers")
+
+
+class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc]  # untyped to mypy
+    """Runs ``callbacks`` (``handlers.UserCallback``s) on a bus fed by the Trainer's hooks.
+
+    ``state_root``: where callback states are kept (default: the Trainer's
+    ``output_dir``); the checkpoints the Trainer saves must lie inside it, the one
+    resumed from may be anywhere. ``state=False``
+    turns the state store off. ``log``: record the run's events, to that
+    path, or with ``True`` to ``<output_dir>/eventbus-<run_id>.msgpack``.
+    ``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``
+    (default 5 s), ``drain_timeout`` and ``backend`` configure the bus and
+    its hand-off (``adapters._threaded_run.BusOptions``).
+
+    After a resume the restored callbacks are new objects in the same order:
+    read them from ``callbacks``, not from references kept from before.
+    """
+
+    def __init__(
+        self,
+        callbacks: Iterable[Any] = (),
+        *,
+        name: str | None = None,
+        run_id: str | None = None,
+        state: bool = True,
+        state_root: str | os.PathLike[str] | None = None,
+        strict_state: bool = False,
+        log: bool | str | os.PathLike[str] = False,
+        **bus_options: Unpack[BusOptions],
+    ) -> None:
+        self._callbacks = list(callbacks)
+        self.name = name
+        self.requested_run_id = run_id
+        self.state_enabled = state
+        self.state_root = state_root
+        self.strict_state = strict_state
+        self.log = log
+        self._run = ThreadedRun("eventbus-hf", bus_options)
+        #: Checkpoint the next ``train()`` resumes from, when it cannot be inferred
+        #: (``run_with_failures`` sets it from ``resume_from_checkpoint``).
+        self.resume_from: str | None = None
+        #: What the last resume restored (None if nothing was restored).
+        self.restored: StateRestored | None = None
+        self.log_path: Path | None = None
+        self._store: StateStore | None = None
+        self._rank = 0
+        self._world_size = 1
+        self._index = 0
+        self._last_metrics: dict[str, Any] = {}
+        self._stop = False
+        self._stoppers: list[Any] = [cb for cb in self._callbacks if hasattr(cb, "should_stop")]
+
+    # --- what users read -------------------------------------------------------------
+
+    @property
+    def callbacks(self) -> list[Any]:
+        """Our callbacks, as the bus calls them (restored ones after a resume)."""
+        return self._callbacks
+
+    def request_stop(self) -> None:
+        """Ask the Trainer to stop at its next hook."""
+        self._stop = True
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether ``request_stop`` was called or a callback's ``should_stop`` is true."""
+        if self._stop:
+            return True
+        return any(callback.should_stop is True for callback in self._stoppers)
+
+    # --- Trainer hooks (the training thread) ---------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._run.running:
+            self._close("failed", "train() ended without on_train_end (an exception?)")
+        self._rank = int(args.process_index)
+        self._world_size = int(args.world_size)
+        self._index = 0
+        self._last_metrics = {}
+        self._stop = False
+        run_id = self.requested_run_id or f"{self._run_name(args)}-{uuid.uuid4().hex[:8]}"
+        root = Path(self.state_root if self.state_root is not None else args.output_dir)
+        self._store = StateStore(root, strict=self.strict_state) if self.state_enabled else None
+        checkpoint = self._resume_checkpoint(args, state)
+        self.restored = self._restore(checkpoint) if checkpoint is not None else None
+        if self._store is not None:
+            self._store.register(self._callbacks)
+        self._stoppers = [cb for cb in self._callbacks if hasattr(cb, "should_stop")]
+        self.log_path = log_path(self.log, args.output_dir, run_id)
+        self._start_bus(run_id, bool(args.should_save))
+        self._run.handoff(
+            RunStarted(
+                run_id=run_id,
+                name=self._run_name(args),
+                world_size=self._world_size,
+                config={
+                    "output_dir": str(args.output_dir),
+                    "max_steps": int(state.max_steps),
+                    "rank": self._rank,
+                    "resumed_from": checkpoint,
+                    "global_step": int(state.global_step),
+                },
+                storage=str(root),
+                wall_time=time.time(),
+            )
+        )
+        if self.restored is not None:
+            self._run.handoff(self.restored)
+
+    def on_log(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        run = self._run
+        thread = run.thread
+        if logs is not None and thread is not None and thread.running:
+            metrics = dict(logs)  # HF's PrinterCallback pops from the shared dict
+            if "step" not in metrics:
+                metrics["step"] = state.global_step
+            index = self._index
+            self._index = index + 1
+            self._last_metrics = metrics
+            # The hand-off also raises a callback's failure: one check, not two.
+            run.handoff(
+                Report(
+                    run_id=run.run_id,
+                    rank=self._rank,
+                    world_size=self._world_size,
+                    index=index,
+                    metrics=metrics,
+                )
+            )
+        else:
+            run.check()
+        if self.stop_requested:
+            control.should_training_stop = True
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._check(control)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._check(control)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._run.running:
+            return
+        checkpoint = Path(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        event = CheckpointSaved(
+            run_id=self._run.run_id,
+            checkpoint=str(checkpoint.resolve()),
+            index=self._index - 1,
+            ranks=(self._rank,),
+            metrics=self._last_metrics,
+        )
+        self._run.handoff(event, after_idle=True)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close("finished", None, reraise=True)
+
+    # --- failures -----------------------------------------------------------------------
+
+    def fail(self, exc: BaseException) -> None:
+        """End the current run because ``exc`` escaped ``train()``.
+
+        An ``Exception`` becomes a ``WorkerFailure`` of this rank and a failed
+        run; an interrupt a cancelled one. A callback's failure that the
+        adapter raised into the Trainer has already ended the run.
+        """
+        if exc is self._run.raised:
+            return
+        if not self._run.running:
+            _log.warning(
+                "training failed outside a run (before on_train_begin?)", error=describe(exc)
+            )
+            return
+        before = (
+            [WorkerFailure.from_exception(self._run.run_id, self._rank, exc)]
+            if isinstance(exc, Exception)
+            else []
+        )
+        self._close(*end_status(exc), before=before)
+
+    @contextlib.contextmanager
+    def failures(self) -> Iterator[None]:
+        """``with callback.failures(): trainer.train()``: an escaping exception ends the run
+        as failed (see ``fail``) and propagates."""
+        try:
+            yield
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _check(self, control: Any) -> None:
+        """Every few hooks: a callback's failure ends training now (raised: the Trainer
+        stops at once); a callback's wish to stop, at the Trainer's next step."""
+        self._run.check()
+        if self.stop_requested:
+            control.should_training_stop = True
+
+    def _run_name(self, args: Any) -> str:
+        if self.name:
+            return self.name
+        run_name = getattr(args, "run_name", None)
+        return str(run_name) if run_name else Path(str(args.output_dir)).name or "hf-trainer"
+
+    def _start_bus(self, run_id: str, writes_checkpoints: bool) -> None:
+        callbacks = self._callbacks
+        store = self._store if writes_checkpoints else None
+        world_size, rank = self._world_size, self._rank
+
+        def setup(bus: EventBus) -> CallbackAttachment:
+            # Each process runs its own bus and sees only its own rank's logs.
+            attachment = attach_user_callbacks(
+                bus, callbacks, world_size=world_size, required_ranks=[rank]
+            )
+            if store is not None:
+                store.attach(bus)
+                bus.subscribe(
+                    StateSnapshotted,
+                    self._merge_into_trainer_state,
+                    name="adapters.transformers.trainer_state",
+                    order=Stage.HANDOFF,
+                )
+            return attachment
+
+        self._run.start(setup, run_id=run_id, log=self.log_path, name=f"eventbus-hf-rank{rank}")
+        # A process that exits without on_train_end still ends the run and closes the log.
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        if self._run.running:
+            self._close("failed", "the process exited during training")
+
+    def _close(
+        self,
+        status: RunStatus,
+        error: str | None,
+        *,
+        before: Iterable[Event] = (),
+        reraise: bool = False,
+    ) -> None:
+        """End the run. A callback's failure not raised yet is raised only at the end of
+        training (``on_train_end``): elsewhere the trainer has its own exception, or
+        there is nobody to catch it."""
+        atexit.unregister(self._close_at_exit)
+        self._run.finish(status, error, before=before, reraise=reraise)
+
+    def _resume_checkpoint(self, args: Any, state: Any) -> str | None:
+        """The checkpoint this ``train()`` resumed from, or None for a fresh run.
+
+        The Trainer does not pass it to callbacks. ``resume_from`` (set by
+        ``run_with_failures``) names it exactly; otherwise a run that starts
+        past step 0 resumed from ``<output_dir>/checkpoint-<global_step>``,
+        the Trainer's own naming.
+        """
+        explicit, self.resume_from = self.resume_from, None
+        if explicit is not None:
+            return str(Path(explicit).resolve())
+        step = int(state.global_step)
+        if step <= 0:
+            return None
+        candidate = Path(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        if candidate.is_dir():
+            return str(candidate.resolve())
+        _log.warning(
+            "resumed at a step whose checkpoint is not in output_dir; callback states not "
+            "restored (train through run_with_failures(trainer, resume_from_checkpoint=...))",
+            global_step=step,
+            looked_for=str(candidate),
+        )
+        return None
+
+    def _restore(self, checkpoint: str) -> StateRestored | None:
+        """Rebuild our stateful callbacks from ``checkpoint``: our snapshot file, else the
+        ``stateful_callbacks`` of its ``trainer_state.json``."""
+        store = self._store
+        if store is None:
+            return None
+        try:
+            snapshot = self._saved_states(store, checkpoint)
+            if snapshot is None:
+                _log.warning("no callback states in the resumed checkpoint", checkpoint=checkpoint)
+                return None
+            self._callbacks, restored = store.restore(self._callbacks, snapshot)
+        except (StateError, OSError, ValueError) as exc:
+            if self.strict_state:
+                raise
+            _log.warning("callback states not restored", checkpoint=checkpoint, error=f"{exc}")
+            return None
+        return restored
+
+    def _saved_states(self, store: StateStore, checkpoint: str) -> Snapshot | None:
+        try:
+            return store.load(checkpoint)  # the operator's checkpoint: it may be anywhere
+        except FileNotFoundError:
+            pass
+        trainer_state = Path(checkpoint, TRAINER_STATE_NAME)
+        if not trainer_state.is_file():
+            return None
+        hf = read_hf_trainer_state(trainer_state)
+        # HF keeps its own callbacks' states there too: take only our classes'.
+        ours = {type(cb).__name__ for cb in self._callbacks if is_stateful(cb)}
+        states = {k: v for k, v in hf.states.items() if k.split("[", 1)[0] in ours}
+        if not states:
+            return None
+        return Snapshot(checkpoint=checkpoint, keyed_by="class_name", states=states)
+
+    def _merge_into_trainer_state(self, event: StateSnapshotted) -> None:
+        """Bus handler: our states into the checkpoint's ``trainer_state.json``."""
+        if event.error or not event.path or self._store is None:
+            return
+        path = Path(event.checkpoint, TRAINER_STATE_NAME)
+        if path.is_file():
+            merge_stateful_callbacks(path, self._store.load(event.checkpoint))
+
+
+def run_with_failures(trainer: Any, **train_kwargs: Any) -> Any:
+    """``trainer.train(**train_kwargs)`` with our ``EventBusCallback`` told about failures.
+
+    An exception escaping ``train()`` becomes a ``WorkerFailure`` and a
+    failed ``RunFinished`` (then propagates). ``resume_from_checkpoint`` is
+    passed on to the callback, so the exact checkpoint's callback states are
+    restored even when it is not ``<output_dir>/checkpoint-<step>``.
+    """
+    matches = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, EventBusCallback)]
+    if len(matches) != 1:
+        raise ValueError(
+            f"run_with_failures needs exactly one EventBusCallback on the trainer, found "
+            f"{len(matches)}"
+        )
+    callback = matches[0]
+    resume = train_kwargs.get("resume_from_checkpoint")
+    if resume is True:
+        resume = get_last_checkpoint(trainer.args.output_dir)
+    if isinstance(resume, str | os.PathLike):
+        callback.resume_from = os.fspath(resume)
+    with callback.failures():
+        return trainer.train(**train_kwargs)

@@ -1,0 +1,312 @@
+"""What the trainer adapters share: one run at a time on a ``BusThread``.
+
+Both adapters turn a trainer's hooks into events and hand them to a bus in
+its own thread; both end a run the same way (``RunFinished`` once everything
+before it was handled, then drain and close, bounded by ``drain_timeout``);
+both show users the same figures. That is here, once: ``ThreadedRun`` (the
+run, driven from the trainer's thread), ``ThreadedAdapter`` (what users read
+of it) and ``BusOptions`` (how the bus runs, given to the adapters as
+keywords).
+
+A callback that fails the run (``on_error="raise"``, or ``KeyboardInterrupt``
+or ``SystemExit`` raised in it) does so in the bus's thread. The next
+hand-off ends the run, ``after_run`` included, then raises that exception in
+the trainer's thread, as itself, as ``open_run`` raises it out of ``async
+with``: the trainer stops the way the callback asked, and the run's end is
+still recorded and delivered once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypedDict
+
+from eventbus import BusClosed, CloseReport, Event, EventBus, RunFinished, get_logger
+from handlers import RunStatus
+from handlers.wiring import CallbackAttachment
+
+from ._bus_thread import Backend, BusThread, describe
+
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "BusOptions",
+    "ThreadedAdapter",
+    "ThreadedRun",
+    "end_status",
+    "log_path",
+]
+
+_log = get_logger("adapters.threaded_run")
+
+
+class BusOptions(TypedDict, total=False):
+    """How an adapter's bus runs, given to the adapter as keywords.
+
+    ``period``, ``timeout``, ``budget`` and ``buffer`` configure the bus (as
+    for ``EventBus``); ``buffer`` also bounds the hand-off, which waits at
+    most ``handoff_timeout`` seconds for room before it drops (and counts)
+    an event. ``drain_timeout`` bounds the drain at the run's end.
+    ``backend``: anyio's backend for the bus's thread.
+    """
+
+    period: float
+    timeout: float
+    budget: float
+    buffer: int
+    handoff_timeout: float
+    drain_timeout: float
+    backend: Backend
+
+
+#: Every option, with its default (an adapter may change a default: Ray's loop waits less).
+DEFAULT_OPTIONS: BusOptions = {
+    "period": 2.0,
+    "timeout": 30.0,
+    "budget": 0.05,
+    "buffer": 1024,
+    "handoff_timeout": 5.0,
+    "drain_timeout": 10.0,
+    "backend": "asyncio",
+}
+
+
+def end_status(exc: BaseException) -> tuple[RunStatus, str]:
+    """How a run that ``exc`` ended is reported (as ``open_run`` does): an interrupt
+    cancels it; anything else fails it."""
+    return ("cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"), describe(exc)
+
+
+def log_path(
+    setting: bool | str | os.PathLike[str], directory: str | os.PathLike[str], run_id: str
+) -> Path | None:
+    """Where a run's events are recorded: nowhere (``False``), the given file, or
+    for ``True`` ``<directory>/eventbus-<run_id>.msgpack``, one file per run."""
+    if setting is False:
+        return None
+    if setting is True:
+        return Path(directory, f"eventbus-{run_id}.msgpack")
+    return Path(setting)
+
+
+class ThreadedRun:
+    """One run at a time on a ``BusThread``, driven from the trainer's thread.
+
+    What the adapters share: the bus options, starting the bus's thread,
+    handing events off, and ending the run (``RunFinished`` once everything
+    before it was handled, then drain and close, bounded by ``drain_timeout``).
+
+    A callback that failed the run (see the module docstring) ends it at the
+    next ``handoff`` (or ``check``): the run is finished first, so
+    ``after_run`` runs once with status ``failed`` (``cancelled`` for an
+    interrupt), then the exception is raised. One that fails while the run
+    ends is raised by ``finish``. Either way it is raised once.
+
+    Pickles as its options only (Ray ships adapters to another process): the
+    thread is made where the run starts.
+    """
+
+    def __init__(self, name: str, options: BusOptions) -> None:
+        unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
+        if unknown:
+            raise TypeError(f"unexpected bus option(s): {', '.join(unknown)}")
+        self.name = name
+        self.options: BusOptions = {**DEFAULT_OPTIONS, **options}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.thread: BusThread | None = None
+        self.run_id = ""
+        #: The last run's close report (None while running, or if the bus was abandoned).
+        self.close_report: CloseReport | None = None
+        #: The bus's failure once it was raised in the trainer's thread.
+        self.raised: BaseException | None = None
+        self._dropped_before = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # --- what adapters read ------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.running
+
+    @property
+    def attachment(self) -> CallbackAttachment | None:
+        """The handlers wired on the current (or last) run's bus."""
+        result = self.thread.setup_result if self.thread is not None else None
+        return result if isinstance(result, CallbackAttachment) else None
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped at the hand-off, over every run."""
+        return self._dropped_before + (self.thread.dropped if self.thread is not None else 0)
+
+    @property
+    def drain_timeout(self) -> float:
+        return self.options["drain_timeout"]
+
+    # --- the run (the trainer's thread) -------------------------------------------------
+
+    def start(
+        self,
+        setup: Callable[[EventBus], Any],
+        *,
+        run_id: str,
+        log: Path | None,
+        name: str | None = None,
+    ) -> None:
+        """Start a bus for run ``run_id`` (``setup(bus)`` wires it, in the bus's thread)."""
+        if self.running:
+            raise RuntimeError(f"{self.name}: run {self.run_id} has not ended")
+        if self.thread is not None:
+            self._dropped_before += self.thread.dropped
+        options = self.options
+        if name is not None:
+            self.name = name
+        thread = BusThread(
+            setup,
+            log=log,
+            run_id=run_id,
+            name=self.name,
+            capacity=options["buffer"],
+            handoff_timeout=options["handoff_timeout"],
+            backend=options["backend"],
+            period=options["period"],
+            timeout=options["timeout"],
+            budget=options["budget"],
+            buffer=options["buffer"],
+            drain_timeout=options["drain_timeout"],
+        )
+        thread.start()
+        self.thread = thread
+        self.run_id = run_id
+        self.close_report = None
+        self.raised = None
+
+    def handoff(self, event: Event, *, after_idle: bool = False) -> None:
+        """Give ``event`` to the bus; ``after_idle``: publish it only once everything
+        handed off before it was handled (see ``BusThread.handoff_after_idle``).
+
+        Raises the bus's failure, once (see the class docstring). Nothing is
+        handed off once the run ended; a late event is logged, not delivered.
+        """
+        thread = self.thread
+        if thread is None:
+            return
+        if thread.failure is not None:
+            self._end_by_failure(thread)
+            return
+        try:
+            if after_idle:
+                thread.handoff_after_idle(event)
+            else:
+                thread.handoff(event)
+        except BusClosed:
+            if thread.failure is not None:  # the thread broke meanwhile
+                self._end_by_failure(thread)
+            else:
+                _log.warning(
+                    "event after the run ended: not delivered",
+                    run_id=self.run_id,
+                    event_type=type(event).__name__,
+                )
+
+    def check(self) -> None:
+        """Raise the bus's failure now, if there is one (the run is ended first)."""
+        thread = self.thread
+        if thread is not None and thread.failure is not None:
+            self._end_by_failure(thread)
+
+    def finish(
+        self,
+        status: RunStatus,
+        error: str | None = None,
+        *,
+        before: Iterable[Event] = (),
+        reraise: bool = True,
+    ) -> CloseReport | None:
+        """End the run: ``before``, then ``RunFinished``, drain, close.
+
+        A failure of the bus decides the status, and is raised here if the
+        trainer has not seen it yet; with ``reraise=False`` (the trainer has an
+        exception of its own to raise, or nobody is there to catch it) it was
+        only logged, by the bus's thread.
+        """
+        thread = self.thread
+        if thread is None:
+            return None
+        self._end(thread, status, error, before)
+        failure = thread.failure
+        if failure is not None and failure is not self.raised:
+            self.raised = failure
+            if reraise:
+                raise failure
+        return self.close_report
+
+    def _end_by_failure(self, thread: BusThread) -> None:
+        failure = thread.failure
+        if failure is None or failure is self.raised:
+            return
+        self.raised = failure
+        status, error = end_status(failure)
+        self._end(thread, status, error)
+        raise failure
+
+    def _end(
+        self, thread: BusThread, status: RunStatus, error: str | None, before: Iterable[Event] = ()
+    ) -> None:
+        if not thread.running:
+            return
+        deadline = time.monotonic() + self.drain_timeout + 5.0
+        for event in before:
+            with contextlib.suppress(BusClosed):
+                thread.handoff(event)
+        # Everything before the end handled first: a failure there decides the status.
+        thread.wait_idle(self.drain_timeout)
+        if thread.failure is not None:
+            status, error = end_status(thread.failure)
+        final = RunFinished(run_id=self.run_id, status=status, error=error)
+        self.close_report = thread.close([final], timeout=max(0.0, deadline - time.monotonic()))
+
+
+class ThreadedAdapter:
+    """What users read of an adapter's run, the same for every adapter (a mixin)."""
+
+    _run: ThreadedRun
+
+    @property
+    def run_id(self) -> str:
+        return self._run.run_id
+
+    @property
+    def attachment(self) -> CallbackAttachment | None:
+        """The handlers wired on the current (or last) run's bus."""
+        return self._run.attachment
+
+    @property
+    def bus_thread(self) -> BusThread | None:
+        return self._run.thread
+
+    @property
+    def close_report(self) -> CloseReport | None:
+        """The last run's close report (None while running, or if the bus was abandoned)."""
+        return self._run.close_report
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped at the hand-off, over every run of this callback."""
+        return self._run.dropped
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until every event handed off so far was handled (for tests, mostly)."""
+        thread = self._run.thread
+        return thread.wait_idle(timeout) if thread is not None else True

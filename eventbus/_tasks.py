@@ -1,0 +1,109 @@
+"""The bus's own tasks: the dispatcher, the watchdog, the period ticker, the lanes.
+
+Handlers run inside these tasks, so what escapes a handler's call into the
+task (a ``KeyboardInterrupt`` that trio raised wherever the task was, a
+cancellation that a handler made of its own task) must not end the bus
+before the run ends in order: such a task is started again. Each task has
+its own cancel scope, so the bus can stop them all and wait until their
+``finally`` blocks have accounted for the calls they made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from ._faults import FATAL, forgive_foreign_cancel, is_requested_cancel
+from ._logging import get_logger
+
+__all__ = ["Tasks"]
+
+_log = get_logger("eventbus")
+
+
+class Tasks:
+    """Starts, restarts and stops the bus's tasks in the bus's task group.
+
+    ``fail`` is told of an interrupt that hit one of them (it ends the run).
+    """
+
+    __slots__ = ("_fail", "_ids", "_running", "_scopes", "_stopped", "_tg")
+
+    def __init__(self, fail: Callable[[BaseException], None]) -> None:
+        self._fail = fail
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._scopes: list[anyio.CancelScope] = []
+        self._ids: set[int] = set()
+        self._running = 0
+        self._stopped: anyio.Event | None = None
+
+    def open(self, tg: anyio.abc.TaskGroup) -> None:
+        self._tg = tg
+
+    def in_one(self) -> bool:
+        """Whether the caller runs in one of these tasks (it is a handler, then)."""
+        return anyio.get_current_task().id in self._ids
+
+    def refuse_wait(self, what: str) -> None:
+        """A handler waiting for the bus would wait for itself until its deadline."""
+        if self.in_one():
+            raise RuntimeError(
+                f"{what} called from a handler would wait for the handler itself to "
+                "finish; from a handler, publish with bus.emit(event), which never waits"
+            )
+
+    def start(self, loop: Callable[[], Any]) -> None:
+        assert self._tg is not None
+
+        async def guarded() -> None:
+            self._running += 1
+            self._ids.add(anyio.get_current_task().id)
+            try:
+                with anyio.CancelScope() as scope:
+                    self._scopes.append(scope)
+                    while True:
+                        try:
+                            await loop()
+                            return
+                        except BaseException as exc:
+                            if not self._survive(loop, exc):
+                                raise
+            finally:
+                self._running -= 1
+                if not self._running and self._stopped is not None:
+                    self._stopped.set()
+
+        self._tg.start_soon(guarded)
+
+    def _survive(self, loop: Callable[[], Any], exc: BaseException) -> bool:
+        """Something escaped one of the bus's own loops: True to start it again.
+
+        Handlers' exceptions are caught where handlers are called; what gets
+        here came from elsewhere in that task: a ``KeyboardInterrupt`` that
+        trio raised wherever the task was (it ends the run, in order), or a
+        cancellation no scope of ours asked for (a handler that cancelled the
+        task it runs in). Either way the loop is needed to finish the run.
+        A cancellation we asked for, or any other exception (a bug of ours),
+        propagates.
+        """
+        if isinstance(exc, FATAL):
+            self._fail(exc)
+        elif isinstance(exc, anyio.get_cancelled_exc_class()) and not is_requested_cancel(exc):
+            forgive_foreign_cancel()
+            _log.error("a bus task was cancelled by something else; it goes on", task=repr(loop))
+        else:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Cancel the tasks and wait until they are gone (their ``finally`` blocks
+        account for the calls they made, so what is left is exact)."""
+        self._stopped = anyio.Event()
+        for scope in self._scopes:
+            scope.cancel()
+        if self._running:
+            with anyio.CancelScope(shield=True):
+                await self._stopped.wait()

@@ -1,0 +1,15 @@
+"""Wiring training callbacks onto a bus by hand, for what ``open_run`` does not cover.
+
+``open_run`` wires everything for a live run; adapters (a framework's own
+loop), replays of a log and benchmarks use these pieces directly.
+"""
+
+from ._attach import CallbackAttachment, attach_user_callbacks
+from ._user import UserCallbackHandler, implemented_hooks
+
+__all__ = [
+    "CallbackAttachment",
+    "UserCallbackHandler",
+    "attach_user_callbacks",
+    "implemented_hooks",
+]
