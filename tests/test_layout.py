@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,3 +189,72 @@ def test_public_names_are_exported_and_exist(name: str) -> None:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_packages_are_typed(package: str) -> None:
     assert (ROOT / package / "py.typed").exists()
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` -> the modules of ``package`` it imports at load time
+    (what a ``TYPE_CHECKING`` block imports does not count)."""
+    graph: dict[str, set[str]] = {}
+    for relative, tree in sources(package):
+        here = module_of(relative)
+        found: set[str] = set()
+        runtime = ast.Module(
+            body=[
+                node
+                for node in tree.body
+                if not (isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test))
+            ],
+            type_ignores=[],
+        )
+        for module, names in absolute_imports(relative, runtime):
+            for target in [module, *(f"{module}.{name}" for name in names)]:
+                if target.split(".")[0] == package and is_module(target) and target != here:
+                    found.add(target)
+        graph[here] = found
+    return graph
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_dependencies_inside_a_package_run_one_way(package: str) -> None:
+    """No import cycle between modules (a package imports its own modules, which
+    must not import it back)."""
+    graph = module_graph(package)
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                cycle = [*path[path.index(nxt) :], nxt]
+                if not any(ancestor_of(a, b) for a, b in itertools.pairwise(cycle)):
+                    cycles.append(" -> ".join(cycle))
+            elif nxt not in done:
+                visit(nxt, [*path, nxt])
+        done.add(node)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert cycles == []
+
+
+def ancestor_of(a: str, b: str) -> bool:
+    """A package importing its own submodule (or a submodule its package's name) is
+    not a layering cycle: the package is the submodule's public face."""
+    return b.startswith(a + ".") or a.startswith(b + ".")
+
+
+def test_examples_use_only_public_modules() -> None:
+    """Examples are what users copy: public API only, and no command-line internals."""
+    offenders = []
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for module, names in absolute_imports(f"examples/{path.name}", tree):
+            parts = module.split(".")
+            if parts[0] in PACKAGES and (
+                any(p.startswith("_") for p in parts) or any(n.startswith("_") for n in names)
+            ):
+                offenders.append(f"{path.name}: {module}")
+            if module.startswith("adapters.cli"):
+                offenders.append(f"{path.name}: {module} (the command line's internals)")
+    assert offenders == []
