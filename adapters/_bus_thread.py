@@ -49,10 +49,10 @@ from typing import Any, Literal
 
 import anyio
 
-from eventbus import BusClosed, CloseReport, Event, EventBus, get_logger
+from eventbus import BusClosed, CloseReport, Event, EventBus, describe_exception, get_logger
 from eventbus.log import LogRecorder
 
-__all__ = ["Backend", "BusThread", "describe"]
+__all__ = ["Backend", "BusThread"]
 
 _log = get_logger("adapters.bus_thread")
 
@@ -294,7 +294,7 @@ class BusThread:
             self._error = exc
             if self.failure is None:
                 self.failure = exc
-            _log.error("bus thread failed", thread=self.name, error=describe(exc))
+            _log.error("bus thread failed", thread=self.name, error=describe_exception(exc))
         finally:
             self._accepting = False
             self._done.set()
@@ -308,7 +308,7 @@ class BusThread:
         """The bus's ``on_failure`` (called once, in its thread): keep ``exc`` for the
         trainer's thread; the bus goes on, so the run's end is still delivered."""
         self.failure = exc
-        _log.error("a callback failed the run", thread=self.name, error=describe(exc))
+        _log.error("a callback failed the run", thread=self.name, error=describe_exception(exc))
 
     async def _main(self) -> None:
         bus = EventBus(**self._bus_options, on_failure=self._failed_by)
@@ -371,11 +371,3 @@ def _thread_safe_scheduler() -> Callable[[Callable[[], object]], object]:
         import trio  # a test extra: needed only on trio
 
         return trio.lowlevel.current_trio_token().run_sync_soon
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message``, even when the exception's ``__str__`` raises."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return type(exc).__name__

@@ -34,15 +34,15 @@ from eventbus import (
     StateRestored,
     StateSnapshotted,
     WorkerFailure,
+    describe_exception,
     get_logger,
 )
 from eventbus.state import Snapshot, StateError, StateStore, is_stateful
 from handlers import RunStatus
-from handlers.wiring import CallbackAttachment, attach_user_callbacks
+from handlers.wiring import CallbackAttachment, attach_user_callbacks, status_of
 
-from ._bus_thread import describe
 from ._hf_state import TRAINER_STATE_NAME, merge_stateful_callbacks, read_hf_trainer_state
-from ._threaded_run import BusOptions, ThreadedAdapter, ThreadedRun, end_status, log_path
+from ._threaded_run import BusOptions, ThreadedAdapter, ThreadedRun, log_path
 
 __all__ = ["EventBusCallback", "run_with_failures"]
 
@@ -223,7 +223,8 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             return
         if not self._run.running:
             _log.warning(
-                "training failed outside a run (before on_train_begin?)", error=describe(exc)
+                "training failed outside a run (before on_train_begin?)",
+                error=describe_exception(exc),
             )
             return
         before = (
@@ -231,7 +232,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             if isinstance(exc, Exception)
             else []
         )
-        self._close(*end_status(exc), before=before)
+        self._close(*status_of(exc), before=before)
 
     @contextlib.contextmanager
     def failures(self) -> Iterator[None]:

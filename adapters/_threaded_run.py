@@ -27,16 +27,15 @@ from typing import Any, TypedDict
 
 from eventbus import BusClosed, CloseReport, Event, EventBus, RunFinished, get_logger
 from handlers import RunStatus
-from handlers.wiring import CallbackAttachment
+from handlers.wiring import CallbackAttachment, status_of
 
-from ._bus_thread import Backend, BusThread, describe
+from ._bus_thread import Backend, BusThread
 
 __all__ = [
     "DEFAULT_OPTIONS",
     "BusOptions",
     "ThreadedAdapter",
     "ThreadedRun",
-    "end_status",
     "log_path",
 ]
 
@@ -72,12 +71,6 @@ DEFAULT_OPTIONS: BusOptions = {
     "drain_timeout": 10.0,
     "backend": "asyncio",
 }
-
-
-def end_status(exc: BaseException) -> tuple[RunStatus, str]:
-    """How a run that ``exc`` ended is reported (as ``open_run`` does): an interrupt
-    cancels it; anything else fails it."""
-    return ("cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"), describe(exc)
 
 
 def log_path(
@@ -257,7 +250,7 @@ class ThreadedRun:
         if failure is None or failure is self.raised:
             return
         self.raised = failure
-        status, error = end_status(failure)
+        status, error = status_of(failure)
         self._end(thread, status, error)
         raise failure
 
@@ -273,7 +266,7 @@ class ThreadedRun:
         # Everything before the end handled first: a failure there decides the status.
         thread.wait_idle(self.drain_timeout)
         if thread.failure is not None:
-            status, error = end_status(thread.failure)
+            status, error = status_of(thread.failure)
         final = RunFinished(run_id=self.run_id, status=status, error=error)
         self.close_report = thread.close([final], timeout=max(0.0, deadline - time.monotonic()))
 

@@ -54,12 +54,12 @@ from eventbus import (
     Report,
     RunStarted,
     WorkerFailure,
+    describe_exception,
     get_logger,
 )
 from handlers import RunStatus
 from handlers.wiring import CallbackAttachment, attach_user_callbacks
 
-from ._bus_thread import describe
 from ._threaded_run import BusOptions, ThreadedAdapter, ThreadedRun, log_path
 
 __all__ = ["EventBusUserCallback", "RunLifecycleCallback", "recorded_logs"]
@@ -232,7 +232,7 @@ def _never_into_ray(hook: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        _log.error(f"{hook} not delivered", error=describe(exc))
+        _log.error(f"{hook} not delivered", error=describe_exception(exc))
 
 
 class RunLifecycleCallback(ControllerCallback):  # type: ignore[misc]  # ray is untyped to mypy
@@ -256,7 +256,7 @@ class RunLifecycleCallback(ControllerCallback):  # type: ignore[misc]  # ray is 
             if error is None:
                 self.owner.finish("finished")
             else:
-                self.owner.finish("failed", describe(error))
+                self.owner.finish("failed", describe_exception(error))
 
     def before_controller_abort(self) -> None:
         with _never_into_ray("event bus close"):

@@ -43,6 +43,7 @@ from ._subscription import (
     Subscription,
     SubscriptionStats,
 )
+from ._text import describe as describe_exception
 from .state._model import Stateful, StatefulCallback
 
 try:
@@ -88,5 +89,6 @@ __all__ = [
     "WorkerGroupRestarted",
     "__version__",
     "configure_logging",
+    "describe_exception",
     "get_logger",
 ]

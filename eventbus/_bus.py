@@ -45,6 +45,7 @@ from ._subscription import (
     OverBudgetPolicy,
     Subscription,
     SubscriptionStats,
+    as_event_types,
 )
 from ._tasks import Tasks
 from ._text import describe
@@ -365,7 +366,7 @@ class EventBus:
         A replay into this bus then leaves the recorded ones out, as it leaves
         out the bus's own diagnostics: they are made again, and delivered once.
         """
-        self._derived.update(event_types)
+        self._derived.update(as_event_types(event_types))
 
     @property
     def derived_types(self) -> tuple[type[Event], ...]:

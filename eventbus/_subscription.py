@@ -31,6 +31,7 @@ __all__ = [
     "Owner",
     "Subscription",
     "SubscriptionStats",
+    "as_event_types",
     "handler_name",
     "is_async_callable",
 ]
@@ -198,6 +199,14 @@ def handler_name(handler: Callable[..., Any]) -> str:
     return f"{module}.{qualname}" if module else qualname
 
 
+def as_event_types(event_types: type[Event] | Iterable[type[Event]]) -> tuple[type[Event], ...]:
+    """One event type or several, as a tuple; ``TypeError`` for anything else."""
+    types = (event_types,) if isinstance(event_types, type) else tuple(event_types)
+    if not types or not all(isinstance(t, type) and issubclass(t, Event) for t in types):
+        raise TypeError(f"event_types must be Event subclasses, got {event_types!r}")
+    return types
+
+
 def _checked_types(
     event_types: type[Event] | Iterable[type[Event]],
     handler: Callable[[Any], Any],
@@ -210,9 +219,7 @@ def _checked_types(
     over_budget: str,
 ) -> tuple[type[Event], ...]:
     """Refuse a bad ``subscribe`` call before anything is registered; the event types."""
-    types = (event_types,) if isinstance(event_types, type) else tuple(event_types)
-    if not types or not all(isinstance(t, type) and issubclass(t, Event) for t in types):
-        raise TypeError(f"event_types must be Event subclasses, got {event_types!r}")
+    types = as_event_types(event_types)
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {handler!r}")
     if mode not in ("inline", "lane"):

@@ -10,9 +10,10 @@ replaces them, unwrapped, on asyncio and trio alike.
 
 from __future__ import annotations
 
+from eventbus import describe_exception
 from eventbus.events import RunStatus
 
-__all__ = ["describe_end", "interrupt_in", "only_cancellations", "status_of"]
+__all__ = ["interrupt_in", "only_cancellations", "status_of"]
 
 
 def interrupt_in(exc: BaseException | None) -> BaseException | None:
@@ -37,16 +38,9 @@ def only_cancellations(exc: BaseException | None, cancelled_class: type[BaseExce
     return False
 
 
-def status_of(ended_by: BaseException) -> tuple[RunStatus, str | None]:
-    """An interrupt cancels the run; ``SystemExit`` or a callback's raise fails it."""
-    if isinstance(ended_by, KeyboardInterrupt):
-        return "cancelled", None
-    return "failed", describe_end(ended_by)
-
-
-def describe_end(exc: BaseException) -> str:
-    """``Type: message`` of the exception that ended the run (whose ``__str__`` may raise)."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return type(exc).__name__
+def status_of(ended_by: BaseException) -> tuple[RunStatus, str]:
+    """How a run that ``ended_by`` ended is reported, wherever it ran (``open_run``,
+    an adapter): an interrupt cancels it; ``SystemExit`` or a callback's raise fails
+    it; the error text is ``Type: message`` either way."""
+    status: RunStatus = "cancelled" if isinstance(ended_by, KeyboardInterrupt) else "failed"
+    return status, describe_exception(ended_by)

@@ -31,6 +31,7 @@ from eventbus import (
     StateRestored,
     WorkerFailure,
     WorkerGroupRestarted,
+    describe_exception,
     get_logger,
 )
 from eventbus.events import RunResult, RunStatus, TrainRunContext
@@ -38,7 +39,7 @@ from eventbus.log import LogRecorder
 from eventbus.state import StateStore
 
 from ._attach import CallbackAttachment, attach_user_callbacks
-from ._ending import describe_end, interrupt_in, only_cancellations, status_of
+from ._ending import interrupt_in, only_cancellations, status_of
 from ._errors import WorkerGroupError
 from ._interfaces import UserCallback
 from ._reporter import Reporter
@@ -380,7 +381,7 @@ class Run:
             elif cancelled:
                 self.status, error = "cancelled", None
             else:
-                self.status, error = "failed", describe_end(exc)
+                self.status, error = "failed", describe_exception(exc)
             await self._finish(self.status, error)
             self._bus_stop.set()
         # The bus task shields itself and has been told to stop: this only waits for it.

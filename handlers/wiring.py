@@ -1,10 +1,12 @@
 """Wiring training callbacks onto a bus by hand, for what ``open_run`` does not cover.
 
 ``open_run`` wires everything for a live run; adapters (a framework's own
-loop), replays of a log and benchmarks use these pieces directly.
+loop), replays of a log and benchmarks use these pieces directly, and report
+a run's end the way ``open_run`` does (``status_of``).
 """
 
 from ._attach import CallbackAttachment, attach_user_callbacks
+from ._ending import status_of
 from ._user import UserCallbackHandler, implemented_hooks
 
 __all__ = [
@@ -12,4 +14,5 @@ __all__ = [
     "UserCallbackHandler",
     "attach_user_callbacks",
     "implemented_hooks",
+    "status_of",
 ]

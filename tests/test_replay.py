@@ -142,6 +142,31 @@ async def test_recorded_diagnostics_are_left_out_unless_asked(tmp_path: Path) ->
     assert len(capture.of_type(HealthCheckTick)) == 2 * recorded_ticks
 
 
+class Pong(Event, frozen=True, kw_only=True):
+    n: int
+
+
+@pytest.mark.anyio
+async def test_events_a_handler_derives_are_left_out_of_a_replay_and_counted(
+    tmp_path: Path,
+) -> None:
+    """What the replay bus makes itself (``EventBus.derives``) is not also taken from the log."""
+    log = write_log(tmp_path / "pong.evlog", [*report_rounds(2), Pong(n=-1)])
+    pongs: list[int] = []
+
+    def setup(bus: EventBus) -> None:
+        bus.derives(Pong)
+        bus.subscribe(Report, lambda e: bus.emit(Pong(n=e.index)))
+        bus.subscribe(Pong, lambda e: pongs.append(e.n))
+
+    result = await replay_log(log, subscribe=setup)
+    assert sorted(pongs) == [0, 0, 1, 1]  # made again from the reports; the recorded -1 left out
+    assert result.summary.filtered == 1
+    async with EventBus() as bus:
+        with pytest.raises(TypeError, match="Event subclasses"):
+            bus.derives(int)  # type: ignore[arg-type]
+
+
 @pytest.mark.anyio
 async def test_instant_replay_needs_a_virtual_clock(tmp_path: Path) -> None:
     log = write_log(tmp_path / "log.evlog", report_rounds(1))

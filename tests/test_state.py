@@ -492,6 +492,36 @@ def test_rebuild_failure_keeps_the_live_callback_and_warns_or_raises_when_strict
         StateStore(tmp_path, strict=True).restore([Validated()], snapshot)
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ fails too")
+
+
+class RebuildsBadly(StatefulCallback):
+    """``__init__`` raises an exception that cannot even be printed."""
+
+    state_args = ("n",)
+
+    def __init__(self, n: int = 0) -> None:
+        if n < 0:
+            raise _Unprintable
+        self.n = n
+
+
+def test_a_rebuild_raising_an_unprintable_exception_is_reported_not_raised(
+    tmp_path: Path,
+) -> None:
+    snapshot = Snapshot(
+        checkpoint="c", states={key(RebuildsBadly): {"args": {"n": -1}, "attributes": {}}}
+    )
+    live = RebuildsBadly(2)
+    restored, report = StateStore(tmp_path).restore([live], snapshot)
+    assert restored[0] is live and report.restored == ()
+    assert "could not rebuild" in report.warnings[0] and "_Unprintable" in report.warnings[0]
+    with pytest.raises(StateRestoreError, match="_Unprintable"):
+        StateStore(tmp_path, strict=True).restore([RebuildsBadly()], snapshot)
+
+
 def test_restore_rejects_duplicate_live_keys(tmp_path: Path) -> None:
     with pytest.raises(StateKeyConflict):
         StateStore(tmp_path).restore([Counter(), Counter()], Snapshot())

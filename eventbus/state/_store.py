@@ -24,7 +24,7 @@ from .._events import CheckpointSaved, StateRestored, StateSnapshotted
 from .._logging import get_logger
 from .._stages import Stage
 from .._subscription import Subscription
-from .._text import clip
+from .._text import clip, describe
 from ._files import (
     DEFAULT_MAX_BYTES,
     atomic_write,
@@ -226,7 +226,7 @@ class StateStore:
             except Exception as exc:
                 problem = (
                     f"could not rebuild {plan.matches[position]} from its state "
-                    f"({type(exc).__name__}: {exc}); it starts fresh"
+                    f"({describe(exc)}); it starts fresh"
                 )
                 if self.strict:
                     raise StateRestoreError(problem) from exc
@@ -260,13 +260,15 @@ class StateStore:
                 report = self.snapshot(event.checkpoint, run_id=event.run_id)
             except Exception as exc:
                 _log.error(
-                    "callback states not written", checkpoint=event.checkpoint, error=str(exc)
+                    "callback states not written",
+                    checkpoint=event.checkpoint,
+                    error=describe(exc),
                 )
                 report = StateSnapshotted(
                     run_id=event.run_id,
                     checkpoint=event.checkpoint,
                     path="",
-                    error=f"{type(exc).__name__}: {exc}",
+                    error=describe(exc),
                 )
             # Derived from the checkpoint: neither a full inbox nor a flood may refuse it.
             bus.emit(report, derived=True)
