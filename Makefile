@@ -2,7 +2,11 @@
 #   make demo   installs the project alone and runs the demo trainer;
 #   make test   installs it with every extra the tests exercise (the adapters
 #               are tested against the real transformers and ray), then runs
-#               ruff, mypy --strict and pytest. `.ci/run` runs `make test`.
+#               ruff, mypy --strict, pytest and `make docs`. `.ci/run` runs
+#               `make test`.
+#   make docs   builds the API reference from the docstrings (pdoc, through
+#               docs/api/build.py) into build/api/index.html, git-ignored;
+#               any warning fails the build.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,8 +15,10 @@ PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
 # torch is installed first, pinned to the CPU build this project is tested with:
 # an unpinned torch requirement with no torch installed pulls a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
+# Where `make docs` writes the API reference (build/ is git-ignored).
+API_DIR ?= build/api
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +29,7 @@ $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-all: pyproject.toml | $(BIN)/python
 	$(PIP) install $(TORCH)
-	$(PIP) install -e '.[test,dev,plot,transformers,ray]'
+	$(PIP) install -e '.[test,dev,plot,transformers,ray,docs]'
 	touch $@ $(VENV)/.installed-base
 
 demo: $(VENV)/.installed-base
@@ -39,7 +45,11 @@ typecheck: $(VENV)/.installed-all
 unit: $(VENV)/.installed-all
 	$(BIN)/python -m pytest
 
-test: lint typecheck unit
+docs: $(VENV)/.installed-all
+	rm -rf $(API_DIR)
+	$(BIN)/python docs/api/build.py $(API_DIR)
+
+test: lint typecheck unit docs
 
 bench: $(VENV)/.installed-all
 	$(BIN)/python benchmarks/bench_dispatch.py
@@ -49,4 +59,4 @@ bench: $(VENV)/.installed-all
 	$(BIN)/python benchmarks/bench_hf_handoff.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis $(API_DIR)

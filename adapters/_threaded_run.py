@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 
 from eventbus import BusClosed, CloseReport, Event, EventBus, RunFinished, get_logger
 from handlers import RunStatus
-from handlers.wiring import CallbackAttachment, status_of
+from handlers.wiring import CallbackAttachment, status_of, stop_of
 
 from ._bus_thread import Backend, BusThread
 
@@ -267,7 +267,17 @@ class ThreadedRun:
         thread.wait_idle(self.drain_timeout)
         if thread.failure is not None:
             status, error = status_of(thread.failure)
-        final = RunFinished(run_id=self.run_id, status=status, error=error)
+        attachment = self.attachment
+        stopped_by, stop_reason = (
+            stop_of(attachment.callbacks) if attachment is not None else None
+        ) or (None, None)
+        final = RunFinished(
+            run_id=self.run_id,
+            status=status,
+            error=error,
+            stopped_by=stopped_by,
+            stop_reason=stop_reason,
+        )
         self.close_report = thread.close([final], timeout=max(0.0, deadline - time.monotonic()))
 
 

@@ -70,6 +70,8 @@ class BusFull(anyio.WouldBlock):
 
 
 class BusStats(msgspec.Struct, frozen=True, kw_only=True):
+    """The bus's counters since it started (``EventBus.stats()``), and each subscription's."""
+
     published: int
     delivered: int
     failed: int

@@ -179,6 +179,8 @@ class CheckpointMismatch(Event, frozen=True, kw_only=True):
 
 
 class RunStarted(Event, frozen=True, kw_only=True):
+    """The run started: who it is, its world size and configuration."""
+
     run_id: str
     name: str
     world_size: int
@@ -188,9 +190,14 @@ class RunStarted(Event, frozen=True, kw_only=True):
 
 
 class RunFinished(Event, frozen=True, kw_only=True):
+    """The run ended. ``stopped_by``/``stop_reason``: what asked it to stop early
+    (a callback's ``should_stop``, or ``Run.request_stop``), if anything did."""
+
     run_id: str
     status: RunStatus
     error: str | None = None
+    stopped_by: str | None = None
+    stop_reason: str | None = None
 
 
 class HealthCheckTick(Event, frozen=True, kw_only=True):
@@ -205,6 +212,8 @@ class HealthCheckTick(Event, frozen=True, kw_only=True):
 
 
 class HandlerFailed(Event, frozen=True, kw_only=True):
+    """A handler raised while handling event ``event_seq``; the bus went on."""
+
     handler: str
     event_seq: int
     event_type: str
@@ -375,6 +384,12 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     failures: int = 0
     restarts: int = 0
     last_checkpoint: str | None = None
+    #: What asked the run to stop early (``EarlyStopping(metric='loss', mode='min')``,
+    #: ``Run.request_stop``) and why; ``None`` if nothing did.
+    stopped_by: str | None = None
+    stop_reason: str | None = None
+    #: Rounds whose ranks named different checkpoints (each such round has none).
+    checkpoint_mismatches: int = 0
 
 
 class RunBegan(Event, frozen=True, kw_only=True):

@@ -4,12 +4,19 @@ The library only logs what is rare (faults, budget warnings, close reports),
 never per event at an enabled level. ``configure_logging`` is for
 applications and the command line; a library never configures global state
 on import.
+
+Diagnostics go to stderr even when nobody configured structlog: its default
+logger prints to stdout, where a program's data goes (``eventbus bench --json
+- | jq`` broke on a budget warning). ``get_logger`` therefore gives a logger
+that follows structlog's configuration once there is one, and until then
+renders as structlog's default would, to stderr.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterable, MutableMapping
 from typing import Any
 
 import structlog
@@ -17,12 +24,38 @@ import structlog
 __all__ = ["configure_logging", "get_logger"]
 
 
+class _StderrUntilConfigured:
+    """A logger named ``name``: structlog's own once it is configured (so an
+    application's setup, or ``structlog.testing.capture_logs``, decides), and
+    structlog's defaults writing to stderr before that."""
+
+    __slots__ = ("_name", "_proxy")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._proxy: Any = structlog.get_logger(name)
+
+    def __getattr__(self, method: str) -> Any:
+        if structlog.is_configured():
+            return getattr(self._proxy, method)
+        # Looked up at each call: sys.stderr may have been replaced since (tests, daemons).
+        return getattr(structlog.wrap_logger(structlog.PrintLogger(sys.stderr)), method)
+
+    def __repr__(self) -> str:
+        return f"<eventbus logger {self._name!r}>"
+
+
 def get_logger(name: str) -> Any:
-    return structlog.get_logger(name)
+    """A structlog logger that never writes to stdout unless told to (see the module doc)."""
+    return _StderrUntilConfigured(name)
 
 
-def configure_logging(level: int | str = logging.INFO, *, json: bool = False) -> None:
-    """Filter below ``level`` at the call site (a filtered call costs ~0.1 µs) and cache loggers."""
+def configure_logging(
+    level: int | str = logging.INFO, *, json: bool = False, quiet: Iterable[str] = ()
+) -> None:
+    """Filter below ``level`` at the call site (a filtered call costs about a microsecond)
+    and cache loggers; write to stderr. ``quiet``: messages not to log at all, for a caller
+    that reports them itself (``eventbus bench`` sums up budget warnings once)."""
     if isinstance(level, str):
         level = logging.getLevelNamesMapping()[level.upper()]
     renderer: Any = (
@@ -30,13 +63,30 @@ def configure_logging(level: int | str = logging.INFO, *, json: bool = False) ->
         if json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    processors: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        renderer,
+    ]
+    if quiet:
+        processors.insert(0, _Drop(frozenset(quiet)))
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+class _Drop:
+    """A processor dropping the messages a caller reports in its own way."""
+
+    def __init__(self, messages: frozenset[str]) -> None:
+        self.messages = messages
+
+    def __call__(
+        self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        if event_dict.get("event") in self.messages:
+            raise structlog.DropEvent
+        return event_dict

@@ -32,6 +32,7 @@ __all__ = [
     "Subscription",
     "SubscriptionStats",
     "as_event_types",
+    "attacher_of",
     "handler_name",
     "is_async_callable",
 ]
@@ -207,6 +208,20 @@ def as_event_types(event_types: type[Event] | Iterable[type[Event]]) -> tuple[ty
     return types
 
 
+def attacher_of(obj: object) -> Callable[[Any, list[Any]], Any] | None:
+    """How objects like ``obj`` attach themselves to a bus, if they do.
+
+    Training callbacks are not bus handlers: a run wires them through its
+    gathering. Their class says how with a classmethod
+    ``__eventbus_attach__(bus, callbacks)`` (``handlers.UserCallback`` has
+    one), so the runtime's tools (replays, recordings) attach them as a live
+    run does without knowing the training layer. It returns, per callback,
+    the subscriptions made for it.
+    """
+    attach: Callable[[Any, list[Any]], Any] | None = getattr(type(obj), "__eventbus_attach__", None)
+    return attach
+
+
 def _checked_types(
     event_types: type[Event] | Iterable[type[Event]],
     handler: Callable[[Any], Any],
@@ -220,6 +235,12 @@ def _checked_types(
 ) -> tuple[type[Event], ...]:
     """Refuse a bad ``subscribe`` call before anything is registered; the event types."""
     types = as_event_types(event_types)
+    if attacher_of(handler) is not None:
+        raise TypeError(
+            f"{handler!r} is a training callback, not a bus handler: attach it as a run does, "
+            "with handlers.wiring.attach_user_callbacks(bus, [callback]) "
+            "(open_run and eventbus.testing.replay_log do it for you)"
+        )
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {handler!r}")
     if mode not in ("inline", "lane"):

@@ -19,6 +19,7 @@ import pytest
 
 from eventbus import Event, EventFilter, Report
 from eventbus.testing import BusRecording, assert_rounds, report_rounds
+from handlers import EarlyStopping, RoundGathered, StatefulCallback, TrainRunContext, UserCallback
 
 
 class BestLossTracker:
@@ -33,8 +34,23 @@ class BestLossTracker:
             self.best = loss if self.best is None else min(self.best, loss)
 
 
+class LossTrend(UserCallback, StatefulCallback):
+    """A training callback under test: the mean loss of each round."""
+
+    state_attributes = ("losses",)
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self.losses.append(sum(m["loss"] for m in metrics) / len(metrics))
+
+
 @pytest.fixture
 def anyio_backend() -> str:
+    """Run these tests on asyncio only (anyio's default is every installed backend)."""
     return "asyncio"
 
 
@@ -72,3 +88,18 @@ async def test_record_what_the_bus_carried(recorded_bus: BusRecording) -> None:
             await bus.publish(event)
 
     assert [e.index for e in recorded_bus.of_type(Report)] == [0, 1]
+
+
+@pytest.mark.anyio
+async def test_training_callbacks_get_each_round_once(
+    event_log_factory: Callable[..., Path], replay_log: Callable[..., Any]
+) -> None:
+    losses = lambda rank, index: {"loss": 1.0 if index > 0 else 0.5}  # noqa: E731
+    log = event_log_factory(report_rounds(4, world_size=2, metrics=losses))
+    trend, stopping = LossTrend(), EarlyStopping("loss", patience=2)
+
+    result = await replay_log(log, trend, stopping)  # attached as a live run attaches them
+
+    assert trend.losses == [0.5, 1.0, 1.0, 1.0]
+    assert [type(e) for e in result.events_of(trend)] == [RoundGathered] * 4
+    assert stopping.should_stop and stopping.stop_reason is not None

@@ -7,9 +7,12 @@ start and end (Ray Train's shape: ``XxxCallbackHandler`` over a list of
 ``XxxCallback``; on a bus each also emits its gathered event, with the run's
 context, to which every training callback's hooks subscribe); the run
 composition API (``open_run``); built-in callbacks (``handlers.builtins``).
+``StatefulCallback`` (from ``eventbus``) is here too, so one callback needs
+one import.
 Wiring by hand is in ``handlers.wiring``.
 """
 
+from eventbus import StatefulCallback
 from eventbus.events import (
     FailuresGathered,
     RoundGathered,
@@ -20,9 +23,10 @@ from eventbus.events import (
     TrainRunContext,
 )
 
+from ._callback import UserCallback
 from ._errors import WorkerError, WorkerGroupError
 from ._failures import ExceptionCallbackHandler
-from ._interfaces import ExceptionCallback, ReportCallback, RunCallback, UserCallback
+from ._interfaces import ExceptionCallback, ReportCallback, RunCallback
 from ._lifecycle import RunCallbackHandler
 from ._reporter import Reporter
 from ._reports import ReportCallbackHandler
@@ -48,6 +52,7 @@ __all__ = [
     "RunEnded",
     "RunResult",
     "RunStatus",
+    "StatefulCallback",
     "TrainRunContext",
     "UserCallback",
     "WorkerError",

@@ -7,7 +7,7 @@ from a recorded log: everything callbacks see is derived from events.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -15,10 +15,13 @@ from eventbus import EventBus, RunFinished, Stage, Subscription
 from eventbus.events import RunResult, RunStatus, TrainRunContext
 
 from ._failures import ExceptionCallbackHandler
-from ._interfaces import ReportCallback, UserCallback
+from ._interfaces import ReportCallback
 from ._lifecycle import RunCallbackHandler
 from ._reports import ReportCallbackHandler
 from ._user import UserCallbackHandler
+
+if TYPE_CHECKING:
+    from ._callback import UserCallback
 
 __all__ = ["CallbackAttachment", "attach_user_callbacks"]
 
@@ -93,11 +96,16 @@ class CallbackAttachment:
             failures=self.failures.failures,
             restarts=self.restarts,
             last_checkpoint=self.last_checkpoint,
+            checkpoint_mismatches=self.reports.mismatches,
         )
 
     def _result(self, event: RunFinished, context: TrainRunContext) -> RunResult:
         return msgspec.structs.replace(
-            self.result(event.status), run_id=context.run_id, error=event.error
+            self.result(event.status),
+            run_id=context.run_id,
+            error=event.error,
+            stopped_by=event.stopped_by,
+            stop_reason=event.stop_reason,
         )
 
     async def finish(self, status: RunStatus = "finished", error: str | None = None) -> None:

@@ -10,10 +10,15 @@ replaces them, unwrapped, on asyncio and trio alike.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from eventbus import describe_exception
 from eventbus.events import RunStatus
 
-__all__ = ["interrupt_in", "only_cancellations", "status_of"]
+__all__ = ["interrupt_in", "only_cancellations", "status_of", "stop_of"]
+
+_object_repr: Any = object.__repr__
 
 
 def interrupt_in(exc: BaseException | None) -> BaseException | None:
@@ -44,3 +49,29 @@ def status_of(ended_by: BaseException) -> tuple[RunStatus, str]:
     it; the error text is ``Type: message`` either way."""
     status: RunStatus = "cancelled" if isinstance(ended_by, KeyboardInterrupt) else "failed"
     return status, describe_exception(ended_by)
+
+
+def stop_of(callbacks: Iterable[Any]) -> tuple[str, str | None] | None:
+    """Which callback asked the run to stop early, and why: the first whose
+    ``should_stop`` is true, named as the state store tells it apart
+    (``EarlyStopping(metric='loss', mode='min')``), with its ``stop_reason``."""
+    for callback in callbacks:
+        if getattr(callback, "should_stop", False) is True:
+            reason = getattr(callback, "stop_reason", None)
+            return _name_of(callback), reason if isinstance(reason, str) else None
+    return None
+
+
+def _name_of(callback: Any) -> str:
+    """Its ``state_key`` if it has one, else its own ``repr`` if its class has one,
+    else its class's name (whatever the first two raise or return)."""
+    cls = type(callback)
+    try:
+        key = getattr(callback, "state_key", None)
+        if isinstance(key, str) and key:
+            return key[:200] if key.startswith(cls.__name__) else f"{cls.__qualname__}[{key[:200]}]"
+        if cls.__repr__ is not _object_repr:
+            return str(repr(callback))[:200]
+    except Exception:
+        pass
+    return cls.__qualname__

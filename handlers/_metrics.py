@@ -21,16 +21,40 @@ def mean_of(metrics: Sequence[dict[str, Any]], name: str) -> float | None:
     return total / count if count else None
 
 
-def mean_metrics(metrics: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Per-name mean over ranks of every numeric metric (one summary line per round)."""
+def mean_metrics(metrics: Sequence[dict[str, Any]]) -> dict[str, float | int]:
+    """Per-name mean over ranks of every numeric metric (one summary line per round).
+
+    A metric every rank reported as an int stays an int when its mean is
+    whole (``step=1``, not ``step=1.0``); otherwise the mean is a float.
+    """
     names: dict[str, None] = {}
     for m in metrics:
         for k, v in m.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 names[k] = None
-    out: dict[str, float] = {}
+    out: dict[str, float | int] = {}
     for name in names:
+        whole = _whole_mean(metrics, name)
+        if whole is not None:
+            out[name] = whole
+            continue
         value = mean_of(metrics, name)
         if value is not None:
             out[name] = value
     return out
+
+
+def _whole_mean(metrics: Sequence[dict[str, Any]], name: str) -> int | None:
+    """The exact mean of ``name`` if every rank reporting it gave an int and it is whole."""
+    total = count = 0
+    for m in metrics:
+        v = m.get(name)
+        if v is None:
+            continue
+        if type(v) is not int:
+            return None
+        total += v
+        count += 1
+    if count == 0 or total % count:
+        return None
+    return total // count

@@ -37,6 +37,13 @@ class Reporter:
         self._index = 0
 
     async def report(self, metrics: dict[str, Any], checkpoint: str | None = None) -> None:
+        """Report this rank's ``metrics`` for its next round, and the ``checkpoint`` it
+        saved, if any (one rank naming it is enough: the round has it).
+
+        The metrics are copied at once (the worker may reuse its dict) and
+        callbacks get them read-only. Metrics a log cannot hold are rejected by
+        the gathering, naming rank and field; the run goes on.
+        """
         run = self.run
         index = self._index
         self._index += 1

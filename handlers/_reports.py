@@ -28,6 +28,7 @@ from eventbus import (
     Stage,
     Subscription,
     WorkerGroupRestarted,
+    get_logger,
 )
 from eventbus.events import RoundGathered, TrainRunContext
 
@@ -43,6 +44,8 @@ ContextFor = Callable[[Event], TrainRunContext]
 #: report claiming a billion ranks must not make it allocate a billion.
 MAX_WORLD_SIZE = 1 << 17
 
+_log = get_logger("handlers.reports")
+
 
 class ReportCallbackHandler:
     """Gathers ``Report`` events into rounds: calls ``after_report`` of each callback
@@ -52,9 +55,10 @@ class ReportCallbackHandler:
     report's); ``required_ranks`` to all ranks. A ``WorkerGroupRestarted``
     discards partial rounds and sets both anew. Bad reports (another run's,
     a rank or index out of place, metrics that are not JSON values a log can
-    hold) become ``ReportRejected`` events naming rank and field; ranks that
-    name different checkpoints for one round give a ``CheckpointMismatch``
-    and the round has no checkpoint. Nothing already gathered is lost either
+    hold) become ``ReportRejected`` events naming rank and field. A round
+    has the checkpoint any of its ranks named (ranks naming none agree);
+    ranks naming different ones give a ``CheckpointMismatch`` and a warning
+    naming them, and the round has no checkpoint. Nothing already gathered is lost either
     way. Callbacks get each rank's metrics as a read-only copy (``FrozenDict``).
 
     ``announce_checkpoints``: a round's checkpoint is also announced as
@@ -102,7 +106,16 @@ class ReportCallbackHandler:
     # --- wiring ------------------------------------------------------------------
 
     def subscribe(self, bus: EventBus, *, order: int = Stage.GATHER_REPORTS) -> Subscription:
-        """Gather from ``bus`` (inline, so rounds follow publish order exactly)."""
+        """Gather from ``bus`` (inline, so rounds follow publish order exactly).
+
+        One gatherer per bus: a second would deliver every round twice.
+        """
+        if RoundGathered in bus.derived_types:
+            raise ValueError(
+                "this bus already gathers reports into rounds (training callbacks are "
+                "attached to it): attach every training callback in one call, or use "
+                "another bus; a second gatherer would deliver each round twice"
+            )
         self._bus = bus
         bus.derives(RoundGathered, ReportRejected, CheckpointMismatch)
         if self.announce_checkpoints:
@@ -213,12 +226,18 @@ class ReportCallbackHandler:
 
     def _deliver(self, entries: Sequence[tuple[Report, FrozenDict]]) -> None:
         first = entries[0][0]
-        checkpoint = first.checkpoint
+        # Ray's rule: the round has a checkpoint if any rank named one (all ranks
+        # write to one storage location, usually rank 0 alone names it). Ranks
+        # naming none agree with it; only two different names are a mismatch.
+        checkpoint: str | None = None
         for report, _ in entries:
-            if report.checkpoint != checkpoint:
-                self._mismatch([report for report, _ in entries])
-                checkpoint = None
-                break
+            named = report.checkpoint
+            if named is not None and named != checkpoint:
+                if checkpoint is not None:
+                    self._mismatch([report for report, _ in entries])
+                    checkpoint = None
+                    break
+                checkpoint = named
         self.rounds += 1
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
@@ -250,7 +269,14 @@ class ReportCallbackHandler:
             )
 
     def _mismatch(self, reports: Sequence[Report]) -> None:
+        """Loud, because the round loses its checkpoint: no snapshot, no best checkpoint."""
         self.mismatches += 1
+        named = {r.rank: r.checkpoint for r in reports if r.checkpoint is not None}
+        _log.warning(
+            "ranks named different checkpoints for one round: the round has no checkpoint",
+            round=self.rounds,
+            checkpoints=named,
+        )
         if self._bus is not None:
             self._bus.emit(
                 CheckpointMismatch(

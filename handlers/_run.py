@@ -39,9 +39,9 @@ from eventbus.log import LogRecorder
 from eventbus.state import StateStore
 
 from ._attach import CallbackAttachment, attach_user_callbacks
-from ._ending import interrupt_in, only_cancellations, status_of
+from ._callback import UserCallback
+from ._ending import interrupt_in, only_cancellations, status_of, stop_of
 from ._errors import WorkerGroupError
-from ._interfaces import UserCallback
 from ._reporter import Reporter
 
 __all__ = ["Run", "WorkerFn", "open_run"]
@@ -116,6 +116,7 @@ class Run:
         self.status: RunStatus | None = None
         self.restarts = 0
         self._stop_requested = False
+        self._stop_reason: str | None = None
         self._reporters: dict[int, Reporter] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._bus_ready = anyio.Event()
@@ -149,8 +150,16 @@ class Run:
             getattr(cb, "should_stop", False) is True for cb in self.callbacks
         )
 
-    def request_stop(self) -> None:
+    def request_stop(self, reason: str | None = None) -> None:
+        """Ask the workers to stop (they read ``should_stop``); the run's result says why."""
         self._stop_requested = True
+        self._stop_reason = reason
+
+    def _stop(self) -> tuple[str | None, str | None]:
+        """What asked the run to stop early, and why (``None, None`` if nothing did)."""
+        if self._stop_requested:
+            return "Run.request_stop", self._stop_reason
+        return stop_of(self.callbacks) or (None, None)
 
     def reporter(self, rank: int) -> Reporter:
         """The reporter of ``rank`` (one per rank, kept across restarts)."""
@@ -415,7 +424,16 @@ class Run:
         if self._bus_error is not None:
             return
         try:
-            await self.bus.publish(RunFinished(run_id=self.run_id, status=status, error=error))
+            stopped_by, stop_reason = self._stop()
+            await self.bus.publish(
+                RunFinished(
+                    run_id=self.run_id,
+                    status=status,
+                    error=error,
+                    stopped_by=stopped_by,
+                    stop_reason=stop_reason,
+                )
+            )
             await self._drain()
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))

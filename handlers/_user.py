@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from eventbus import Event, EventBus, Stage, Subscription
 from eventbus.events import (
@@ -24,9 +24,23 @@ from eventbus.events import (
 )
 
 from ._errors import WorkerError
-from ._interfaces import UserCallback
 
-__all__ = ["UserCallbackHandler", "implemented_hooks"]
+if TYPE_CHECKING:
+    from ._callback import UserCallback
+
+__all__ = ["UserCallbackHandler", "base_hook", "implemented_hooks"]
+
+#: Marks the base class's no-op hooks: a callback implements only the others.
+_BASE_HOOK = "__eventbus_base_hook__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def base_hook(method: F) -> F:
+    """Mark a base class's no-op hook, so that only overriding it subscribes."""
+    setattr(method, _BASE_HOOK, True)
+    return method
+
 
 ContextOf = Callable[[Event], TrainRunContext]
 
@@ -79,6 +93,8 @@ class UserCallbackHandler:
         self.callbacks = list(callbacks)
         self._context_of = context_of or TrainRunContext.from_event
         self.subscriptions: list[Subscription] = []
+        #: Per callback (same order), the subscriptions of its hooks.
+        self.subscriptions_by_callback: list[list[Subscription]] = []
 
     def subscribe(self, bus: EventBus, *, order: int = Stage.CALLBACKS) -> list[Subscription]:
         """Subscribe each overridden method of each callback, in callback order."""
@@ -89,6 +105,8 @@ class UserCallbackHandler:
             return (context_of(event), event)
 
         for callback in self.callbacks:
+            own: list[Subscription] = []
+            self.subscriptions_by_callback.append(own)
             options = _subscription_options(callback)
             hooks: list[tuple[str, tuple[type[Event], ...], Callable[[Any], tuple[Any, ...]]]]
             hooks = [(hook, (event_type,), args) for hook, (event_type, args) in _HOOKS.items()]
@@ -107,9 +125,8 @@ class UserCallbackHandler:
                 if inspect.iscoroutinefunction(method):
                     kwargs.pop("blocking", None)  # blocking is for sync methods only
                 handler = _calling(method, args_of)
-                self.subscriptions.append(
-                    bus.subscribe(types, handler, name=name, order=order, **kwargs)
-                )
+                own.append(bus.subscribe(types, handler, name=name, order=order, **kwargs))
+            self.subscriptions.extend(own)
         return self.subscriptions
 
 
@@ -143,13 +160,9 @@ def implemented_hooks(callback: Any) -> dict[str, Callable[..., Any]]:
 
 
 def _overridden(callback: Any, hook: str) -> Callable[..., Any] | None:
-    """The bound method if ``callback`` really implements ``hook`` (not the base no-op)."""
+    """The bound method if ``callback`` really implements ``hook`` (not a base no-op)."""
     method: Callable[..., Any] | None = getattr(callback, hook, None)
-    if method is None or not callable(method):
-        return None
-    if isinstance(callback, UserCallback) and getattr(type(callback), hook) is getattr(
-        UserCallback, hook
-    ):
+    if method is None or not callable(method) or getattr(method, _BASE_HOOK, False):
         return None
     return method
 

@@ -6,7 +6,7 @@ a run's end the way ``open_run`` does (``status_of``).
 """
 
 from ._attach import CallbackAttachment, attach_user_callbacks
-from ._ending import status_of
+from ._ending import status_of, stop_of
 from ._user import UserCallbackHandler, implemented_hooks
 
 __all__ = [
@@ -15,4 +15,5 @@ __all__ = [
     "attach_user_callbacks",
     "implemented_hooks",
     "status_of",
+    "stop_of",
 ]

@@ -225,7 +225,7 @@ def test_the_plugin_from_a_user_test(pytester: pytest.Pytester) -> None:
     """The shipped example, run as a user's test module with the installed plugin."""
     pytester.makepyfile(test_user=EXAMPLE.read_text())
     result = pytester.runpytest_subprocess("-q", "-p", "anyio")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
 
 
 def test_plugin_fixtures_fail_a_wrong_expectation(pytester: pytest.Pytester) -> None:

@@ -12,10 +12,12 @@ from typing import Any
 
 import msgspec
 
-from eventbus import Event
+from eventbus import Event, configure_logging
+from eventbus.log import LogError, log_timing
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, UserCallback
 
-from ._bench_runner import BenchResult, Workload, run_bench, synthetic_events
+from ._bench_figures import BenchResult, Spread
+from ._bench_runner import Workload, run_bench, synthetic_events
 from ._common import CliError, check_log_tail, load_object, reading_log
 
 __all__ = ["register"]
@@ -93,9 +95,25 @@ def register(subparsers: Any) -> None:
     )
     workload.add_argument("--events", type=int, default=None, help="number of reports instead")
     workload.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--log", type=Path, help="drive the bench from a recorded event log")
-    parser.add_argument("--period", type=float, default=2.0, help="health-check period, seconds")
+    parser.add_argument(
+        "--log",
+        type=Path,
+        help="drive the bench from a recorded event log (its periods, unless --period)",
+    )
+    parser.add_argument(
+        "--period",
+        type=float,
+        default=None,
+        help="health-check period, seconds (default: the log's, else 2)",
+    )
     parser.add_argument("--budget", type=float, default=0.05, help="share of the period")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        metavar="N",
+        help="take each timing N times, interleaved, for a median and its range (default 5)",
+    )
     parser.add_argument(
         "--json",
         type=Path,
@@ -106,21 +124,35 @@ def register(subparsers: Any) -> None:
         "--plot",
         type=Path,
         metavar="FILE.png",
-        help="plot per-period time per callback against the budget",
+        help="plot each callback's share of every period against the budget (log scale)",
     )
     parser.set_defaults(func=_run)
 
 
+#: The bus's warning, once per period over budget; the bench sums them up once instead.
+BUS_BUDGET_WARNING = "callbacks over budget"
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.repeat < 1 or (args.period is not None and args.period <= 0):
+        raise CliError("--repeat must be at least 1 and --period positive")
+    # Warnings and errors only: a callback's info lines would repeat at every pass.
+    configure_logging("WARNING", quiet=[BUS_BUDGET_WARNING])
     specs = [*args.callbacks, *args.more_callbacks] or ["noop"]
     make_callbacks = _factory(specs)
     if args.plot is not None:
         _require_matplotlib()
-    events = _events(args)
+    events, start, period = _events(args)
     progress = _progress_bar() if sys.stderr.isatty() else None
     try:
         result = run_bench(
-            make_callbacks, events, period=args.period, budget=args.budget, progress=progress
+            make_callbacks,
+            events,
+            period=period,
+            budget=args.budget,
+            start=start,
+            repeats=args.repeat,
+            progress=progress,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -135,6 +167,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _plot(result, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
+    warning = over_budget_warning(result)
+    if warning:
+        print(f"eventbus bench: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -146,49 +181,98 @@ def _factory(specs: list[str]) -> Callable[[], list[Any]]:
     return make
 
 
-def _events(args: argparse.Namespace) -> list[Event]:
+def _events(args: argparse.Namespace) -> tuple[list[Event], float | None, float]:
+    """The workload, when its first period starts, and the period: a log's own
+    (where and how long its recorded bus's periods were), unless ``--period``."""
     if args.log is not None:
         with reading_log(args.log) as reader:
             events = list(reader)
         check_log_tail(reader)
-        return events
+        try:
+            timing = log_timing(args.log)
+        except (LogError, OSError) as exc:
+            raise CliError(f"{args.log}: {exc}") from None
+        return events, timing.start, args.period or timing.period or DEFAULT_PERIOD
     # The workload's options are named as its fields.
     workload = Workload(**{name: getattr(args, name) for name in Workload.__struct_fields__})
     try:
-        return synthetic_events(workload)
+        return synthetic_events(workload), None, args.period or DEFAULT_PERIOD
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
 
+DEFAULT_PERIOD = 2.0
+
+
 def format_table(result: BenchResult) -> str:
-    us = 1e6
+    partial = (
+        f" and a partial one of {result.partial_period_s:.3g} s" if result.partial_period_s else ""
+    )
     lines = [
         f"{result.events} events, {result.rounds} rounds, {result.periods} periods of "
-        f"{result.period:g} s ({result.timeline:.1f} s of run time), budget "
-        f"{result.budget:.1%} of a period",
+        f"{result.period_s:g} s{partial} ({result.timeline_s:.1f} s of run time), budget "
+        f"{result.budget_pct:.1f}% of a period",
         "",
         f"{'callback':<40} {'calls':>7} {'mean µs':>9} {'p50 µs':>8} {'p99 µs':>8} "
         f"{'max µs':>9} {'period %':>9} {'worst %':>8} {'over':>5}",
     ]
-    for f in sorted(result.callbacks, key=lambda f: f.mean * f.calls, reverse=True):
+    for f in sorted(result.callbacks, key=lambda f: f.mean_us * f.calls, reverse=True):
         lines.append(
-            f"{f.name[:40]:<40} {f.calls:>7} {f.mean * us:>9.2f} {f.p50 * us:>8.2f} "
-            f"{f.p99 * us:>8.2f} {f.max * us:>9.2f} {f.period_share_mean:>8.3%} "
-            f"{f.period_share_max:>7.3%} {f.periods_over_budget:>5}"
+            f"{f.name[:40]:<40} {f.calls:>7} {f.mean_us:>9.2f} {f.p50_us:>8.2f} "
+            f"{f.p99_us:>8.2f} {f.max_us:>9.2f} {f.period_share_mean_pct:>8.3f}% "
+            f"{f.period_share_max_pct:>7.3f}% {f.periods_over_budget:>5}"
         )
+    runs = f"{result.repeats} run{'s' if result.repeats > 1 else ''}"
     lines += [
         "",
-        f"through the bus: {result.bus_seconds * 1e3:.1f} ms; the workload alone: "
-        f"{result.baseline_seconds * 1e3:.1f} ms; callbacks called directly (floor): "
-        f"{result.floor_seconds * 1e3:.1f} ms",
-        (
-            f"the runtime adds {result.overhead_per_event * 1e9:.0f} ns per event "
-            f"({result.ratio:.1f}x the floor, the workload's own cost taken out)"
-            if result.overhead_per_event > 0
-            else "the runtime's cost is within the noise of the callbacks' own"
-        ),
+        f"through the bus: {result.bus_ms.median:.1f} ms; the workload alone: "
+        f"{result.baseline_ms.median:.1f} ms; callbacks called directly (floor): "
+        f"{result.floor_ms.median:.1f} ms (medians of {runs})",
+        _cost_line(result, runs),
     ]
     return "\n".join(lines)
+
+
+def _cost_line(result: BenchResult, runs: str) -> str:
+    overhead = result.overhead_per_event_ns
+    if overhead.median <= 0:
+        return (
+            f"the runtime's cost is within the noise of the callbacks' own "
+            f"({_range(overhead, '.0f', ' ns')} per event over {runs})"
+        )
+    adds = (
+        f"the runtime adds {overhead.median:.0f} ns per event "
+        f"({_range(overhead, '.0f', '')} over {runs})"
+    )
+    if result.floor_ratio is None:
+        return f"{adds}; no ratio to the floor: {result.floor_ratio_note}"
+    ratio = result.floor_ratio
+    return (
+        f"{adds}: {ratio.median:.1f}x the floor ({_range(ratio, '.1f', 'x')}), "
+        "the workload's own cost taken out"
+    )
+
+
+def _range(spread: Spread, fmt: str, unit: str) -> str:
+    return f"{spread.low:{fmt}}{unit} to {spread.high:{fmt}}{unit}"
+
+
+def over_budget_warning(result: BenchResult) -> str:
+    """One line for the whole bench (the bus warns once per period): which callbacks
+    went over budget, in how many periods, and how far at worst."""
+    periods = result.periods + (1 if result.partial_period_s else 0)
+    over = [
+        f"{f.name} in {f.periods_over_budget} of {periods} periods "
+        f"(worst {f.period_share_max_pct:.1f}% of a period, budget {f.budget_pct:.1f}%)"
+        for f in sorted(result.callbacks, key=lambda f: -f.periods_over_budget)
+        if f.periods_over_budget
+    ]
+    if result.periods_over_budget:
+        over.append(
+            f"all together over {result.budget_pct:.1f}% in {result.periods_over_budget} "
+            f"of {periods} periods"
+        )
+    return "callbacks over budget: " + "; ".join(over) if over else ""
 
 
 def _progress_bar() -> Callable[[float], None]:
@@ -213,19 +297,33 @@ def _require_matplotlib() -> None:
 
 
 def _plot(result: BenchResult, path: Path) -> None:
-    import matplotlib
+    plot_figure(result).savefig(path, dpi=100)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for name, series in sorted(result.per_period.items()):
-        ax.plot(range(len(series)), [v * 100 for v in series], marker=".", label=name)
-    ax.axhline(result.budget * 100, color="red", linestyle="--", label="budget")
-    ax.set_xlabel("health-check period")
-    ax.set_ylabel("share of the period (%)")
+def plot_figure(result: BenchResult) -> Any:
+    """Each callback's share of every period, on a log scale: a callback at 0.01% and
+    one at 10% both show (on a linear scale the cheap ones lay flat on zero). A
+    period where a callback was not called has no point. A partial last period
+    is drawn hollow. A ``matplotlib.figure.Figure``, made without pyplot's state."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 4.5), layout="tight")
+    ax = fig.add_subplot()
+    partial = bool(result.partial_period_s)
+    positive = [v for series in result.per_period_pct.values() for v in series if v > 0]
+    for name, series in sorted(result.per_period_pct.items()):
+        shown = [v if v > 0 else float("nan") for v in series]
+        (line,) = ax.plot(range(len(shown)), shown, marker=".", label=name)
+        if partial and shown:
+            ax.plot(
+                [len(shown) - 1], shown[-1:], marker="o", fillstyle="none", color=line.get_color()
+            )
+    ax.axhline(result.budget_pct, color="red", linestyle="--", label="budget")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=min([*positive, result.budget_pct]) / 2)
+    last = f" (the last, hollow, is partial: {result.partial_period_s:.3g} s)" if partial else ""
+    ax.set_xlabel(f"health-check period of {result.period_s:g} s{last}")
+    ax.set_ylabel("share of the period (%, log scale)")
     ax.set_title("Callback time per health-check period")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig

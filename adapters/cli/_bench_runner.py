@@ -8,16 +8,18 @@ budget reports of that run give each callback's share of each period.
 The same rounds are then fed to the callbacks directly, in a plain loop,
 timing each call: that is the floor (what the callbacks cost with no runtime
 around them) and the source of the per-call distribution (mean, p50, p99).
+The timings (through the bus, with nothing attached, the floor) are taken
+``repeats`` times, interleaved, so that the figures say how sure they are;
+``_bench_figures`` turns it all into a ``BenchResult``.
 """
 
 from __future__ import annotations
 
 import inspect
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import msgspec
@@ -34,18 +36,15 @@ from eventbus import (
     Stage,
     WorkerFailure,
 )
+from eventbus.events import EventPlaceholder
+from eventbus.log import BUS_DIAGNOSTICS
 from handlers import TrainRunContext, WorkerError
 from handlers.wiring import attach_user_callbacks, implemented_hooks
 
+from ._bench_figures import BenchResult, Timings, bench_result
 from ._common import callback_name, split_callbacks
 
-__all__ = [
-    "BenchResult",
-    "CallbackFigures",
-    "Workload",
-    "run_bench",
-    "synthetic_events",
-]
+__all__ = ["Workload", "run_bench", "synthetic_events"]
 
 Progress = Callable[[float], None]
 
@@ -61,43 +60,6 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     duration: float = 20.0
     events: int | None = None
     seed: int = 0
-
-
-class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
-    """One callback method's cost: per call (direct) and per period (through the bus)."""
-
-    name: str
-    calls: int
-    mean: float
-    p50: float
-    p99: float
-    max: float
-    period_share_mean: float
-    period_share_max: float
-    periods_over_budget: int
-    budget: float
-
-
-class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
-    """A bench run. ``bus_seconds``: the workload through the bus with the
-    callbacks; ``baseline_seconds``: the same with nothing attached (driving
-    the workload); ``floor_seconds``: the callbacks called directly.
-    ``overhead_per_event`` is what the runtime adds per event: bus - baseline -
-    floor; ``ratio`` is (bus - baseline) / floor."""
-
-    events: int
-    rounds: int
-    periods: int
-    period: float
-    budget: float
-    timeline: float
-    bus_seconds: float
-    baseline_seconds: float
-    floor_seconds: float
-    ratio: float
-    overhead_per_event: float
-    callbacks: tuple[CallbackFigures, ...]
-    per_period: dict[str, list[float]]
 
 
 def synthetic_events(workload: Workload) -> list[Event]:
@@ -170,48 +132,97 @@ def run_bench(
     period: float = 2.0,
     budget: float = 0.05,
     timeout: float = 30.0,
+    start: float | None = None,
+    repeats: int = 5,
     progress: Progress | None = None,
 ) -> BenchResult:
-    """Benchmark fresh callbacks from ``make_callbacks`` on ``events`` (see the module doc)."""
-    events = list(events)
-    if not events:
+    """Benchmark fresh callbacks from ``make_callbacks`` on ``events`` (see the module doc).
+
+    ``start``: when the first period starts (a recorded log's bus start, so that
+    periods fall where the run's did); the first event's time by default.
+    ``repeats``: how many times each timing is taken, interleaved.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    # What a bus makes itself (ticks, budget reports, faults) is not workload: the
+    # bench bus makes its own, and a recorded one would be counted as ours.
+    workload = [e for e in events if not isinstance(e, (*BUS_DIAGNOSTICS, EventPlaceholder))]
+    if not workload:
         raise ValueError("the workload has no events")
+    begin = workload[0].time if start is None else min(start, workload[0].time)
     bus_options = {"period": period, "budget": budget, "timeout": timeout}
-    reports, bus_seconds, rounds = anyio.run(
-        _through_bus, make_callbacks(), events, bus_options, progress
+    passes = 3 * repeats + 1  # for the progress bar: the first pass, then one step each
+    done = 1
+
+    def first(fraction: float) -> None:
+        if progress is not None:
+            progress(fraction / passes)
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        first(done)
+
+    measured = anyio.run(
+        _through_bus, make_callbacks(), workload, bus_options, begin, first if progress else None
     )
-    # The same workload with nothing attached: what driving it costs, to take out.
-    _, baseline_seconds, _ = anyio.run(_through_bus, [], events, bus_options, None)
-    # Fresh callbacks for each pass: stateful ones see the run once each time.
-    floor_seconds = anyio.run(_floor, _direct_calls(make_callbacks(), rounds, events))
-    per_call = anyio.run(_per_call, _direct_calls(make_callbacks(), rounds, events))
-    return _figures(
-        events,
-        reports=reports,
-        rounds=rounds,
-        bus_seconds=bus_seconds,
-        baseline_seconds=baseline_seconds,
-        floor_seconds=floor_seconds,
-        per_call=per_call,
+    workload = measured.published  # without the events this bus derives itself
+    timings = Timings(bus=[measured.seconds])
+    for run in range(repeats):
+        # Fresh callbacks for each pass: stateful ones see the run once each time.
+        if run:
+            again = anyio.run(_through_bus, make_callbacks(), workload, bus_options, begin, None)
+            timings.bus.append(again.seconds)
+            step()
+        # The same workload with nothing attached: what driving it costs, to take out.
+        alone = anyio.run(_through_bus, [], workload, bus_options, begin, None)
+        timings.baseline.append(alone.seconds)
+        step()
+        calls = _direct_calls(make_callbacks(), measured.rounds, workload)
+        timings.floor.append(anyio.run(_floor, calls))
+        step()
+    per_call = anyio.run(_per_call, _direct_calls(make_callbacks(), measured.rounds, workload))
+    step()
+    return bench_result(
+        events=len(workload),
+        rounds=len(measured.rounds),
+        reports=measured.reports,
+        start=begin,
         period=period,
         budget=budget,
+        timings=timings,
+        per_call=per_call,
     )
+
+
+Rounds = list[tuple[list[dict[str, Any]], str | None]]
+
+
+class _Pass(NamedTuple):
+    reports: list[BudgetReport]
+    seconds: float
+    rounds: Rounds
+    published: list[Event]
 
 
 async def _through_bus(
     callbacks: list[Any],
     events: list[Event],
     bus_options: dict[str, Any],
+    start: float,
     progress: Progress | None,
-) -> tuple[list[BudgetReport], float, list[tuple[list[dict[str, Any]], str | None]]]:
+) -> _Pass:
+    """One pass through a bus, timed from the first publish until the last event is
+    handled (starting and closing the bus are not the workload's cost). The bus
+    closes at the workload's last event: its last period is partial, cut there,
+    and no empty period follows the workload."""
     world_size = max((getattr(e, "world_size", 0) for e in events), default=0) or None
     training, plain = split_callbacks(callbacks)
-    clock = FastForwardClock(start=events[0].time)
+    clock = _StartClock(start)
     reports: list[BudgetReport] = []
-    rounds: list[tuple[list[dict[str, Any]], str | None]] = []
-    copies = [msgspec.structs.replace(e, seq=-1) for e in events]  # a bus stamps what it gets
-    started = time.perf_counter()
+    rounds: Rounds = []
     async with EventBus(clock=clock, **bus_options) as bus:
+        clock.go()
         bus.subscribe(
             BudgetReport, reports.append, name="bench.budget_reports", order=Stage.OBSERVE
         )
@@ -219,13 +230,39 @@ async def _through_bus(
             attach_user_callbacks(
                 bus, training, world_size=world_size, report_callbacks=[_RoundRecorder(rounds)]
             )
-        workload_types = tuple({type(e) for e in events})
+        # A log holds what its bus derived (rounds, say): this bus derives its own.
+        derived = bus.derived_types
+        published = [e for e in events if not isinstance(e, derived)]
+        if not published:
+            raise ValueError("the workload has no events but those the bus makes itself")
+        workload_types = tuple({type(e) for e in published})
         for handler in plain:
             bus.subscribe(workload_types, handler, name=callback_name(handler))
+        copies = [msgspec.structs.replace(e, seq=-1) for e in published]  # a bus stamps them
+        started = time.perf_counter()
         await _drive(bus, clock, copies, progress)
-        clock.set(clock.now() + bus.period)  # close the last period
         await bus.wait_idle()
-    return reports, time.perf_counter() - started, rounds
+        clock.set(max(e.time for e in published))  # the workload's timeline ends here
+        await bus.wait_idle()
+        seconds = time.perf_counter() - started
+    return _Pass(reports, seconds, rounds, published)
+
+
+class _StartClock(FastForwardClock):
+    """A ``FastForwardClock`` that reads ``start`` until ``go()``: the bus begins its
+    first period exactly there, not the microseconds later that real time would
+    make it, so periods fall where the recorded run's did (events on a boundary
+    included) and a synthetic workload's fall on round numbers."""
+
+    def __init__(self, start: float) -> None:
+        super().__init__(start)
+        self._held_at: float | None = start
+
+    def now(self) -> float:
+        return self._held_at if self._held_at is not None else super().now()
+
+    def go(self) -> None:
+        self._held_at = None
 
 
 async def _drive(
@@ -251,7 +288,7 @@ async def _drive(
 class _RoundRecorder:
     """Keeps the rounds the bus gathered, to feed the same ones to the floor loop."""
 
-    def __init__(self, rounds: list[tuple[list[dict[str, Any]], str | None]]) -> None:
+    def __init__(self, rounds: Rounds) -> None:
         self.rounds = rounds
 
     def after_report(
@@ -263,11 +300,7 @@ class _RoundRecorder:
 Call = tuple[str, Callable[..., Any], tuple[Any, ...]]
 
 
-def _direct_calls(
-    callbacks: list[Any],
-    rounds: list[tuple[list[dict[str, Any]], str | None]],
-    events: list[Event],
-) -> list[Call]:
+def _direct_calls(callbacks: list[Any], rounds: Rounds, events: list[Event]) -> list[Call]:
     """The calls the run made to each callback, to make again with no runtime around."""
     started = next((e for e in events if isinstance(e, RunStarted)), None)
     context = (
@@ -315,67 +348,3 @@ async def _per_call(calls: list[Call]) -> dict[str, list[float]]:
             await result
         per_call.setdefault(name, []).append(clock() - t0)
     return per_call
-
-
-def _figures(
-    events: list[Event],
-    *,
-    reports: list[BudgetReport],
-    rounds: list[tuple[list[dict[str, Any]], str | None]],
-    bus_seconds: float,
-    baseline_seconds: float,
-    floor_seconds: float,
-    per_call: dict[str, list[float]],
-    period: float,
-    budget: float,
-) -> BenchResult:
-    per_period: dict[str, list[float]] = {}
-    over: dict[str, int] = {}
-    budgets: dict[str, float] = {}
-    for index, report in enumerate(reports):
-        length = report.end - report.start
-        for usage in report.handlers:
-            series = per_period.setdefault(usage.handler, [0.0] * len(reports))
-            series[index] = usage.total / length if length else 0.0
-            over[usage.handler] = over.get(usage.handler, 0) + usage.over_budget
-            budgets[usage.handler] = usage.budget / length if length else budget
-    figures = []
-    for name, durations in per_call.items():
-        if not durations:
-            continue
-        ordered = sorted(durations)
-        shares = per_period.get(name, [0.0])
-        figures.append(
-            CallbackFigures(
-                name=name,
-                calls=len(ordered),
-                mean=statistics.fmean(ordered),
-                p50=_quantile(ordered, 0.50),
-                p99=_quantile(ordered, 0.99),
-                max=ordered[-1],
-                period_share_mean=statistics.fmean(shares),
-                period_share_max=max(shares),
-                periods_over_budget=over.get(name, 0),
-                budget=budgets.get(name, budget),
-            )
-        )
-    timeline = events[-1].time - events[0].time
-    return BenchResult(
-        events=len(events),
-        rounds=len(rounds),
-        periods=len(reports),
-        period=period,
-        budget=budget,
-        timeline=timeline,
-        bus_seconds=bus_seconds,
-        floor_seconds=floor_seconds,
-        ratio=(bus_seconds - baseline_seconds) / floor_seconds if floor_seconds else float("inf"),
-        baseline_seconds=baseline_seconds,
-        overhead_per_event=max(0.0, bus_seconds - baseline_seconds - floor_seconds) / len(events),
-        callbacks=tuple(figures),
-        per_period={name: series for name, series in per_period.items() if name in per_call},
-    )
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

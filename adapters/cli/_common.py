@@ -45,6 +45,8 @@ def reading_log(path: Path, *, skip_corrupt: bool = False) -> Iterator[LogReader
             yield reader
     except LogError as exc:
         raise CliError(str(exc)) from None
+    except BrokenPipeError:  # our stdout closed (`| head`): not the log's fault
+        raise
     except OSError as exc:
         raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except MemoryError:

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from eventbus import configure_logging
-
 from ._common import CliError
 from ._demo_trainer import main_sync
 
@@ -53,7 +51,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging("INFO")
+    # Logging is configured (to stderr) by `main`: the summary below is the only stdout.
     try:
         summary = main_sync(
             workers=args.workers,

@@ -8,9 +8,7 @@ Output already printed (the records before a torn tail) stays valid.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -150,30 +148,27 @@ def _show(args: argparse.Namespace) -> int:
     shown = 0
     out = sys.stdout
     encode = encode_json  # NaN and ±inf kept, as in a JSON Lines log
-    try:
-        with reading_log(args.log, skip_corrupt=args.skip_corrupt) as reader:
-            if not args.json:
-                out.write(f"{'seq':>8}  {'time':>14}  {'type':<20} {'rank':>4}  summary\n")
-            for event in reader:
-                if args.limit is not None and shown >= args.limit:
-                    break
-                if not keep(event):
-                    continue
-                shown += 1
-                if args.json:
-                    out.write(encode(event).decode())
-                    out.write("\n")
-                else:
-                    rank = getattr(event, "rank", None)
-                    out.write(
-                        f"{event.seq:>8}  {event.time:>14.6f}  {type(event).__name__:<20} "
-                        f"{'-' if rank is None else rank:>4}  {_summary(event)}\n"
-                    )
-            out.flush()
-            check_log_tail(reader)
-    except BrokenPipeError:  # `eventbus show LOG | head`
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    # A closed stdout (`| head`) raises BrokenPipeError through here: `main` ends quietly.
+    with reading_log(args.log, skip_corrupt=args.skip_corrupt) as reader:
+        if not args.json:
+            out.write(f"{'seq':>8}  {'time':>14}  {'type':<20} {'rank':>4}  summary\n")
+        for event in reader:
+            if args.limit is not None and shown >= args.limit:
+                break
+            if not keep(event):
+                continue
+            shown += 1
+            if args.json:
+                out.write(encode(event).decode())
+                out.write("\n")
+            else:
+                rank = getattr(event, "rank", None)
+                out.write(
+                    f"{event.seq:>8}  {event.time:>14.6f}  {type(event).__name__:<20} "
+                    f"{'-' if rank is None else rank:>4}  {_summary(event)}\n"
+                )
+        out.flush()
+        check_log_tail(reader)
     return 0
 
 

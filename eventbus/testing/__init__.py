@@ -20,7 +20,7 @@ import msgspec
 from .._bus import EventBus
 from .._clock import VirtualClock
 from .._events import Event, Report
-from .._subscription import handler_name, is_async_callable
+from .._subscription import attacher_of, handler_name, is_async_callable
 from ..log._format import LogFormat
 from ..log._reader import read_log
 from ..log._recorder import LogRecorder
@@ -31,6 +31,7 @@ __all__ = [
     "EventCapture",
     "ReplayResult",
     "assert_rounds",
+    "attach",
     "replay_log",
     "report_rounds",
     "sample_event",
@@ -180,40 +181,95 @@ def _capturing(handler: Handler, sink: list[Event]) -> Handler:
     return capture
 
 
+def attach(
+    bus: EventBus,
+    handlers: Sequence[object],
+    types: type[Event] | tuple[type[Event], ...] = Event,
+) -> tuple[list[Event], ...]:
+    """Attach each of ``handlers`` to ``bus``; per handler, a list that keeps what it gets.
+
+    A bus handler (a callable taking an event) is subscribed to ``types``. A
+    training callback (a ``handlers.UserCallback``) is attached as a live run
+    attaches it, gathering included, all of them together; its list keeps the
+    gathered events its hooks get (``RoundGathered``, ...). Anything else is
+    refused at once, before any event is delivered.
+    """
+    received: tuple[list[Event], ...] = tuple([] for _ in handlers)
+    groups: dict[Any, tuple[Any, list[tuple[object, list[Event]]]]] = {}
+    for handler, sink in zip(handlers, received, strict=True):
+        attacher = attacher_of(handler)
+        if attacher is not None:
+            # One group per attaching function (bound to each subclass, it is a new
+            # object each time): all training callbacks share one gathering.
+            key = getattr(attacher, "__func__", attacher)
+            groups.setdefault(key, (attacher, []))[1].append((handler, sink))
+        elif callable(handler):
+            bus.subscribe(types, _capturing(handler, sink), name=handler_name(handler))
+        else:
+            raise TypeError(
+                f"{handler!r} is neither a bus handler (a callable taking an event) nor a "
+                "training callback: subclass handlers.UserCallback for after_report and "
+                "the other hooks, or give a callable"
+            )
+    for attacher, members in groups.values():
+        per_callback = attacher(bus, [callback for callback, _ in members])
+        for (_, sink), subscriptions in zip(members, per_callback, strict=True):
+            hooked = tuple({t: None for sub in subscriptions for t in sub.types})
+            if hooked:
+                bus.subscribe(hooked, sink.append, name="eventbus.testing.capture")
+    return received
+
+
 class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
     """A replay's summary and, per handler passed (same order), the events it received."""
 
     summary: ReplaySummary
     received: tuple[list[Event], ...]
-    handlers: tuple[Handler, ...]
+    handlers: tuple[object, ...]
 
-    def events_of(self, handler: Handler) -> list[Event]:
+    def events_of(self, handler: object) -> list[Event]:
+        """What ``handler`` received; an equal handler will do (``seen.append`` is a new
+        bound method each time it is read, but equal to the one replayed)."""
         for candidate, events in zip(self.handlers, self.received, strict=True):
             if candidate is handler:
+                return events
+        for candidate, events in zip(self.handlers, self.received, strict=True):
+            if _equal(candidate, handler):
                 return events
         raise KeyError(f"{handler!r} was not one of the replayed handlers")
 
 
+def _equal(a: object, b: object) -> bool:
+    """``a == b`` that a handler with a strange ``__eq__`` cannot break."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
 async def replay_log(
     path: str | os.PathLike[str],
-    *handlers: Handler,
+    *handlers: object,
     types: type[Event] | tuple[type[Event], ...] = Event,
     subscribe: Callable[[EventBus], Any] | None = None,
     **options: Any,
 ) -> ReplayResult:
     """Replay the log at ``path`` into a fresh bus on a ``VirtualClock``.
 
-    Each handler is subscribed to ``types`` (every event by default) in the
-    order given, and what it receives is kept in ``result.received``.
-    ``subscribe(bus)`` may wire anything else (training callbacks, say).
-    ``options`` go to ``eventbus.replay_file`` (``filter``, ``period``,
-    ``speed``, bus options such as ``timeout``).
+    Each handler is attached in the order given, and what it receives is
+    kept in ``result.received`` (``result.events_of(handler)``): a bus
+    handler is subscribed to ``types`` (every event by default); training
+    callbacks are attached as a live run attaches them and get each
+    recorded round once, gathered anew from the recorded reports. Anything
+    else is a ``TypeError`` before the replay starts. ``subscribe(bus)`` may
+    wire anything more. ``options`` go to ``eventbus.log.replay_file``
+    (``filter``, ``period``, ``speed``, bus options such as ``timeout``).
     """
-    received: tuple[list[Event], ...] = tuple([] for _ in handlers)
+    received: tuple[list[Event], ...] = ()
 
     def setup(bus: EventBus) -> None:
-        for handler, sink in zip(handlers, received, strict=True):
-            bus.subscribe(types, _capturing(handler, sink), name=handler_name(handler))
+        nonlocal received
+        received = attach(bus, handlers, types)
         if subscribe is not None:
             subscribe(bus)
 
@@ -224,23 +280,28 @@ async def replay_log(
 class BusRecording:
     """Runs buses whose every event is recorded to ``path``; read them back after.
 
-    ``async with recording(**bus_options) as bus:`` gives a started
-    ``EventBus`` (on a ``VirtualClock`` unless ``clock=`` is passed); after
-    the block, ``events`` holds everything it carried, read back from the log.
+    ``async with recording(*handlers, **bus_options) as bus:`` gives a
+    started ``EventBus`` (on a ``VirtualClock`` unless ``clock=`` is passed)
+    with ``handlers`` attached as ``replay_log`` attaches them (bus handlers
+    get every event; training callbacks are attached as a live run attaches
+    them); ``received`` keeps, per handler, what it got. After the block,
+    ``events`` holds everything the bus carried, read back from the log.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._events: list[Event] | None = None
+        self.received: tuple[list[Event], ...] = ()
 
     @asynccontextmanager
-    async def __call__(self, **bus_options: Any) -> AsyncIterator[EventBus]:
+    async def __call__(self, *handlers: object, **bus_options: Any) -> AsyncIterator[EventBus]:
         bus_options.setdefault("clock", VirtualClock())
         self._events = None
         with LogRecorder(self.path, fsync="never") as recorder:
             bus = EventBus(**bus_options)
             recorder.attach(bus)
             async with bus:
+                self.received = attach(bus, handlers)
                 yield bus
 
     @property

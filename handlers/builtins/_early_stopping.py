@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from eventbus import StatefulCallback
+from eventbus import StatefulCallback, get_logger
 from eventbus.events import TrainRunContext
 
-from .._interfaces import UserCallback
+from .._callback import UserCallback
 from .._metrics import mean_of
 
 __all__ = ["EarlyStopping"]
+
+_log = get_logger("handlers.early_stopping")
 
 
 class EarlyStopping(UserCallback, StatefulCallback):
@@ -47,6 +49,7 @@ class EarlyStopping(UserCallback, StatefulCallback):
         self.wait = 0
         self.rounds = 0
         self.should_stop = False
+        self.stop_reason: str | None = None
 
     @property
     def state_key(self) -> str:
@@ -64,8 +67,14 @@ class EarlyStopping(UserCallback, StatefulCallback):
             self.wait = 0
         else:
             self.wait += 1
-            if self.wait >= self.patience:
+            if self.wait >= self.patience and not self.should_stop:
                 self.should_stop = True
+                by = f" by more than {self.threshold:g}" if self.threshold else ""
+                self.stop_reason = (
+                    f"{self.metric} did not improve{by} for {self.wait} rounds"
+                    f" (best {self.best:.6g}, last {value:.6g})"
+                )
+                _log.info("early stopping", callback=repr(self), reason=self.stop_reason)
 
     def _improves(self, value: float) -> bool:
         assert self.best is not None

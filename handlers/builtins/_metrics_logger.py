@@ -7,7 +7,7 @@ from typing import Any
 from eventbus import get_logger
 from eventbus.events import RunResult, TrainRunContext
 
-from .._interfaces import UserCallback
+from .._callback import UserCallback
 from .._metrics import mean_metrics
 
 __all__ = ["MetricsLogger"]

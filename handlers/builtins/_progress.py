@@ -10,7 +10,7 @@ from typing import Any, ClassVar, TextIO
 from eventbus import Event, Report
 from eventbus.events import RunResult, TrainRunContext
 
-from .._interfaces import UserCallback
+from .._callback import UserCallback
 
 __all__ = ["ProgressDisplay"]
 

@@ -1,0 +1,238 @@
+"""What a bench's passes add up to: the figures ``eventbus bench`` prints and writes.
+
+Two rules keep them honest. The periods are the workload's: the bus is
+closed at the workload's last event, so the last period is partial (it
+weighs by its length in the means, and says so) and no empty period after
+the workload is counted. The timings are taken several times, interleaved,
+and given as a median with its range; the ratio to the floor is withheld,
+with the reason, when the runs disagree or the callbacks' own time is too
+small to time.
+
+Every figure carries its unit in its name (``_us``, ``_ms``, ``_s``,
+``_pct``): JSON readers see no bare numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import msgspec
+
+from eventbus import BudgetReport
+
+__all__ = [
+    "MAX_RATIO_SPREAD",
+    "MIN_FLOOR_MS",
+    "MIN_REPEATS_FOR_RATIO",
+    "BenchResult",
+    "CallbackFigures",
+    "Spread",
+    "Timings",
+    "bench_result",
+]
+
+#: Fewer runs than this cannot say how far a ratio may be off.
+MIN_REPEATS_FOR_RATIO = 3
+#: Under this much callback time (median of the runs), timer jitter and first-call
+#: costs are a large part of what the floor measures: a ratio to it means little.
+MIN_FLOOR_MS = 1.0
+#: Runs whose ratios spread more than this share of their median disagree (with 5
+#: runs or more, the highest and the lowest are left out: one pause is not noise).
+MAX_RATIO_SPREAD = 0.5
+
+
+class Spread(msgspec.Struct, frozen=True, kw_only=True):
+    """A figure taken several times: the median, and the lowest and highest."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(median=statistics.median(values), low=min(values), high=max(values))
+
+
+class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """One callback method. Per call, timed directly with no runtime (``calls``,
+    ``*_us``); through the bus, as its accounting saw it (``bus_calls``,
+    ``bus_total_ms``) and per health-check period (``period_share_*_pct``: its
+    time as a percentage of a period; the mean is over the run's time, so a
+    partial last period weighs by its length)."""
+
+    name: str
+    calls: int
+    mean_us: float
+    p50_us: float
+    p99_us: float
+    max_us: float
+    bus_calls: int
+    bus_total_ms: float
+    period_share_mean_pct: float
+    period_share_max_pct: float
+    periods_over_budget: int
+    budget_pct: float
+
+
+class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
+    """A bench run (what ``eventbus bench --json`` writes; README, "Benchmarking
+    your callbacks", lists the fields). ``periods`` are whole periods of
+    ``period_s``; ``partial_period_s`` is the length of the last, partial one (0:
+    none). Timings are ``Spread``s over ``repeats`` runs; ``floor_ratio`` is
+    ``None`` when ``floor_ratio_note`` says why there is none."""
+
+    events: int
+    rounds: int
+    start_s: float
+    period_s: float
+    periods: int
+    partial_period_s: float
+    timeline_s: float
+    budget_pct: float
+    periods_over_budget: int
+    repeats: int
+    bus_ms: Spread
+    baseline_ms: Spread
+    floor_ms: Spread
+    overhead_per_event_ns: Spread
+    floor_ratio: Spread | None
+    floor_ratio_note: str
+    callbacks: tuple[CallbackFigures, ...]
+    period_lengths_s: list[float]
+    per_period_pct: dict[str, list[float]]
+
+
+class Timings(msgspec.Struct, kw_only=True):
+    """Seconds per run: the workload through the bus with the callbacks, with nothing
+    attached (driving it), and the callbacks called directly (the floor)."""
+
+    bus: list[float] = msgspec.field(default_factory=list)
+    baseline: list[float] = msgspec.field(default_factory=list)
+    floor: list[float] = msgspec.field(default_factory=list)
+
+
+class _Usage:
+    """One handler's accounting over the periods."""
+
+    __slots__ = ("calls", "over", "shares", "total")
+
+    def __init__(self, periods: int) -> None:
+        self.calls = 0
+        self.total = 0.0
+        self.over = 0
+        self.shares = [0.0] * periods
+
+
+def bench_result(
+    *,
+    events: int,
+    rounds: int,
+    reports: Sequence[BudgetReport],
+    start: float,
+    period: float,
+    budget: float,
+    timings: Timings,
+    per_call: dict[str, list[float]],
+) -> BenchResult:
+    """The figures of the measured pass's budget reports and of the timed runs.
+
+    Shares are of the run's time (``period_share_mean_pct``) or of one whole
+    period (per period, worst): a partial period's time is neither lost nor
+    blown up by its shortness, and share x period adds up to the time spent."""
+    reports = sorted(reports, key=lambda r: (r.partial, r.start))
+    lengths = [r.end - r.start for r in reports]
+    timeline = sum(lengths)
+    usages: dict[str, _Usage] = {}
+    budgets: dict[str, float] = {}
+    for index, report in enumerate(reports):
+        judged = max(lengths[index], period)  # as the bus judges a partial period
+        for usage in report.handlers:
+            figures = usages.setdefault(usage.handler, _Usage(len(reports)))
+            figures.calls += usage.calls
+            figures.total += usage.total
+            figures.over += usage.over_budget
+            figures.shares[index] = usage.total / period
+            if not report.partial or usage.handler not in budgets:
+                budgets[usage.handler] = usage.budget / judged
+    callbacks = []
+    for name, durations in per_call.items():
+        if not durations:
+            continue
+        ordered = sorted(durations)
+        used = usages.get(name, _Usage(len(reports)))
+        callbacks.append(
+            CallbackFigures(
+                name=name,
+                calls=len(ordered),
+                mean_us=statistics.fmean(ordered) * 1e6,
+                p50_us=_quantile(ordered, 0.50) * 1e6,
+                p99_us=_quantile(ordered, 0.99) * 1e6,
+                max_us=ordered[-1] * 1e6,
+                bus_calls=used.calls,
+                bus_total_ms=used.total * 1e3,
+                period_share_mean_pct=used.total / timeline * 100 if timeline else 0.0,
+                period_share_max_pct=max(used.shares, default=0.0) * 100,
+                periods_over_budget=used.over,
+                budget_pct=budgets.get(name, budget) * 100,
+            )
+        )
+    partial = [length for report, length in zip(reports, lengths, strict=True) if report.partial]
+    overhead, ratio, note = runtime_cost(timings, events)
+    return BenchResult(
+        events=events,
+        rounds=rounds,
+        start_s=start,
+        period_s=period,
+        periods=len(reports) - len(partial),
+        partial_period_s=sum(partial),
+        timeline_s=timeline,
+        budget_pct=budget * 100,
+        periods_over_budget=sum(1 for r in reports if r.total > r.budget),
+        repeats=len(timings.bus),
+        bus_ms=Spread.of([s * 1e3 for s in timings.bus]),
+        baseline_ms=Spread.of([s * 1e3 for s in timings.baseline]),
+        floor_ms=Spread.of([s * 1e3 for s in timings.floor]),
+        overhead_per_event_ns=overhead,
+        floor_ratio=ratio,
+        floor_ratio_note=note,
+        callbacks=tuple(callbacks),
+        period_lengths_s=lengths,
+        per_period_pct={
+            name: [share * 100 for share in usages[name].shares]
+            for name in per_call
+            if name in usages
+        },
+    )
+
+
+def runtime_cost(timings: Timings, events: int) -> tuple[Spread, Spread | None, str]:
+    """What the runtime adds per event (ns) and its ratio to the floor, run by run; the
+    ratio only when there is enough to trust it, else the reason there is none."""
+    runs = list(zip(timings.bus, timings.baseline, timings.floor, strict=True))
+    overhead = Spread.of([(bus - base - floor) / events * 1e9 for bus, base, floor in runs])
+    floor_ms = statistics.median(timings.floor) * 1e3
+    if len(runs) < MIN_REPEATS_FOR_RATIO:
+        why = f"{len(runs)} run(s) cannot say how sure a ratio is (--repeat 3 or more)"
+        return overhead, None, why
+    if floor_ms < MIN_FLOOR_MS:
+        why = (
+            f"the callbacks' own time, {floor_ms:.3f} ms, is too little to time a ratio "
+            f"against (under {MIN_FLOOR_MS:g} ms); a longer workload (--duration, --events) "
+            "gives one"
+        )
+        return overhead, None, why
+    ratios = sorted((bus - base) / floor for bus, base, floor in runs)
+    ratio = Spread.of(ratios)
+    middle = ratios[1:-1] if len(ratios) >= 5 else ratios
+    if ratio.median <= 0 or (middle[-1] - middle[0]) / ratio.median > MAX_RATIO_SPREAD:
+        why = (
+            f"the {len(runs)} runs disagree ({ratio.low:.1f}x to {ratio.high:.1f}x); "
+            "a longer workload, or a quieter machine, gives a steadier figure"
+        )
+        return overhead, None, why
+    return overhead, ratio, ""
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

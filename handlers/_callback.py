@@ -1,0 +1,75 @@
+"""``UserCallback``: what users subclass to write a training callback.
+
+All methods are optional, sync or async: each hook a subclass overrides
+becomes its own bus subscription, to the event the gathering emits for it.
+The class also says how the runtime's tools (replays, recordings) attach
+such callbacks: as a live run does (``__eventbus_attach__``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from eventbus import DeliveryMode, ErrorPolicy, Event, EventBus, OverBudgetPolicy, Subscription
+
+from ._attach import CallbackAttachment
+from ._user import base_hook
+
+if TYPE_CHECKING:
+    from eventbus.events import RunResult, TrainRunContext
+
+__all__ = ["UserCallback"]
+
+
+class UserCallback:
+    """Base class of user callbacks (Ray Train v2 names, plus run hooks).
+
+    Override any of the methods, as ``def`` or ``async def``. Each overridden
+    method becomes its own bus subscription named ``<Class>.<method>``, with
+    the bus's deadline, error policy and budget accounting. The class
+    attributes below tune that subscription (``delivery`` is the bus's
+    ``mode``: inline or lane); ``None`` means the bus default.
+    ``event_types``: raw events this callback also wants, delivered to
+    ``on_event(run_context, event)`` (for displays that count reports).
+    """
+
+    timeout: ClassVar[float | None] = None
+    budget: ClassVar[float | None] = None
+    on_error: ClassVar[ErrorPolicy | None] = None
+    max_faults: ClassVar[int | None] = None
+    over_budget: ClassVar[OverBudgetPolicy | None] = None
+    delivery: ClassVar[DeliveryMode | None] = None
+    blocking: ClassVar[bool] = False
+    event_types: ClassVar[tuple[type[Event], ...]] = ()
+
+    @base_hook
+    def before_run(self, run_context: TrainRunContext) -> Any:
+        """Called once, before any other method."""
+
+    @base_hook
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> Any:
+        """Called once per gathered round: ``metrics[i]`` is the i-th required rank's dict."""
+
+    @base_hook
+    def after_exception(
+        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
+    ) -> Any:
+        """Called once per health-check period in which workers failed: ``{rank: exception}``."""
+
+    @base_hook
+    def after_run(self, run_context: TrainRunContext, result: RunResult) -> Any:
+        """Called once, last, also when the run failed or was cancelled."""
+
+    @base_hook
+    def on_event(self, run_context: TrainRunContext, event: Event) -> Any:
+        """Called for each event of ``event_types`` (none by default)."""
+
+    @classmethod
+    def __eventbus_attach__(cls, bus: EventBus, callbacks: list[Any]) -> list[list[Subscription]]:
+        """Attach ``callbacks`` to ``bus`` as a run does (gathering included): how
+        ``eventbus.testing``'s replays and recordings take training callbacks.
+        Per callback, the subscriptions of its hooks."""
+        attachment = CallbackAttachment(bus, callbacks)
+        return attachment.user.subscriptions_by_callback
