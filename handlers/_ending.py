@@ -19,6 +19,8 @@ from eventbus.events import RunStatus
 __all__ = ["interrupt_in", "only_cancellations", "status_of", "stop_of"]
 
 _object_repr: Any = object.__repr__
+#: Longest stop reason kept (it goes into the run's result and its log).
+MAX_STOP_REASON = 1000
 
 
 def interrupt_in(exc: BaseException | None) -> BaseException | None:
@@ -56,9 +58,14 @@ def stop_of(callbacks: Iterable[Any]) -> tuple[str, str | None] | None:
     ``should_stop`` is true, named as the state store tells it apart
     (``EarlyStopping(metric='loss', mode='min')``), with its ``stop_reason``."""
     for callback in callbacks:
-        if getattr(callback, "should_stop", False) is True:
+        try:  # asked at every run's end: a property that raises must not break it
+            if getattr(callback, "should_stop", False) is not True:
+                continue
             reason = getattr(callback, "stop_reason", None)
-            return _name_of(callback), reason if isinstance(reason, str) else None
+        except Exception:
+            continue
+        reason = reason[:MAX_STOP_REASON] if isinstance(reason, str) else None
+        return _name_of(callback), reason
     return None
 
 

@@ -327,3 +327,43 @@ async def test_two_training_callback_classes_share_one_gathering(tmp_path: Path)
         attach_user_callbacks(bus, [LossTrend()])
         with pytest.raises(ValueError, match="already gathers reports"):
             attach_user_callbacks(bus, [LossTrend()])
+
+
+class HostileStopper(UserCallback):
+    """``should_stop`` and ``stop_reason`` as an attacker writes them."""
+
+    def __init__(self, raises: bool) -> None:
+        self.raises = raises
+
+    @property
+    def should_stop(self) -> bool:
+        if self.raises:
+            raise RuntimeError("should_stop exploded")
+        return True
+
+    @property
+    def stop_reason(self) -> str:
+        return "x" * 10**6
+
+
+async def test_a_hostile_should_stop_cannot_break_the_end_of_a_run() -> None:
+    trend = LossTrend()
+    async with open_run(world_size=1, callbacks=[HostileStopper(raises=True), trend]) as run:
+        await run.reporter(0).report({"loss": 1.0})
+    assert trend.results[0].status == "finished" and trend.results[0].stopped_by is None
+
+    trend = LossTrend()
+    async with open_run(world_size=1, callbacks=[HostileStopper(raises=False), trend]):
+        pass
+    (result,) = trend.results
+    assert result.stopped_by == "HostileStopper"
+    assert result.stop_reason is not None and len(result.stop_reason) == 1000
+
+
+def test_best_checkpoints_survives_a_location_no_path_can_be(tmp_path: Path) -> None:
+    best = BestCheckpoints("loss", k=1, delete_worse=True)
+    with structlog.testing.capture_logs() as logs:
+        best.after_report(CTX, [{"loss": 1.0}], "bad\0name")
+        best.after_report(CTX, [{"loss": 0.5}], str(tmp_path / "ck"))
+    assert best.deleted == [] and best.checkpoints == [str(tmp_path / "ck")]
+    assert [log["event"] for log in logs] == ["could not delete a checkpoint"]

@@ -101,7 +101,7 @@ class BestCheckpoints(UserCallback, StatefulCallback):
                 os.unlink(path)
             else:
                 return
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a location no path can be
             _log.warning("could not delete a checkpoint", checkpoint=location, error=str(exc))
             return
         self.deleted.append(location)
