@@ -5,17 +5,27 @@ training thread, Ray Train on its controller's event loop. Neither may wait
 for our callbacks. So the bus and our handlers run in a daemon thread with
 their own event loop, and the caller only appends the event to a deque.
 
-No wake-up per event. The pump on the bus's side looks at the deque every
-``poll_interval`` seconds (10 ms by default) and is woken at once only when
-the deque is half full, or for control items (close, wait-idle, a
-checkpoint). Waking a sleeping loop from another thread costs a syscall, and
-the woken thread then takes the GIL from the trainer's thread in the middle
-of its hook: measured here (``benchmarks/bench_hf_handoff.py``), a wake per
-event made one ``on_log`` cost 20-50 us, an append alone about 1 us. The
-price is a delivery delay of up to ``poll_interval``, small beside a
-training step, and about a hundred idle wake-ups a second in the bus thread.
-``BlockingPortal.call`` would cost hundreds of microseconds: it waits for the
-loop to run the call and reply.
+No wake-up per event, and at most one per poll interval. The pump on the
+bus's side looks at the deque once every ``poll_interval`` seconds (5 ms by
+default) and drains it in one batch; a hand-off never wakes it, however
+full the deque. Waking a sleeping loop from another thread costs the caller
+a syscall, and the woken thread then takes the GIL from the trainer's
+thread in the middle of its hook: measured here
+(``benchmarks/bench_hf_handoff.py``), a wake per event made one ``on_log``
+cost 20-50 us, an append alone well under 1 us. Only a caller that blocks
+until the bus is done anyway (``wait_idle``, ``close``) wakes it at once,
+since then there is no hook to interrupt. Wake-ups start at least one poll
+interval apart (``wakeups`` counts them), so over a burst of hooks lasting
+``T`` seconds the bus thread wakes at most ``T / poll_interval + 1`` times.
+The price: a delivery delay of up to ``poll_interval`` while events flow
+(small beside a training step). An idle bus thread backs off: each look
+that finds nothing doubles its pause, up to ``IDLE_POLL_INTERVAL`` (0.1 s),
+so the first event after a quiet spell waits up to that long, and an idle
+bus costs about 10 wake-ups a second (at about 60 us of CPU each), not 200.
+A burst faster than ``capacity / poll_interval`` (200,000 events a second by
+default) waits for the bus's next look when the deque is full.
+``BlockingPortal.call`` would cost hundreds of microseconds: it waits for
+the loop to run the call and reply.
 
 Bounded and never silent: the deque holds ``capacity`` events. When it is
 full the caller waits up to ``handoff_timeout`` for room; then the event is
@@ -52,11 +62,39 @@ import anyio
 from eventbus import BusClosed, CloseReport, Event, EventBus, describe_exception, get_logger
 from eventbus.log import LogRecorder
 
-__all__ = ["Backend", "BusThread"]
+__all__ = [
+    "DEFAULT_POLL_INTERVAL",
+    "IDLE_POLL_INTERVAL",
+    "Backend",
+    "BusThread",
+    "Recipe",
+    "kind_of",
+]
 
 _log = get_logger("adapters.bus_thread")
 
 Backend = Literal["asyncio", "trio"]
+
+#: How often the bus thread looks at its deque, in seconds (see the module docstring).
+DEFAULT_POLL_INTERVAL = 0.005
+
+#: How seldom an idle bus thread looks: each look that finds nothing doubles the
+#: pause, up to this; the first look that finds events brings it back to the interval.
+IDLE_POLL_INTERVAL = 0.1
+
+#: An event made in the bus's thread: ``(make, a, b)`` is published as ``make(a, b)``.
+#: A trainer's hook hands off a tuple, cheaper to build than the event itself.
+Recipe = tuple[Callable[[Any, Any], Event], Any, Any]
+
+
+def kind_of(item: Event | Recipe) -> str:
+    """What a handed-off item is, for a warning: its event's class; for a recipe, the
+    class its maker names (an ``event_type`` attribute), else the maker's name."""
+    if isinstance(item, tuple):
+        maker = item[0]
+        made = getattr(maker, "event_type", None)
+        return made.__name__ if isinstance(made, type) else getattr(maker, "__name__", "recipe")
+    return type(item).__name__
 
 
 class _AfterIdle:
@@ -82,6 +120,7 @@ class _Stop:
 
 
 _STOP = _Stop()
+_CONTROL = (_Barrier, _Stop)
 
 
 class BusThread:
@@ -93,8 +132,9 @@ class BusThread:
     ``setup(bus)`` runs in the bus's thread before the bus starts (subscribe
     handlers there); its return value is ``setup_result``. ``log``: record the
     bus's events to this file (closed, so flushed, when the bus closes).
-    ``poll_interval``: how long a handed-off event may wait before the bus
-    thread looks (see the module docstring). ``bus_options`` go to ``EventBus``.
+    ``poll_interval``: how often the bus thread looks at the deque, so how
+    long a handed-off event may wait (see the module docstring).
+    ``bus_options`` go to ``EventBus``.
     """
 
     def __init__(
@@ -107,7 +147,7 @@ class BusThread:
         capacity: int = 1024,
         handoff_timeout: float = 5.0,
         backend: Backend = "asyncio",
-        poll_interval: float = 0.01,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
         **bus_options: Any,
     ) -> None:
         if capacity < 1:
@@ -119,7 +159,6 @@ class BusThread:
         self.capacity = capacity
         self.handoff_timeout = handoff_timeout
         self.poll_interval = poll_interval
-        self._high_water = max(1, capacity // 2)
         self.name = name
         self.backend: Backend = backend
         self._setup = setup
@@ -129,12 +168,21 @@ class BusThread:
         self.bus: EventBus | None = None
         self.setup_result: Any = None
         self.close_report: CloseReport | None = None
-        #: Events accepted by ``handoff``, and events dropped because the bus stayed full.
-        self.handed_off = 0
+        #: Events dropped because the bus stayed full (``handed_off`` counts the accepted).
         self.dropped = 0
+        #: Times the bus thread woke from its sleep (by its poll timer or by a waiter).
+        self.wakeups = 0
+        #: Whether the bus accepts events. An attribute, not a property: every hook reads it.
+        self.running = False
+        #: What failed the run in the bus's thread: a callback's ``on_error="raise"``
+        #: failure or interrupt (the bus went on), else why the thread ended early.
+        #: An attribute, not a property: the trainer's every hand-off reads it.
+        self.failure: BaseException | None = None
 
         self._queue: deque[object] = deque()
-        self._accepting = False
+        # ``offer``'s one test: running, and no failure for the trainer to see first.
+        self._open = False
+        self._taken = 0  # events the pump took from the deque
         self._sleeping = False
         self._wake: anyio.Event | None = None
         self._call_soon: Callable[[Callable[[], object]], object] | None = None
@@ -144,23 +192,25 @@ class BusThread:
         self._ready = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
-        #: What failed the run in the bus's thread: a callback's ``on_error="raise"``
-        #: failure or interrupt (the bus went on), else why the thread ended early.
-        #: An attribute, not a property: the trainer's every hand-off reads it.
-        self.failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._in_hand: object = None  # the pump's current item
 
     # --- lifecycle (any thread) ---------------------------------------------------
 
     @property
-    def running(self) -> bool:
-        return self._accepting
-
-    @property
     def error(self) -> BaseException | None:
         """Why the bus thread ended early (it failed to start, or broke)."""
         return self._error
+
+    @property
+    def handed_off(self) -> int:
+        """Events accepted so far: taken by the bus, or waiting in the deque.
+
+        Counted on the bus's side, not per hand-off: the trainer's path stays
+        one append. Exact once the thread is idle or ended.
+        """
+        waiting = sum(1 for item in list(self._queue) if type(item) not in _CONTROL)
+        return self._taken + waiting
 
     def start(self, timeout: float = 30.0) -> None:
         """Start the thread and wait until the bus accepts events."""
@@ -179,7 +229,7 @@ class BusThread:
         if self._thread is None:
             return None
         if not self._done.is_set():
-            self._accepting = False
+            self._open = self.running = False
             # Past the capacity on purpose: these few must not be dropped.
             self._queue.extend(final)
             self._queue.append(_STOP)
@@ -198,43 +248,49 @@ class BusThread:
 
     # --- hand-off (the caller's thread) -------------------------------------------
 
-    def handoff(self, event: Event) -> bool:
-        """Give ``event`` to the bus without waiting for it to be handled.
+    def offer(self, item: Event | Recipe) -> bool:
+        """The trainer's fast path: append ``item`` if that needs no wait, else False.
+
+        False (and nothing done) when the deque is full, the bus is not
+        running, or a failure is waiting for the caller: then ``handoff``
+        (or the caller's failure handling) decides. Never wakes the bus.
+        """
+        queue = self._queue
+        if self._open and len(queue) < self.capacity:
+            queue.append(item)
+            return True
+        return False
+
+    def handoff(self, item: Event | Recipe) -> bool:
+        """Give ``item`` to the bus without waiting for it to be handled.
 
         False when it was dropped (the bus stayed full past ``handoff_timeout``;
         counted and warned about). ``BusClosed`` when the bus is not running.
         """
-        if not self._accepting:
-            raise BusClosed(f"{self.name}: the bus is not running")
-        queue = self._queue
-        if len(queue) >= self.capacity and not self._wait_for_room():
-            self._drop(event)
-            return False
-        queue.append(event)
-        self.handed_off += 1
-        if len(queue) >= self._high_water and self._sleeping:
-            self._wake_pump()
-        return True
+        return self.offer(item) or self._handoff(item)
 
     def handoff_after_idle(self, event: Event) -> bool:
         """Like ``handoff``, but ``event`` is published only once everything handed off
-        before it was handled (a checkpoint's state snapshot must see every report)."""
-        if not self._accepting:
+        before it was handled (a checkpoint's state snapshot must see every report).
+        Not a wake-up either: published at the bus's next look, in order."""
+        return self._handoff(_AfterIdle(event))
+
+    def _handoff(self, item: Event | Recipe | _AfterIdle) -> bool:
+        if not self.running:
             raise BusClosed(f"{self.name}: the bus is not running")
         if len(self._queue) >= self.capacity and not self._wait_for_room():
-            self._drop(event)
+            self._drop(item.event if isinstance(item, _AfterIdle) else item)
             return False
-        self._queue.append(_AfterIdle(event))
-        self.handed_off += 1
-        self._wake_pump()
+        self._queue.append(item)
         return True
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until nothing handed off so far is pending (handled, or the bus ended;
-        once closing: until the thread ended); False on timeout."""
+        once closing: until the thread ended); False on timeout. Wakes the bus at
+        once: its caller is waiting, so there is no hook to interrupt."""
         if self._thread is None:
             return True
-        if not self._accepting:
+        if not self.running:
             return self._done.wait(timeout)
         barrier = _Barrier()
         self._queue.append(barrier)
@@ -253,6 +309,8 @@ class BusThread:
                 call_soon(self._wake_in_loop)
 
     def _wait_for_room(self) -> bool:
+        """Wait for the bus's next look to make room (it is not woken: a burst that
+        fills the deque must not wake it more than once per poll interval)."""
         queue = self._queue
         if self._stalled:
             if len(queue) < self.capacity:
@@ -269,18 +327,17 @@ class BusThread:
             self._want_room = True
             if len(queue) < self.capacity:  # made room before it saw the request
                 break
-            self._wake_pump()
             self._room.wait(remaining)
         return True
 
-    def _drop(self, event: Event) -> None:
+    def _drop(self, item: Event | Recipe) -> None:
         self.dropped += 1
         dropped = self.dropped
         if dropped & (dropped - 1) == 0:  # 1, 2, 4, 8, ...: a warning, not a flood
             _log.warning(
                 "bus hand-off full: event dropped",
                 thread=self.name,
-                event_type=type(event).__name__,
+                event_type=kind_of(item),
                 dropped=dropped,
                 handoff_timeout=self.handoff_timeout,
             )
@@ -296,7 +353,7 @@ class BusThread:
                 self.failure = exc
             _log.error("bus thread failed", thread=self.name, error=describe_exception(exc))
         finally:
-            self._accepting = False
+            self._open = self.running = False
             self._done.set()
             self._ready.set()
             self._room.set()
@@ -308,6 +365,7 @@ class BusThread:
         """The bus's ``on_failure`` (called once, in its thread): keep ``exc`` for the
         trainer's thread; the bus goes on, so the run's end is still delivered."""
         self.failure = exc
+        self._open = False  # the trainer's next hand-off takes the slow path and sees it
         _log.error("a callback failed the run", thread=self.name, error=describe_exception(exc))
 
     async def _main(self) -> None:
@@ -320,7 +378,8 @@ class BusThread:
             self.setup_result = self._setup(bus)
             self._call_soon = _thread_safe_scheduler()
             async with bus:
-                self._accepting = True
+                self.running = True
+                self._open = self.failure is None
                 self._ready.set()
                 await self._pump(bus)
                 self.close_report = await bus.aclose()
@@ -333,14 +392,27 @@ class BusThread:
             self._wake.set()
 
     async def _pump(self, bus: EventBus) -> None:
+        """Drain the deque, then sleep until one poll interval after the last wake-up."""
         queue = self._queue
+        interval = self.poll_interval
+        clock = time.monotonic
+        woke = clock()
+        wake = self._wake = anyio.Event()
+        pause = interval  # doubles while wake-ups find nothing, up to IDLE_POLL_INTERVAL
         while True:
             if not queue:
-                self._wake = anyio.Event()
+                delay = woke + pause - clock()
+                if delay <= 0:  # the drain outlasted the interval: a full one from now
+                    delay = pause
+                if wake.is_set():  # an Event cannot be cleared; one not set is reused
+                    wake = self._wake = anyio.Event()
                 self._sleeping = True
                 if not queue:  # checked after announcing sleep: a wake-up now is not lost
-                    with anyio.move_on_after(self.poll_interval):
-                        await self._wake.wait()
+                    with anyio.move_on_after(delay):
+                        await wake.wait()
+                    woke = clock()
+                    self.wakeups += 1
+                    pause = interval if queue else min(2 * pause, IDLE_POLL_INTERVAL)
                 self._sleeping = False
                 continue
             item = self._in_hand = queue.popleft()
@@ -349,8 +421,15 @@ class BusThread:
                 self._room.set()
             try:
                 if isinstance(item, Event):
+                    self._taken += 1
                     await bus.publish(item)
+                elif type(item) is tuple:
+                    self._taken += 1
+                    event = _made(item)
+                    if event is not None:
+                        await bus.publish(event)
                 elif type(item) is _AfterIdle:
+                    self._taken += 1
                     await bus.wait_idle()
                     await bus.publish(item.event)
                 elif type(item) is _Barrier:
@@ -359,8 +438,21 @@ class BusThread:
                 else:
                     return
             except BusClosed:  # the bus stopped on its own (it broke): nothing more to deliver
-                self._accepting = False
+                self._open = self.running = False
                 return
+
+
+def _made(recipe: Recipe) -> Event | None:
+    """The event a recipe stands for; a maker that fails is our bug: logged, skipped."""
+    try:
+        return recipe[0](recipe[1], recipe[2])
+    except Exception as exc:
+        _log.error(
+            "a handed-off event could not be made",
+            maker=kind_of(recipe),
+            error=describe_exception(exc),
+        )
+        return None
 
 
 def _thread_safe_scheduler() -> Callable[[Callable[[], object]], object]:

@@ -11,7 +11,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -58,8 +58,10 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     turns the state store off. ``log``: record the run's events, to that
     path, or with ``True`` to ``<output_dir>/eventbus-<run_id>.msgpack``.
     ``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``
-    (default 5 s), ``drain_timeout`` and ``backend`` configure the bus and
-    its hand-off (``adapters._threaded_run.BusOptions``).
+    (default 5 s), ``drain_timeout``, ``backend`` and ``poll_interval``
+    (default 5 ms: how often the bus's thread takes the reports, so the most
+    a report waits) configure the bus and its hand-off
+    (``adapters._threaded_run.BusOptions``).
 
     After a resume the restored callbacks are new objects in the same order:
     read them from ``callbacks``, not from references kept from before.
@@ -98,6 +100,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._last_metrics: dict[str, Any] = {}
         self._stop = False
         self._stoppers: list[Any] = [cb for cb in self._callbacks if hasattr(cb, "should_stop")]
+        self._make_report: Callable[[int, dict[str, Any]], Report] = _ReportMaker("", 0, 1)
 
     # --- what users read -------------------------------------------------------------
 
@@ -115,7 +118,10 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         """Whether ``request_stop`` was called or a callback's ``should_stop`` is true."""
         if self._stop:
             return True
-        return any(callback.should_stop is True for callback in self._stoppers)
+        for callback in self._stoppers:  # noqa: SIM110  # a loop: any() costs 3x, every hook asks
+            if callback.should_stop is True:
+                return True
+        return False
 
     # --- Trainer hooks (the training thread) ---------------------------------------------
 
@@ -164,28 +170,30 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         logs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """The hot hook: a copy of ``logs`` into a ``Report``, appended to the hand-off.
+
+        No lock, no wake-up of the bus (it takes the report at its next poll,
+        see ``adapters._bus_thread``), one call in the common case
+        (``BusThread.offer``), and the ``Report`` itself is made in the bus's
+        thread from a tuple (a ``Recipe``: cheaper here). The slow cases (a
+        full hand-off, a callback's failure to raise here) go through
+        ``ThreadedRun.handoff``.
+        """
         run = self._run
         thread = run.thread
-        if logs is not None and thread is not None and thread.running:
+        if logs is None or thread is None or not thread.running:
+            run.check()
+        else:
             metrics = dict(logs)  # HF's PrinterCallback pops from the shared dict
             if "step" not in metrics:
                 metrics["step"] = state.global_step
             index = self._index
             self._index = index + 1
             self._last_metrics = metrics
-            # The hand-off also raises a callback's failure: one check, not two.
-            run.handoff(
-                Report(
-                    run_id=run.run_id,
-                    rank=self._rank,
-                    world_size=self._world_size,
-                    index=index,
-                    metrics=metrics,
-                )
-            )
-        else:
-            run.check()
-        if self.stop_requested:
+            recipe = (self._make_report, index, metrics)
+            if not thread.offer(recipe):
+                run.handoff(recipe)  # also raises a callback's failure of the run
+        if self._stop or (self._stoppers and self.stop_requested):
             control.should_training_stop = True
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -279,6 +287,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 )
             return attachment
 
+        self._make_report = _ReportMaker(run_id, rank, world_size)
         self._run.start(setup, run_id=run_id, log=self.log_path, name=f"eventbus-hf-rank{rank}")
         # A process that exits without on_train_end still ends the run and closes the log.
         atexit.register(self._close_at_exit)
@@ -368,6 +377,28 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         path = Path(event.checkpoint, TRAINER_STATE_NAME)
         if path.is_file():
             merge_stateful_callbacks(path, self._store.load(event.checkpoint))
+
+
+class _ReportMaker:
+    """Makes ``on_log``'s reports in the bus's thread (see ``on_log``), for one run.
+
+    A class, not a closure: the callback stays picklable during a run.
+    """
+
+    __slots__ = ("rank", "run_id", "world_size")
+    event_type = Report  # what warnings call a report still in the hand-off
+
+    def __init__(self, run_id: str, rank: int, world_size: int) -> None:
+        self.run_id, self.rank, self.world_size = run_id, rank, world_size
+
+    def __call__(self, index: int, metrics: dict[str, Any]) -> Report:
+        return Report(
+            run_id=self.run_id,
+            rank=self.rank,
+            world_size=self.world_size,
+            index=index,
+            metrics=metrics,
+        )
 
 
 def run_with_failures(trainer: Any, **train_kwargs: Any) -> Any:

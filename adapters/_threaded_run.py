@@ -29,7 +29,7 @@ from eventbus import BusClosed, CloseReport, Event, EventBus, RunFinished, get_l
 from handlers import RunStatus
 from handlers.wiring import CallbackAttachment, status_of, stop_of
 
-from ._bus_thread import Backend, BusThread
+from ._bus_thread import DEFAULT_POLL_INTERVAL, Backend, BusThread, Recipe, kind_of
 
 __all__ = [
     "DEFAULT_OPTIONS",
@@ -49,7 +49,10 @@ class BusOptions(TypedDict, total=False):
     for ``EventBus``); ``buffer`` also bounds the hand-off, which waits at
     most ``handoff_timeout`` seconds for room before it drops (and counts)
     an event. ``drain_timeout`` bounds the drain at the run's end.
-    ``backend``: anyio's backend for the bus's thread.
+    ``backend``: anyio's backend for the bus's thread. ``poll_interval``:
+    how often the bus's thread takes what the trainer handed off (5 ms): an
+    event waits up to that long, and the bus's thread wakes at most that
+    often, so it interrupts the trainer's hooks at most once per interval.
     """
 
     period: float
@@ -59,6 +62,7 @@ class BusOptions(TypedDict, total=False):
     handoff_timeout: float
     drain_timeout: float
     backend: Backend
+    poll_interval: float
 
 
 #: Every option, with its default (an adapter may change a default: Ray's loop waits less).
@@ -70,6 +74,7 @@ DEFAULT_OPTIONS: BusOptions = {
     "handoff_timeout": 5.0,
     "drain_timeout": 10.0,
     "backend": "asyncio",
+    "poll_interval": DEFAULT_POLL_INTERVAL,
 }
 
 
@@ -173,6 +178,7 @@ class ThreadedRun:
             capacity=options["buffer"],
             handoff_timeout=options["handoff_timeout"],
             backend=options["backend"],
+            poll_interval=options["poll_interval"],
             period=options["period"],
             timeout=options["timeout"],
             budget=options["budget"],
@@ -185,21 +191,26 @@ class ThreadedRun:
         self.close_report = None
         self.raised = None
 
-    def handoff(self, event: Event, *, after_idle: bool = False) -> None:
-        """Give ``event`` to the bus; ``after_idle``: publish it only once everything
-        handed off before it was handled (see ``BusThread.handoff_after_idle``).
+    def handoff(self, event: Event | Recipe, *, after_idle: bool = False) -> None:
+        """Give ``event`` (or a ``Recipe`` for it) to the bus; ``after_idle``: publish it
+        only once everything handed off before it was handled (an ``Event`` then: see
+        ``BusThread.handoff_after_idle``).
 
         Raises the bus's failure, once (see the class docstring). Nothing is
         handed off once the run ended; a late event is logged, not delivered.
         """
         thread = self.thread
-        if thread is None:
-            return
+        if thread is not None and (after_idle or not thread.offer(event)):
+            self._handoff(thread, event, after_idle)
+
+    def _handoff(self, thread: BusThread, event: Event | Recipe, after_idle: bool) -> None:
+        """What ``BusThread.offer`` leaves: a failure, a full deque, a closed bus."""
         if thread.failure is not None:
             self._end_by_failure(thread)
             return
         try:
             if after_idle:
+                assert isinstance(event, Event), "after_idle needs an Event"
                 thread.handoff_after_idle(event)
             else:
                 thread.handoff(event)
@@ -210,7 +221,7 @@ class ThreadedRun:
                 _log.warning(
                     "event after the run ended: not delivered",
                     run_id=self.run_id,
-                    event_type=type(event).__name__,
+                    event_type=kind_of(event),
                 )
 
     def check(self) -> None:

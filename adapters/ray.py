@@ -90,8 +90,9 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
     which must be a local or shared file system; see ``recorded_logs``), or
     to a given path.
     ``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``
-    (default 1 s: it is Ray's loop that waits), ``drain_timeout`` and
-    ``backend`` configure the bus and its hand-off
+    (default 1 s: it is Ray's loop that waits), ``drain_timeout``,
+    ``backend`` and ``poll_interval`` (default 5 ms) configure the bus and
+    its hand-off
     (``adapters._threaded_run.BusOptions``). Register ``lifecycle`` too (see
     the module docstring).
     """

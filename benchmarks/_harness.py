@@ -13,7 +13,7 @@ from typing import Any
 from eventbus import Event, EventBus
 from handlers import TrainRunContext, UserCallback
 
-__all__ = ["CountRounds", "time_publishing"]
+__all__ = ["CountRounds", "target", "time_publishing"]
 
 
 class CountRounds(UserCallback):
@@ -36,3 +36,30 @@ async def time_publishing(bus: EventBus, events: Sequence[Event]) -> float:
         await publish(event)
     await bus.wait_idle()
     return time.perf_counter() - start
+
+
+def target(
+    name: str,
+    measured: float,
+    limit: float,
+    unit: str,
+    *,
+    better: str = "lower",
+    peer: str | None = None,
+) -> dict[str, Any]:
+    """One row of ``make bench``'s table: a figure measured in this run against its target.
+
+    Every benchmark's ``--json`` output carries a ``"targets"`` list of these;
+    ``benchmarks/check.py`` runs them all and prints one table. ``peer`` is
+    the best peer's figure from the same run, in the same unit, when there is one.
+    """
+    met = measured <= limit if better == "lower" else measured >= limit
+    return {
+        "name": name,
+        "measured": round(measured, 3),
+        "target": limit,
+        "unit": unit,
+        "better": better,
+        "peer": peer,
+        "met": met,
+    }

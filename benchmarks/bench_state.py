@@ -8,7 +8,7 @@ plus the same durable write done by hand (the I/O floor). Target: median
 under 10 ms on this machine. Ratios matter, not absolutes; fsync cost depends
 on the disk under ``--dir``.
 
-    python benchmarks/bench_state.py [--callbacks 100] [--repeat 200] [--dir DIR] [--json]
+    python benchmarks/bench_state.py [--callbacks 100] [--repeat 200] [--dir DIR] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _harness import target
 
 from eventbus.state import CallbackState, StateStore
 
@@ -112,10 +114,21 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: temp)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--quick", action="store_true", help="40 repeats instead of 200")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat = 40
 
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         result = run(args.callbacks, args.repeat, Path(root))
+    result["targets"] = [
+        target(
+            f"snapshot of {args.callbacks} stateful callbacks, atomic write (ms)",
+            result["median_ms"]["snapshot"],
+            TARGET_MS,
+            "ms",
+        )
+    ]
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()

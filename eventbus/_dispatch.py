@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from itertools import groupby
+from operator import attrgetter
 
 import anyio
 import anyio.lowlevel
 from msgspec.structs import force_setattr
 
+from ._bus_results import BusStats, refusal
 from ._events import Event
 from ._faults import FATAL
 from ._lanes import MAX_BATCH, Lane
@@ -32,6 +34,8 @@ from ._text import describe
 __all__ = ["Dispatcher", "Inbox"]
 
 _log = get_logger("eventbus")
+
+_seq_of = attrgetter("seq")
 
 
 class Inbox(deque[Event]):
@@ -49,6 +53,34 @@ class Inbox(deque[Event]):
         self.sleeping = False
         self._wake = anyio.Event()
         self._room: anyio.Event | None = None
+
+    def put(self, event: Event) -> None:
+        """Accept ``event`` (what ``EventBus.publish`` does inline, for speed)."""
+        self.append(event)
+        if self.sleeping:
+            self.wake_up()
+
+    def put_many(self, events: list[Event], start: int, room: int) -> int:
+        """Accept up to ``room`` of ``events`` from ``start`` on; how many were.
+
+        Each must be an event not published yet, checked in one pass from C;
+        the first that is not is refused as ``publish`` refuses it, after the
+        ones before it are accepted.
+        """
+        chunk = events[start : start + room]
+        try:
+            fresh = max(map(_seq_of, chunk), default=-1) < 0
+        except Exception:  # no event (no ``seq``), or a ``seq`` that is no number
+            fresh = False
+        if not fresh:
+            bad = next(i for i, event in enumerate(chunk) if not getattr(event, "seq", 0) < 0)
+            self.extend(chunk[:bad])
+            self.wake_up()
+            raise refusal(chunk[bad], started=True)
+        self.extend(chunk)
+        if self.sleeping:
+            self.wake_up()
+        return len(chunk)
 
     def wake_up(self) -> None:
         """Events came in while the dispatcher sleeps."""
@@ -143,6 +175,21 @@ class Dispatcher:
         self._taps.append(tap)
         return lambda: self._taps.remove(tap) if tap in self._taps else None
 
+    def stats(self, *, abandoned: int) -> BusStats:
+        """The bus's counters (``EventBus.stats``): what was published, delivered, ..."""
+        subs = tuple(s.stats() for s in self._registry.subs)
+        inbox = len(self._inbox)
+        return BusStats(
+            published=self.seq + inbox,
+            delivered=sum(s.calls for s in subs),
+            failed=sum(s.failed for s in subs),
+            timed_out=sum(s.timed_out for s in subs),
+            skipped=sum(s.skipped for s in subs),
+            queued=inbox + self.in_hand + sum(s.queued for s in subs),
+            abandoned=abandoned,
+            subscriptions=subs,
+        )
+
     # --- idle, and what is left ---------------------------------------------------
 
     def is_idle(self) -> bool:
@@ -193,12 +240,16 @@ class Dispatcher:
                 periods.roll(now)
             # Stamped in place: publishing hands the event over (see ``EventBus``);
             # a stamped copy per event would cost about a third of a K=1 delivery.
-            seq = self.seq
+            start = seq = self.seq
             for event in batch:
+                if event.seq >= 0:  # handed over twice before this: see ``_once``
+                    break
                 force_setattr(event, "seq", seq)
                 if not event.time:  # a publisher (a replay) may bring its own time
                     force_setattr(event, "time", now)
                 seq += 1
+            if seq - start != len(batch):
+                batch, seq = _once(batch, seq - start, seq, now)
             self.seq = seq
             if self._taps:
                 self._run_taps(batch)
@@ -238,3 +289,24 @@ class Dispatcher:
                 _log.error("event tap failed and was removed", tap=repr(tap), error=describe(exc))
                 if tap in self._taps:
                     self._taps.remove(tap)
+
+
+def _once(batch: list[Event], stamped: int, seq: int, now: float) -> tuple[list[Event], int]:
+    """The batch with each event once: the same object was handed over twice before
+    it was dispatched (``publish`` refuses it only once it is). The first ``stamped``
+    events are stamped already; returns the batch and the next sequence number."""
+    kept = batch[:stamped]
+    for event in batch[stamped:]:
+        if event.seq >= 0:
+            _log.error(
+                "the same event was published twice; it is delivered once",
+                event_type=type(event).__name__,
+                event_seq=event.seq,
+            )
+            continue
+        force_setattr(event, "seq", seq)
+        if not event.time:
+            force_setattr(event, "time", now)
+        seq += 1
+        kept.append(event)
+    return kept, seq

@@ -5,16 +5,18 @@ so a runner enters one scope per batch and tells its ``Guard`` about it; the
 watchdog looks at the guards a few times per deadline and cancels a scope
 whose runner has made no progress for the handler's timeout.
 
-A runner's side is three steps: ``watch(scope, timeout)`` before it awaits
-calls under ``scope``, ``progress += 1`` as each call starts (an attribute
-store: this is the hot path), ``done()`` when it leaves the scope. What the
-watchdog remembers between looks is the guard's own business.
+A runner's side is two steps: ``watch(scope, timeout, calls)`` before it
+awaits calls under ``scope``, taking each event from the iterator ``calls``,
+and ``done()`` when it leaves the scope. Progress is read from the iterator
+itself (how many events it has left), so the hot loop pays nothing for it.
+What the watchdog remembers between looks is the guard's own business.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from operator import length_hint
 
 import anyio
 
@@ -28,6 +30,7 @@ class Guard:
     """What one runner (the dispatcher, or one lane) is awaiting, for the watchdog."""
 
     __slots__ = (
+        "_calls",
         "_notify",
         "_release",
         "_scope",
@@ -35,7 +38,6 @@ class Guard:
         "_seen_progress",
         "_seen_scope",
         "_timeout",
-        "progress",
     )
 
     def __init__(self, notify: Callable[[], None], release: Callable[[Guard], None]) -> None:
@@ -43,16 +45,17 @@ class Guard:
         self._release = release
         self._scope: anyio.CancelScope | None = None
         self._timeout = math.inf
-        #: Calls started under this guard; the runner adds one per call.
-        self.progress = 0
+        self._calls: Iterator[object] = iter(())
         self._seen_scope: anyio.CancelScope | None = None
         self._seen_progress = -1
         self._seen_at = 0.0
 
-    def watch(self, scope: anyio.CancelScope, timeout: float) -> None:
-        """The runner awaits calls under ``scope``; each may take ``timeout`` seconds."""
+    def watch(self, scope: anyio.CancelScope, timeout: float, calls: Iterator[object]) -> None:
+        """The runner awaits calls under ``scope``, one per item it takes from ``calls``;
+        each may take ``timeout`` seconds."""
         self._scope = scope
         self._timeout = timeout
+        self._calls = calls
         self._notify()
 
     def done(self) -> None:
@@ -68,8 +71,9 @@ class Guard:
         scope = self._scope
         if scope is None:
             return _LONGEST_TICK
-        if self.progress != self._seen_progress or self._seen_scope is not scope:
-            self._seen_progress = self.progress
+        progress = length_hint(self._calls)  # what is left: it shrinks as calls start
+        if progress != self._seen_progress or self._seen_scope is not scope:
+            self._seen_progress = progress
             self._seen_scope = scope
             self._seen_at = now
         elif now - self._seen_at >= self._timeout:
@@ -85,8 +89,8 @@ class Guard:
 class Watchdog:
     """Cancels async calls that overran their deadline (real time).
 
-    A call counts as stuck when its runner's progress counter has not moved
-    for its timeout; the tolerance is one tick (at most 50 ms). With nothing
+    A call counts as stuck when its runner has taken no new event for its
+    timeout; the tolerance is one tick (at most 50 ms). With nothing
     watched, the watchdog sleeps until a guard starts watching.
     """
 

@@ -2,9 +2,18 @@
 
 Ranks report at their own pace: rank 0 may be several reports ahead. A round
 is released only when every required rank has a report waiting; then exactly
-one report per required rank is taken, in rank order. The count of required
-ranks still missing a report is kept up to date, so a report costs O(1) and
-a round O(required ranks).
+one report per required rank is taken, in rank order.
+
+The heads of the FIFOs are kept as two rounds: the oldest open round and
+the one after it are lists of slots by rank, so a report costs a type test or
+comparison per rule, a slot store and a count, whatever the world size, and a
+complete round's slot list is already its ``metrics`` list, in rank order,
+with nothing to pop or copy. Only reports of a rank two or more rounds ahead
+wait in a queue of that rank's (memory stays one entry per waiting report, a
+rank far ahead costs no slot lists); a release moves each such rank's next
+one up. The first report of a run, reports naming a checkpoint and every
+rejection take ``_admit``, which applies the rules one by one and names what
+is wrong.
 
 A round is told two ways: synchronously to the ``ReportCallback``s given
 (Ray Train's shape: a handler over a list of callbacks), and, on a bus, as a
@@ -14,8 +23,9 @@ callbacks subscribe like any handler.
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from eventbus import (
@@ -40,9 +50,13 @@ __all__ = ["ReportCallbackHandler"]
 
 ContextFor = Callable[[Event], TrainRunContext]
 
-#: Largest world size a run may have: the gatherer keeps a FIFO per rank, and a
+#: Largest world size a run may have: the gatherer keeps a slot per rank, and a
 #: report claiming a billion ranks must not make it allocate a billion.
 MAX_WORLD_SIZE = 1 << 17
+
+#: The run's id before its first report: equal to no report's, so the first report
+#: takes the slow path, which learns the run's id (and begins the run).
+_NO_RUN: Any = object()
 
 _log = get_logger("handlers.reports")
 
@@ -84,14 +98,27 @@ class ReportCallbackHandler:
         self.world_size = 0
         self.required_ranks: tuple[int, ...] = ()
         self.run_id: str | None = None
-        #: Per rank, the reports waiting for their round, with their frozen metrics.
-        self._queues: list[deque[tuple[Report, FrozenDict]]] = []
+        self._run_key: Any = _NO_RUN
         self._required: list[bool] = []
-        self._last_index: list[int] = []
+        self._all_required = True
+        #: Per rank, the index of its latest accepted report; infinite for ranks
+        #: not required, so that one comparison turns both away from the fast path.
+        self._last_index: list[float] = []
+        #: The oldest open round: its slots by rank (``None``: no report yet), the
+        #: checkpoints named in it (``None``: none), how many required ranks it lacks.
+        self._slots: list[Any] = []
+        self._named: dict[int, str] | None = None
         self._missing = 0
+        self._not_required = 0
+        #: The round after it, the same way, and per rank two or more rounds ahead
+        #: its reports for the rounds after that, oldest first, with their checkpoints.
+        self._following: list[Any] = []
+        self._following_named: dict[int, str] | None = None
+        self._ahead: dict[int, deque[tuple[FrozenDict, str | None]]] = {}
+        #: Reports in released rounds and discarded ones (``reports`` adds those waiting).
+        self._done = 0
         self._configured = False
-        #: Figures: reports accepted, rounds released, reports rejected, partial reports discarded.
-        self.reports = 0
+        #: Figures: rounds released, reports rejected, partial reports discarded.
         self.rounds = 0
         self.rejected = 0
         self.discarded = 0
@@ -142,21 +169,73 @@ class ReportCallbackHandler:
             )
         self.world_size = world_size
         self.required_ranks = tuple(required)
-        self._queues = [deque() for _ in range(world_size)]
-        self._last_index = [-1] * world_size
         self._required = [False] * world_size
         for rank in required:
             self._required[rank] = True
+        self._all_required = len(required) == world_size
+        self._last_index = [-1 if needed else math.inf for needed in self._required]
+        self._slots = [None] * world_size
+        self._named = None
         self._missing = len(required)
+        self._not_required = world_size - len(required)
+        self._following = [None] * world_size
+        self._following_named = None
+        self._ahead = {}
         self._configured = True
 
+    @property
+    def reports(self) -> int:
+        """Reports accepted (counted per round, not per report: the per-report path is
+        the hot one)."""
+        waiting = len(self.required_ranks) - self._missing
+        waiting += self.world_size - self._following.count(None)
+        waiting += sum(len(queue) for queue in self._ahead.values())
+        return self._done + waiting
+
     def handle(self, report: Report | WorkerGroupRestarted) -> None:
-        """A report (the hot path: every check is a comparison or a C-level type
-        scan) or a restart."""
-        if type(report) is not Report:
-            if isinstance(report, WorkerGroupRestarted):
-                self.on_restart(report)
-            return
+        """A report or a restart. A well-formed report of a required rank passes
+        one chain of comparisons and fills its slot; anything else is ``_admit``'s."""
+        if type(report) is Report:
+            rank = report.rank
+            index = report.index
+            world_size = self.world_size  # 0 until configured: the first report is _admit's
+            last_index = self._last_index
+            if (
+                type(rank) is int
+                and type(index) is int
+                and 0 <= rank < world_size
+                and index > last_index[rank]  # never for a rank not required
+                and report.world_size == world_size
+                and report.run_id == self._run_key
+                and report.checkpoint is None
+            ):
+                metrics = report.metrics
+                if type(metrics) is not FrozenDict:  # as a live run's Reporter already froze them
+                    try:
+                        metrics = freeze_metrics(metrics)
+                    except MetricsError as exc:
+                        self._reject(report, exc.field, exc.reason)
+                        return
+                last_index[rank] = index
+                slots = self._slots
+                if slots[rank] is None:
+                    slots[rank] = metrics
+                    self._missing -= 1
+                    if not self._missing:
+                        self._release(report)
+                    return
+                slots = self._following
+                if slots[rank] is None:
+                    slots[rank] = metrics
+                    return
+                self._queue_ahead(rank, metrics, None)
+                return
+            self._admit(report)
+        elif isinstance(report, WorkerGroupRestarted):
+            self.on_restart(report)
+
+    def _admit(self, report: Report) -> None:
+        """Every rule in order, each rejection naming its field; what passes is accepted."""
         if not self._configured:
             context = self._context_for(report)
             try:
@@ -165,7 +244,7 @@ class ReportCallbackHandler:
                 self._reject(report, "world_size", str(exc))
                 return
         if self.run_id is None:
-            self.run_id = self._context_for(report).run_id
+            self.run_id = self._run_key = self._context_for(report).run_id
         if report.run_id != self.run_id:
             self._reject(report, "run_id", f"{report.run_id!r}, but this run is {self.run_id!r}")
             return
@@ -179,12 +258,11 @@ class ReportCallbackHandler:
             self._reject(report, "world_size", reason)
             return
         index = report.index
-        last_index = self._last_index
         if type(index) is not int:
             self._reject(report, "index", f"{index!r} is not an int")
             return
-        if index <= last_index[rank]:
-            last = last_index[rank]
+        last = self._last_index[rank] if self._required[rank] else -1
+        if index <= last:
             reason = (
                 f"{index} is negative" if index < 0 else f"{index} after {last}: not increasing"
             )
@@ -203,46 +281,69 @@ class ReportCallbackHandler:
             reason = f"rank {rank} is not required (required: {list(self.required_ranks)})"
             self._reject(report, "rank", reason)
             return
-        last_index[rank] = index
-        self.reports += 1
-        queue = self._queues[rank]
-        if not queue:
+        self._last_index[rank] = index
+        if self._slots[rank] is None:
+            self._slots[rank] = metrics
+            if checkpoint is not None:
+                self._named = _with(self._named, rank, checkpoint)
             self._missing -= 1
-            if self._missing == 0:
-                queue.append((report, metrics))
-                self._release()
-                return
-        queue.append((report, metrics))
+            if not self._missing:
+                self._release(report)
+        elif self._following[rank] is None:
+            self._following[rank] = metrics
+            if checkpoint is not None:
+                self._following_named = _with(self._following_named, rank, checkpoint)
+        else:
+            self._queue_ahead(rank, metrics, checkpoint)
 
-    def _release(self) -> None:
-        queues = self._queues
+    def _queue_ahead(self, rank: int, metrics: FrozenDict, checkpoint: str | None) -> None:
+        """``rank`` has reports in both open rounds already: this one waits in its queue."""
+        queue = self._ahead.get(rank)
+        if queue is None:
+            queue = self._ahead[rank] = deque()
+        queue.append((metrics, checkpoint))
+
+    def _release(self, report: Report) -> None:
+        """The oldest open round is complete (``report`` completed it): deliver it.
+
+        ``report`` went into its rank's oldest empty slot, so the rounds after
+        this one lack it: one round at a time. The next round is opened first,
+        so a report callback that raises leaves the gatherer as it should be.
+        """
+        slots, named = self._slots, self._named
+        self._slots, self._named = self._following, self._following_named
+        following: list[Any] = [None] * self.world_size
+        following_named: dict[int, str] | None = None
+        if self._ahead:  # each rank two or more rounds ahead moves its next report up
+            for rank, queue in list(self._ahead.items()):
+                following[rank], checkpoint = queue.popleft()
+                if checkpoint is not None:
+                    following_named = _with(following_named, rank, checkpoint)
+                if not queue:
+                    del self._ahead[rank]
+        self._following, self._following_named = following, following_named
         required = self.required_ranks
-        while True:
-            entries = [queues[r].popleft() for r in required]
-            self._missing = sum(1 for r in required if not queues[r])
-            self._deliver(entries)
-            if self._missing:
-                return
+        self._done += len(required)
+        # Slots of ranks not required stay empty: they are not missing.
+        self._missing = self._slots.count(None) - self._not_required
+        metrics = slots if self._all_required else [slots[r] for r in required]
+        self._deliver(metrics, named, report)
 
-    def _deliver(self, entries: Sequence[tuple[Report, FrozenDict]]) -> None:
-        first = entries[0][0]
+    def _deliver(self, metrics: list[Any], named: dict[int, str] | None, report: Report) -> None:
         # Ray's rule: the round has a checkpoint if any rank named one (all ranks
         # write to one storage location, usually rank 0 alone names it). Ranks
         # naming none agree with it; only two different names are a mismatch.
         checkpoint: str | None = None
-        for report, _ in entries:
-            named = report.checkpoint
-            if named is not None and named != checkpoint:
-                if checkpoint is not None:
-                    self._mismatch([report for report, _ in entries])
-                    checkpoint = None
-                    break
-                checkpoint = named
+        if named:
+            names = set(named.values())
+            if len(names) == 1:
+                (checkpoint,) = names
+            else:
+                self._mismatch(report.run_id, named)
         self.rounds += 1
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
-        context = self._context_for(first)
-        metrics: list[dict[str, Any]] = [frozen for _, frozen in entries]
+        context = self._context_for(report)
         for callback in self.report_callbacks:
             callback.after_report(context, metrics, checkpoint)
         bus = self._bus
@@ -268,21 +369,20 @@ class ReportCallbackHandler:
                 derived=True,
             )
 
-    def _mismatch(self, reports: Sequence[Report]) -> None:
+    def _mismatch(self, run_id: str, named: dict[int, str]) -> None:
         """Loud, because the round loses its checkpoint: no snapshot, no best checkpoint."""
         self.mismatches += 1
-        named = {r.rank: r.checkpoint for r in reports if r.checkpoint is not None}
         _log.warning(
             "ranks named different checkpoints for one round: the round has no checkpoint",
             round=self.rounds,
-            checkpoints=named,
+            checkpoints=dict(sorted(named.items())),
         )
         if self._bus is not None:
             self._bus.emit(
                 CheckpointMismatch(
-                    run_id=reports[0].run_id,
+                    run_id=run_id,
                     round=self.rounds,
-                    checkpoints={r.rank: r.checkpoint for r in reports},
+                    checkpoints={rank: named.get(rank) for rank in self.required_ranks},
                 ),
                 derived=True,
             )
@@ -292,7 +392,9 @@ class ReportCallbackHandler:
         if self.run_id is not None and event.run_id != self.run_id:
             self._reject(event, "run_id", f"{event.run_id!r}, but this run is {self.run_id!r}")
             return
-        self.discarded += sum(len(q) for q in self._queues)
+        waiting = self.reports - self._done
+        self.discarded += waiting
+        self._done += waiting
         try:
             self._configure(event.world_size, event.required_ranks or None)
         except ValueError as exc:
@@ -316,6 +418,14 @@ class ReportCallbackHandler:
                 ),
                 derived=True,
             )
+
+
+def _with(named: dict[int, str] | None, rank: int, checkpoint: str) -> dict[int, str]:
+    """``named`` (a new dict for ``None``: most rounds name no checkpoint) plus ``rank``'s."""
+    if named is None:
+        named = {}
+    named[rank] = checkpoint
+    return named
 
 
 def _first_event_context() -> ContextFor:

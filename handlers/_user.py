@@ -141,6 +141,14 @@ def _calling(
 
         return call_async
 
+    if args_of is _after_report:
+        # The hook due every round: its arguments spelled out (what ``call`` does for
+        # the others, without building a tuple to spread), for small worlds' sake.
+        def call_after_report(event: RoundGathered) -> Any:
+            return method(event.context, list(event.metrics), event.checkpoint)
+
+        return call_after_report
+
     def call(event: Any) -> Any:
         # The result goes back to the bus: a coroutine returned by a sync method
         # is then awaited there, never dropped.

@@ -398,3 +398,36 @@ async def test_a_partial_period_really_over_budget_is_still_reported() -> None:
         await bus.publish(report(0))
     assert reports[-1].partial and reports[-1].over_budget == ("slow",)
     assert not math.isclose(reports[-1].total, 0.0)
+
+
+# --- the same event handed over twice ------------------------------------------------------------
+
+
+async def test_the_same_event_handed_over_twice_is_delivered_once() -> None:
+    """Refused once dispatched (``ValueError``); handed over twice before that, by
+    ``publish`` or ``emit``, it was delivered twice with one ``seq``, corrupting the
+    log's order: now it is delivered once and the second hand-over is logged."""
+    seen: list[int] = []
+    with capture_logs() as logs:
+        async with EventBus() as bus:
+            bus.subscribe(Report, lambda e: seen.append(e.seq))
+            event = report(0)
+            bus.publish_nowait(event)
+            await bus.publish(event)  # before the dispatcher ran: not refusable here
+            await bus.wait_idle()
+            with pytest.raises(ValueError, match="already published"):
+                await bus.publish(event)
+
+            def emit_twice(e: Ping) -> None:
+                again = report(1)
+                bus.emit(again)
+                bus.emit(again)
+
+            bus.subscribe(Ping, emit_twice)
+            await bus.publish(Ping(n=0))
+            await bus.wait_idle()
+            stats = bus.stats()
+    assert seen == [0, 2]  # each event once, numbered in order; the Ping took seq 1
+    assert stats.published == 3
+    errors = [e for e in logs if "published twice" in e["event"]]
+    assert [e["event_seq"] for e in errors] == [0, 2]

@@ -148,3 +148,16 @@ def test_every_event_of_the_project_is_defined_in_one_module() -> None:
     assert {"RunBegan", "RoundGathered", "FailuresGathered", "RunEnded"} <= {
         c.__name__ for c in ours
     }
+
+
+def test_events_are_not_tracked_by_the_garbage_collector_unless_a_class_asks() -> None:
+    """A run keeps many events alive; full collections need not walk them (see ``Event``)."""
+    import gc
+
+    report = Report(run_id="r", rank=0, world_size=1, index=0, metrics={"loss": [0.5]})
+    assert not gc.is_tracked(report)
+
+    class CyclicPayload(Event, frozen=True, kw_only=True, gc=True):
+        items: list[Any] = msgspec.field(default_factory=list)
+
+    assert gc.is_tracked(CyclicPayload())  # a subclass that may sit in a cycle opts back in

@@ -140,15 +140,18 @@ class LogReader:
         )
 
     def __iter__(self) -> Iterator[Event]:
+        """The events; the file closes when they end. Version 2's generator is handed
+        out bare: a second generator frame per event costs a tenth of a record."""
         if self._iterated:
             raise RuntimeError(f"{self.path}: a LogReader is iterated once; open a new one")
         self._iterated = True
         if self.format == "jsonl":
-            events = self._jsonl_events()
-        elif self.header.format_version == 1:
-            events = self._msgpack_v1_events()
-        else:
-            events = self._msgpack_v2_events()
+            return self._closing(self._jsonl_events())
+        if self.header.format_version == 1:
+            return self._closing(self._msgpack_v1_events())
+        return self._msgpack_v2_events()
+
+    def _closing(self, events: Iterator[Event]) -> Iterator[Event]:
         try:
             yield from events
         finally:
@@ -166,157 +169,163 @@ class LogReader:
     # --- msgpack, format version 2 ------------------------------------------------------
 
     def _msgpack_v2_events(self) -> Iterator[Event]:
-        read = self._file.read
-        unpack = RECORD_HEADER.unpack_from
-        hsize = RECORD_HEADER.size
-        mark = RECORD_MARK_VALUE
-        marker = RECORD_MARK
-        crc32 = zlib.crc32
-        decode = decoder_for("msgpack").decode
-        undecodable = (msgspec.DecodeError, RecursionError)
-        data = b""
-        pos = 0
-        base = self.data_offset  # file offset of data[0]
-        index = 0
-        want = hsize  # bytes needed from pos before reading can go on
-        damaged = False  # True: searching for the next intact record from pos
-        eof = False
-        wasted = 0  # bytes checksummed for records that turned out damaged
-        careful = False  # wasted too much: check lengths first, skip failed records whole
-        while True:
-            have = len(data) - pos
-            if have < want and not eof:
-                # Never more than the file still holds: a damaged length must not
-                # allocate what it claims.
-                size = min(max(self.chunk_size, want - have), self._remaining(base + len(data)))
-                chunk = read(size) if size > 0 else b""
-                if chunk:
-                    data = data[pos:] + chunk
-                    base += pos
-                    pos = 0
-                    if len(data) < want:
-                        continue
-                else:
-                    eof = True
-            end = len(data)
-            if not damaged:
-                view = memoryview(data)
-                while pos + hsize <= end:
-                    # The length check is left to the slow path: a wrong length that
-                    # fits in this chunk fails the CRC anyway (and counts as waste),
-                    # until the waste says the file is hostile (``careful``).
-                    m, check, size, crc = unpack(data, pos)
-                    stop = pos + hsize + size
-                    if (
-                        m != mark
-                        or stop > end
-                        or (careful and check != (size ^ size >> 16) & 0xFFFF)
-                    ):
-                        break
-                    payload = view[pos + hsize : stop]
-                    if crc32(payload) != crc:
-                        break
-                    try:
-                        event = decode(payload)
-                    except undecodable as exc:
-                        found = self._undecodable("msgpack", payload, exc, placeholders=True)
-                        assert not isinstance(found, str)
-                        event = found
-                        decode = decoder_for("msgpack").decode  # a class may be new since
-                    yield event
-                    pos = stop
-                    index += 1
-                view.release()
-                self.count = index - self.skipped
-                if pos + hsize > end:
-                    if not eof:
-                        want = hsize
-                        continue
-                    if pos == end:
-                        break
-                    if marker.startswith(data[pos : pos + 2]):  # the start of a header
-                        self.truncated = TruncatedTail(
-                            offset=base + pos, index=index, size=end - pos
-                        )
-                        break
-                    reason = "damaged record header (no record marker)"
-                else:
-                    m, check, size, crc = unpack(data, pos)
-                    if m == mark and pos + hsize + size <= end:
-                        wasted += size  # its CRC was computed, and failed
-                        careful = careful or wasted > self._allowance(base + pos)
-                    if m != mark:
-                        reason = "damaged record header (no record marker)"
-                    elif check != (size ^ size >> 16) & 0xFFFF or size > MAX_RECORD:
-                        reason = f"damaged record header (length {size} fails its check)"
-                    elif pos + hsize + size > end:
-                        if not eof:
-                            want = hsize + size
+        try:  # closes the file itself (not through ``_closing``): one generator frame
+            read = self._file.read
+            unpack = RECORD_HEADER.unpack_from
+            hsize = RECORD_HEADER.size
+            mark = RECORD_MARK_VALUE
+            marker = RECORD_MARK
+            crc32 = zlib.crc32
+            decode = decoder_for("msgpack").decode
+            undecodable = (msgspec.DecodeError, RecursionError)
+            data = b""
+            pos = 0
+            base = self.data_offset  # file offset of data[0]
+            index = 0
+            want = hsize  # bytes needed from pos before reading can go on
+            damaged = False  # True: searching for the next intact record from pos
+            eof = False
+            wasted = 0  # bytes checksummed for records that turned out damaged
+            careful = False  # wasted too much: check lengths first, skip failed records whole
+            while True:
+                have = len(data) - pos
+                if have < want and not eof:
+                    # Never more than the file still holds: a damaged length must not
+                    # allocate what it claims.
+                    size = min(max(self.chunk_size, want - have), self._remaining(base + len(data)))
+                    chunk = read(size) if size > 0 else b""
+                    if chunk:
+                        data = data[pos:] + chunk
+                        base += pos
+                        pos = 0
+                        if len(data) < want:
                             continue
-                        if not intact_record_in(data, pos + 1, end):
-                            # A whole header, part of its payload: cut short mid-write.
+                    else:
+                        eof = True
+                end = len(data)
+                if not damaged:
+                    # Per record: a header, a payload copy (a bytes slice is cheaper to make,
+                    # checksum and decode than a memoryview slice, which the garbage
+                    # collector tracks), its CRC, its decoding. The length check is left to
+                    # the slow path: a wrong length that fits in this chunk fails the CRC
+                    # anyway (and counts as waste), until the waste says the file is
+                    # hostile (``careful``).
+                    last = end - hsize  # the last offset a whole header can start at
+                    while pos <= last:
+                        m, check, size, crc = unpack(data, pos)
+                        start = pos + hsize
+                        stop = start + size
+                        if (
+                            m != mark
+                            or stop > end
+                            or (careful and check != (size ^ size >> 16) & 0xFFFF)
+                        ):
+                            break
+                        payload = data[start:stop]
+                        if crc32(payload) != crc:
+                            break
+                        try:
+                            event = decode(payload)
+                        except undecodable as exc:
+                            found = self._undecodable("msgpack", payload, exc, placeholders=True)
+                            assert not isinstance(found, str)
+                            event = found
+                            decode = decoder_for("msgpack").decode  # a class may be new since
+                        yield event
+                        pos = stop
+                        index += 1
+                    self.count = index - self.skipped
+                    if pos + hsize > end:
+                        if not eof:
+                            want = hsize
+                            continue
+                        if pos == end:
+                            break
+                        if marker.startswith(data[pos : pos + 2]):  # the start of a header
                             self.truncated = TruncatedTail(
                                 offset=base + pos, index=index, size=end - pos
                             )
                             break
-                        reason = (
-                            f"damaged record (its length {size} runs past the end of the file, "
-                            "but an intact record follows)"
-                        )
+                        reason = "damaged record header (no record marker)"
                     else:
-                        reason = f"checksum mismatch (a damaged record of {size} bytes)"
-                self._corrupt(base + pos, index, reason)
-                index += 1
-                self.count = index - self.skipped
-                damaged = True
-                pos += 1
-                want = hsize
-                continue
-            # Damaged: find the next marker whose header checks, then its payload's CRC.
-            q = data.find(marker, pos)
-            if q < 0:
-                if eof:
-                    break
-                pos = max(pos, end - 1)  # a marker may straddle two chunks
-                want = end - pos + 1
-                continue
-            if q + hsize > end:
-                if eof:  # a marker and part of a header at the very end: cut short
-                    self.truncated = TruncatedTail(offset=base + q, index=index, size=end - q)
-                    break
+                        m, check, size, crc = unpack(data, pos)
+                        if m == mark and pos + hsize + size <= end:
+                            wasted += size  # its CRC was computed, and failed
+                            careful = careful or wasted > self._allowance(base + pos)
+                        if m != mark:
+                            reason = "damaged record header (no record marker)"
+                        elif check != (size ^ size >> 16) & 0xFFFF or size > MAX_RECORD:
+                            reason = f"damaged record header (length {size} fails its check)"
+                        elif pos + hsize + size > end:
+                            if not eof:
+                                want = hsize + size
+                                continue
+                            if not intact_record_in(data, pos + 1, end):
+                                # A whole header, part of its payload: cut short mid-write.
+                                self.truncated = TruncatedTail(
+                                    offset=base + pos, index=index, size=end - pos
+                                )
+                                break
+                            reason = (
+                                f"damaged record (its length {size} runs past the end of the file, "
+                                "but an intact record follows)"
+                            )
+                        else:
+                            reason = f"checksum mismatch (a damaged record of {size} bytes)"
+                    self._corrupt(base + pos, index, reason)
+                    index += 1
+                    self.count = index - self.skipped
+                    damaged = True
+                    pos += 1
+                    want = hsize
+                    continue
+                # Damaged: find the next marker whose header checks, then its payload's CRC.
+                q = data.find(marker, pos)
+                if q < 0:
+                    if eof:
+                        break
+                    pos = max(pos, end - 1)  # a marker may straddle two chunks
+                    want = end - pos + 1
+                    continue
+                if q + hsize > end:
+                    if eof:  # a marker and part of a header at the very end: cut short
+                        self.truncated = TruncatedTail(offset=base + q, index=index, size=end - q)
+                        break
+                    pos = q
+                    want = hsize
+                    continue
+                m, check, size, crc = unpack(data, q)
+                if check != (size ^ size >> 16) & 0xFFFF or size > MAX_RECORD:
+                    pos = q + 1
+                    continue
+                stop = q + hsize + size
+                if stop > end:
+                    if not eof:
+                        pos = q
+                        want = hsize + size
+                        continue
+                    if not intact_record_in(data, q + 1, end):
+                        self.truncated = TruncatedTail(offset=base + q, index=index, size=end - q)
+                        break
+                    pos = q + 1  # not a torn tail: an intact record lies within its length
+                    continue
+                with memoryview(data) as view:
+                    intact = crc32(view[q + hsize : stop]) == crc
+                if not intact:  # a record whose header holds and whose payload does not
+                    wasted += size
+                    careful = careful or wasted > self._allowance(base + q)
+                    self._corrupt(
+                        base + q, index, f"checksum mismatch (a damaged record of {size} bytes)"
+                    )
+                    index += 1
+                    pos = stop if careful else q + 1
+                    continue
+                damaged = False  # back in step: the next record starts at q
                 pos = q
                 want = hsize
-                continue
-            m, check, size, crc = unpack(data, q)
-            if check != (size ^ size >> 16) & 0xFFFF or size > MAX_RECORD:
-                pos = q + 1
-                continue
-            stop = q + hsize + size
-            if stop > end:
-                if not eof:
-                    pos = q
-                    want = hsize + size
-                    continue
-                if not intact_record_in(data, q + 1, end):
-                    self.truncated = TruncatedTail(offset=base + q, index=index, size=end - q)
-                    break
-                pos = q + 1  # not a torn tail: an intact record lies within its length
-                continue
-            with memoryview(data) as view:
-                intact = crc32(view[q + hsize : stop]) == crc
-            if not intact:  # a record whose header holds and whose payload does not
-                wasted += size
-                careful = careful or wasted > self._allowance(base + q)
-                self._corrupt(
-                    base + q, index, f"checksum mismatch (a damaged record of {size} bytes)"
-                )
-                index += 1
-                pos = stop if careful else q + 1
-                continue
-            damaged = False  # back in step: the next record starts at q
-            pos = q
-            want = hsize
-        self.count = index - self.skipped
+            self.count = index - self.skipped
+        finally:
+            self.close()
 
     def _allowance(self, offset: int) -> int:
         """How many checksummed bytes damaged records may cost by ``offset``."""
