@@ -416,19 +416,20 @@ class BusThread:
                 self._sleeping = False
                 continue
             item = self._in_hand = queue.popleft()
-            if self._want_room:
-                self._want_room = False
-                self._room.set()
             try:
-                if isinstance(item, Event):
-                    self._taken += 1
-                    await bus.publish(item)
-                elif type(item) is tuple:
-                    self._taken += 1
-                    event = _made(item)
-                    if event is not None:
-                        await bus.publish(event)
-                elif type(item) is _AfterIdle:
+                if isinstance(item, Event | tuple):
+                    # A run of events (and recipes) goes to the bus as one batch.
+                    taken, events = _taken_events(item, queue)
+                    self._taken += taken
+                    if self._want_room:
+                        self._want_room = False
+                        self._room.set()
+                    await bus.publish_many(events)
+                    continue
+                if self._want_room:
+                    self._want_room = False
+                    self._room.set()
+                if type(item) is _AfterIdle:
                     self._taken += 1
                     await bus.wait_idle()
                     await bus.publish(item.event)
@@ -440,6 +441,28 @@ class BusThread:
             except BusClosed:  # the bus stopped on its own (it broke): nothing more to deliver
                 self._open = self.running = False
                 return
+
+
+#: The most events the pump takes from the deque for one ``publish_many``.
+_RUN = 256
+
+
+def _taken_events(first: Event | Recipe, queue: deque[object]) -> tuple[int, list[Event]]:
+    """``first`` and the events (or recipes) right after it in ``queue``, taken off it,
+    made into events: up to ``_RUN``, stopping at anything else (a barrier, a stop).
+    Returns how many were taken, and the events (a recipe that fails makes none)."""
+    items: list[Any] = [first]
+    while queue and len(items) < _RUN and isinstance(queue[0], Event | tuple):
+        items.append(queue.popleft())
+    events: list[Event] = []
+    for item in items:
+        if type(item) is tuple:
+            made = _made(item)
+            if made is not None:
+                events.append(made)
+        else:
+            events.append(item)
+    return len(items), events
 
 
 def _made(recipe: Recipe) -> Event | None:

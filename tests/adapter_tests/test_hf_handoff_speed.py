@@ -14,6 +14,7 @@ import os
 import pickle
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,7 +23,7 @@ from structlog.testing import capture_logs
 
 from adapters._bus_thread import Backend, BusThread
 from adapters._threaded_run import ThreadedRun
-from eventbus import CheckpointSaved, ErrorPolicy, EventBus, Report, RunStarted, Stage
+from eventbus import CheckpointSaved, ErrorPolicy, Event, EventBus, Report, RunStarted, Stage
 from handlers import RunResult, TrainRunContext, UserCallback
 from handlers.wiring import attach_user_callbacks
 
@@ -160,6 +161,48 @@ def test_a_recipe_is_made_in_the_bus_thread_and_one_that_fails_is_logged_and_ski
     assert seen == [0, 2]
     assert made_in == [thread.name] * 3
     assert [log["maker"] for log in logs if log["log_level"] == "error"] == ["make"]
+    assert thread.handed_off == 3  # the one that could not be made was taken all the same
+
+
+def test_runs_of_events_go_to_the_bus_in_batches_in_order_around_control_items() -> None:
+    """The pump takes each run of events and recipes off the deque at once (up to 256)
+    and publishes it with ``publish_many``; a barrier or an after-idle event between
+    runs keeps its place."""
+    seen: list[tuple[str, int]] = []
+    batches: list[int] = []
+
+    def setup(bus: EventBus) -> None:
+        bus.subscribe(Report, lambda e: seen.append(("report", e.index)))
+        bus.subscribe(RunStarted, lambda e: seen.append(("after idle", len(seen))))
+        publish_many = bus.publish_many
+
+        async def counted(events: Iterable[Event]) -> None:
+            events = list(events)
+            batches.append(len(events))
+            await publish_many(events)
+
+        bus.publish_many = counted  # type: ignore[method-assign]
+
+    def make(index: int, metrics: dict[str, Any]) -> Report:
+        return Report(run_id="run", rank=0, world_size=1, index=index, metrics=metrics)
+
+    thread = BusThread(setup, poll_interval=NEVER, capacity=10_000)
+    thread.start()
+    for i in range(600):
+        assert thread.offer(report(i) if i % 2 else (make, i, {"i": i}))
+    assert thread.handoff_after_idle(RunStarted(run_id="run", name="r", world_size=1))
+    for i in range(600, 610):
+        assert thread.offer(report(i))
+    assert thread.wait_idle()
+    close = thread.close()
+    assert close is not None and close.drained
+    reports = [index for kind, index in seen if kind == "report"]
+    assert reports == list(range(610))
+    assert seen[600] == ("after idle", 600)  # after every report handed off before it
+    # Nothing is looked at before wait_idle (the poll never comes): all 611 wait in the
+    # deque, and the pump takes them in runs of at most 256, up to the after-idle event.
+    assert batches == [256, 256, 88, 10]
+    assert thread.handed_off == 611
 
 
 # --- through Hugging Face's own CallbackHandler --------------------------------------------
