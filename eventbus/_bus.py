@@ -29,7 +29,7 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
-from ._bus_results import BusClosed, BusFull, BusStats, CloseReport, refusal
+from ._bus_results import BusClosed, BusFull, BusStats, CloseReport, is_fresh, refusal
 from ._clock import Clock, MonotonicClock
 from ._dispatch import Dispatcher, Inbox
 from ._events import Event
@@ -378,7 +378,7 @@ class EventBus:
         # The checks and ``Inbox.put`` written out: a call costs a fifth of the fixed cost.
         try:
             fresh = event.seq < 0
-        except AttributeError:
+        except (AttributeError, TypeError):  # no event; a ``seq`` that is no number
             fresh = False
         if not (fresh and self._open):
             raise refusal(event, started=self._tg is not None)
@@ -405,7 +405,7 @@ class EventBus:
         """Accept ``event`` or raise ``BusFull``; never drops it silently."""
         if len(self._inbox) >= self.buffer:
             raise BusFull(f"the bus inbox is full ({self.buffer} events waiting)")
-        if not (self._open and getattr(event, "seq", 0) < 0):
+        if not (self._open and is_fresh(event)):
             raise refusal(event, started=self._tg is not None)
         self._inbox.put(event)
 
@@ -423,7 +423,7 @@ class EventBus:
         handler can cost a run its rounds or its end. Events emitted while
         the bus drains on close are still delivered.
         """
-        if not getattr(event, "seq", 0) < 0:
+        if not is_fresh(event):
             raise refusal(event, started=True)
         if not derived and len(self._inbox) >= self._emit_limit:
             raise BusFull(

@@ -7,7 +7,7 @@ import msgspec
 
 from ._subscription import SubscriptionStats
 
-__all__ = ["BusClosed", "BusFull", "BusStats", "CloseReport", "refusal"]
+__all__ = ["BusClosed", "BusFull", "BusStats", "CloseReport", "is_fresh", "refusal"]
 
 
 class BusClosed(RuntimeError):
@@ -38,6 +38,12 @@ class CloseReport(msgspec.Struct, frozen=True, kw_only=True):
     abandoned: int
     published: int
     delivered: int
+
+
+def is_fresh(event: object) -> bool:
+    """An event not published yet (``EventBus.publish`` checks the same, written out)."""
+    seq = getattr(event, "seq", None)
+    return isinstance(seq, int) and seq < 0
 
 
 def refusal(event: object, *, started: bool) -> Exception:

@@ -20,7 +20,7 @@ import anyio
 import anyio.lowlevel
 from msgspec.structs import force_setattr
 
-from ._bus_results import BusStats, refusal
+from ._bus_results import BusStats, is_fresh, refusal
 from ._events import Event
 from ._faults import FATAL
 from ._lanes import MAX_BATCH, Lane
@@ -73,7 +73,7 @@ class Inbox(deque[Event]):
         except Exception:  # no event (no ``seq``), or a ``seq`` that is no number
             fresh = False
         if not fresh:
-            bad = next(i for i, event in enumerate(chunk) if not getattr(event, "seq", 0) < 0)
+            bad = next(i for i, event in enumerate(chunk) if not is_fresh(event))
             self.extend(chunk[:bad])
             self.wake_up()
             raise refusal(chunk[bad], started=True)

@@ -197,6 +197,7 @@ class Runner:
                     guard.watch(scope, sub.timeout, remaining)
                     t0 = clock()
                     counting = True
+                    # Two loops, not a test per call: the second is the floor's own loop.
                     if timed_per_call:
                         for event in remaining:
                             try:

@@ -1,11 +1,13 @@
-"""What several tests build or take apart: deeply nested dicts, a log's records."""
+"""What several tests build or take apart: deeply nested dicts, a log's records, reports."""
 
 from __future__ import annotations
 
 import struct
 from typing import Any
 
-__all__ = ["nested_dict", "record_spans"]
+from eventbus import Report
+
+__all__ = ["nested_dict", "ranked_report", "record_spans"]
 
 
 def nested_dict(depth: int) -> dict[str, Any]:
@@ -27,3 +29,9 @@ def record_spans(data: bytes) -> list[tuple[int, int]]:
         spans.append((pos, end))
         pos = end
     return spans
+
+
+def ranked_report(rank: Any, index: Any, world_size: int = 3, **fields: Any) -> Report:
+    """A report of run ``r`` whose metrics say who sent it: ``{"rank": rank, "i": index}``."""
+    given: dict[str, Any] = {"metrics": {"rank": rank, "i": index}, "run_id": "r", **fields}
+    return Report(rank=rank, world_size=world_size, index=index, **given)

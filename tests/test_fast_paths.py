@@ -213,3 +213,27 @@ async def test_publish_many_on_a_closed_bus_is_refused() -> None:
         pass
     with pytest.raises(BusClosed, match="closed"):
         await bus.publish_many([report(1)])
+
+
+class SeqIsText:
+    """Not an event, and its ``seq`` is no number: refused the same way everywhere."""
+
+    seq = "-1"
+
+
+@pytest.mark.parametrize("how", ["publish", "publish_nowait", "publish_many", "emit"])
+@pytest.mark.parametrize("thing", [SeqIsText(), {"seq": -1}, None, 42], ids=repr)
+async def test_every_way_in_refuses_what_is_no_event_with_one_clear_error(
+    how: str, thing: Any
+) -> None:
+    async with EventBus() as bus:
+        with pytest.raises(TypeError, match="only Event instances can be published"):
+            if how == "publish":
+                await bus.publish(thing)
+            elif how == "publish_many":
+                await bus.publish_many([thing])
+            elif how == "publish_nowait":
+                bus.publish_nowait(thing)
+            else:
+                bus.emit(thing)
+        assert bus.stats().published == 0

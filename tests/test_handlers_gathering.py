@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _builders import ranked_report as report
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,6 @@ from eventbus import (
     CheckpointMismatch,
     EventBus,
     HealthCheckTick,
-    Report,
     ReportRejected,
     RunFinished,
     RunStarted,
@@ -31,12 +31,6 @@ from handlers import (
     WorkerError,
 )
 from handlers.wiring import attach_user_callbacks
-
-
-def report(rank: Any, index: Any, world_size: int = 3, **kw: Any) -> Report:
-    fields: dict[str, Any] = {"metrics": {"rank": rank, "i": index}, "run_id": "r"}
-    fields.update(kw)
-    return Report(rank=rank, world_size=world_size, index=index, **fields)
 
 
 class Rounds:

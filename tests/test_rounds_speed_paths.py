@@ -9,6 +9,7 @@ from collections import deque
 from typing import Any
 
 import pytest
+from _builders import ranked_report as report
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,6 @@ from eventbus import (
     CheckpointMismatch,
     Event,
     EventBus,
-    Report,
     ReportRejected,
     VirtualClock,
     WorkerGroupRestarted,
@@ -24,12 +24,6 @@ from eventbus import (
 from handlers import ReportCallbackHandler, RoundGathered, TrainRunContext, UserCallback
 from handlers._metric_values import FrozenDict
 from handlers.wiring import attach_user_callbacks
-
-
-def report(rank: Any, index: Any, world_size: int = 3, **kw: Any) -> Report:
-    fields: dict[str, Any] = {"metrics": {"rank": rank, "i": index}, "run_id": "r"}
-    fields.update(kw)
-    return Report(rank=rank, world_size=world_size, index=index, **fields)
 
 
 class Rounds:
