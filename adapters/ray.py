@@ -18,13 +18,20 @@ that fails the run (``on_error="raise"``, or an interrupt raised in it) ends
 our run, ``after_run`` included, and its exception is raised into Ray's next
 hook, which then fails the run as a ``ControllerError``, as asked.
 
-Run start and end. A ``UserCallback`` has no such hooks, so the callback
-comes with a companion, ``lifecycle`` (a Ray ``ControllerCallback``): pass
-both, ``RunConfig(callbacks=[cb, cb.lifecycle])``. It starts the run when the
+Run start and end. Ray's ``UserCallback`` has no such hooks up to Ray 2.60
+(ray-project/ray issue 64252 proposes ``before_run(run_context)`` and
+``after_run(run_context, result)``). Whether the installed Ray's has them is
+checked once, at import, with ``hasattr``. When it has them, Ray calls the
+callback's ``before_run`` and ``after_run``, which start and end our run:
+nothing else to register. When it has not, the callback comes with a
+companion, ``lifecycle`` (a Ray ``ControllerCallback``): pass both,
+``RunConfig(callbacks=[cb, cb.lifecycle])``. It starts the run when the
 controller starts and, when it finishes, publishes ``RunFinished``, drains
 the bus (up to ``drain_timeout``, on Ray's loop: the run is over) and closes
 the log. Without it the run starts at the first report and its end, with
-``after_run``, never comes; the log holds what was flushed.
+``after_run``, never comes; the log holds what was flushed. With the hooks,
+the companion leaves start and end to them and only ends an aborted run
+(``before_controller_abort``: as proposed, no ``after_run`` follows an abort).
 """
 
 from __future__ import annotations
@@ -70,6 +77,16 @@ _log = get_logger("adapters.ray")
 _RUNTIME = ("_round", "_warned_lifecycle", "log_path")
 
 
+def _has_run_hooks(callback_class: type) -> bool:
+    """Whether Ray calls ``before_run``/``after_run`` on a ``callback_class`` (its base class)."""
+    return hasattr(callback_class, "before_run") and hasattr(callback_class, "after_run")
+
+
+#: Whether the installed Ray's ``UserCallback`` has run hooks (no Ray up to 2.60 has):
+#: then Ray starts and ends our run, else the ``lifecycle`` companion does. Checked once.
+_RAY_RUN_HOOKS = _has_run_hooks(UserCallback)
+
+
 def recorded_logs(storage_path: str | os.PathLike[str], name: str) -> list[Path]:
     """The event logs ``record=True`` wrote for runs named ``name``, oldest first.
 
@@ -93,8 +110,9 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
     (default 1 s: it is Ray's loop that waits), ``drain_timeout``,
     ``backend`` and ``poll_interval`` (default 5 ms) configure the bus and
     its hand-off
-    (``adapters._threaded_run.BusOptions``). Register ``lifecycle`` too (see
-    the module docstring).
+    (``adapters._threaded_run.BusOptions``). Register ``lifecycle`` too,
+    unless the installed Ray's ``UserCallback`` has ``before_run`` and
+    ``after_run`` (see the module docstring).
     """
 
     def __init__(
@@ -128,6 +146,15 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
         self._reset()
 
     # --- Ray's hooks (the controller's loop thread) -------------------------------------
+
+    def before_run(self, run_context: Any) -> None:
+        """Ray's run start, where its ``UserCallback`` has it: start the run."""
+        with _never_into_ray("event bus start"):
+            self.start(run_context)
+
+    def after_run(self, run_context: Any, result: Any) -> None:
+        """Ray's run end, where its ``UserCallback`` has it: end the run by ``result.error``."""
+        _finish_by_result(self, result)
 
     def after_report(
         self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any | None
@@ -168,10 +195,12 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
         events: list[Event] = []
         with _never_into_ray("after_exception"):
             self._ensure_started(run_context, None)
-            events = [
-                WorkerFailure.from_exception(self.run_id, int(rank), exc)
-                for rank, exc in sorted(worker_exceptions.items())
-            ]
+            attachment = self._run.attachment
+            for rank, exc in sorted(worker_exceptions.items()):
+                failure = WorkerFailure.from_exception(self.run_id, int(rank), exc)
+                if attachment is not None:  # our callbacks get Ray's object itself
+                    attachment.keep_original(failure, exc)
+                events.append(failure)
         for event in events:
             self._run.handoff(event)
 
@@ -221,7 +250,9 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
             if not self._warned_lifecycle:
                 self._warned_lifecycle = True
                 _log.warning(
-                    "run started by its first report: add the callback's `lifecycle` to "
+                    "run started by its first report: Ray's before_run did not start it"
+                    if _RAY_RUN_HOOKS
+                    else "run started by its first report: add the callback's `lifecycle` to "
                     "RunConfig(callbacks=[cb, cb.lifecycle]) for after_run and a complete log"
                 )
             self.start(run_context, world_size)
@@ -240,28 +271,37 @@ class RunLifecycleCallback(ControllerCallback):  # type: ignore[misc]  # ray is 
     """Starts and ends the run of an ``EventBusUserCallback`` with Ray's controller.
 
     Made by the callback as its ``lifecycle``; Ray pickles both in one list,
-    so in the controller this still refers to that callback's copy.
+    so in the controller this still refers to that callback's copy. Where
+    Ray's ``UserCallback`` has ``before_run``/``after_run``, those start and
+    end the run, and this only ends an aborted one.
     """
 
     def __init__(self, owner: EventBusUserCallback) -> None:
         self.owner = owner
 
     def after_controller_start(self, train_run_context: Any) -> None:
-        with _never_into_ray("event bus start"):
-            self.owner.start(train_run_context)
+        if not _RAY_RUN_HOOKS:
+            with _never_into_ray("event bus start"):
+                self.owner.start(train_run_context)
 
     def after_controller_finish(self, result: Any) -> None:
-        # The run is over: a callback's failure in its last moments is logged, not raised.
-        with _never_into_ray("event bus close"):
-            error = getattr(result, "error", None)
-            if error is None:
-                self.owner.finish("finished")
-            else:
-                self.owner.finish("failed", describe_exception(error))
+        if not _RAY_RUN_HOOKS:
+            _finish_by_result(self.owner, result)
 
     def before_controller_abort(self) -> None:
         with _never_into_ray("event bus close"):
             self.owner.finish("cancelled", "the run was aborted")
+
+
+def _finish_by_result(owner: EventBusUserCallback, result: Any) -> None:
+    """End the run as Ray's ``result`` says (``failed`` when ``result.error``)."""
+    # The run is over: a callback's failure in its last moments is logged, not raised.
+    with _never_into_ray("event bus close"):
+        error = getattr(result, "error", None)
+        if error is None:
+            owner.finish("finished")
+        else:
+            owner.finish("failed", describe_exception(error))
 
 
 def _checkpoint_path(checkpoint: Any | None) -> str | None:

@@ -74,22 +74,17 @@ class EventBus:
     ``clock`` drives timestamps and health-check periods (``period`` seconds);
     ``budget`` is the share of a period handlers may use together.
 
-    Publishing an event hands it over: the bus stamps ``seq`` and ``time``
-    onto that very object as it dispatches it (a frozen struct, changed in
-    place, because a stamped copy per event would cost about a third of the
-    cheapest delivery). Publish a fresh event each time: the same object
-    handed over again is refused (``ValueError``) once it was dispatched,
-    and delivered only once, with an error logged, when both hand-overs
-    came before that (stamping at ``publish`` to refuse it there would add
-    a sixth to the bus's fixed cost per event).
+    Publishing hands an event over: the bus stamps ``seq`` and ``time`` onto
+    that very object when it dispatches it (a stamped copy per event would
+    cost a third of the cheapest delivery). Publish a fresh event each time:
+    one handed over again is refused once dispatched, and delivered once,
+    with an error logged, if both hand-overs came before that.
 
-    ``on_failure``: what happens when a handler with ``on_error="raise"``
-    fails, or any handler raises ``KeyboardInterrupt`` or ``SystemExit``.
-    By default the bus stops at once and ``async with`` re-raises that
-    exception. An owner that must still deliver events before it stops (a
-    run's ``RunFinished`` and ``after_run``) passes a function instead: it is
-    called once with the exception, the bus goes on, and the owner ends
-    things in order and raises the exception itself.
+    ``on_failure``: when a handler with ``on_error="raise"`` fails, or any
+    raises ``KeyboardInterrupt`` or ``SystemExit``, the bus stops at once and
+    ``async with`` re-raises it; an owner that must still deliver events (a
+    run's ``RunFinished``) passes a function, called once with the exception
+    while the bus goes on, and ends things in order itself.
     """
 
     def __init__(
@@ -347,6 +342,13 @@ class EventBus:
         """The event types handlers of this bus make themselves (``derives``)."""
         return tuple(self._derived)
 
+    def continue_from(self, *, seq: int, period: int) -> None:
+        """Number events from ``seq`` and periods from ``period`` on (before starting):
+        a resumed run's bus continues the history its log holds."""
+        if self._tg is not None:
+            raise RuntimeError("continue_from() must be called before the bus starts")
+        self._dispatcher.seq, self._periods.index = max(0, seq), max(0, period)
+
     @property
     def period_end(self) -> float:
         """When the current health-check period ends, on the bus clock.
@@ -446,11 +448,8 @@ class EventBus:
             await self._inbox.room()
 
     async def wait_idle(self) -> None:
-        """Return once every accepted event has been fully handled.
-
-        Not from a handler (``RuntimeError``): the bus is not idle while the
-        handler that waits runs.
-        """
+        """Return once every accepted event has been fully handled. Not from a
+        handler (``RuntimeError``): the bus is not idle while that handler runs."""
         if not self._dispatcher.is_idle():
             self._tasks.refuse_wait("wait_idle()")
         await self._dispatcher.wait_idle()

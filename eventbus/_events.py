@@ -197,6 +197,50 @@ class RunStarted(Event, frozen=True, kw_only=True):
     wall_time: float = 0.0
 
 
+class RunPosition(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a run stood when a checkpoint's round was gathered: what a resume continues.
+
+    Saved with the callback states of the checkpoint, and carried by
+    ``RunResumed``. ``rounds`` counts the rounds gathered, the checkpoint's
+    included (the next round's number); ``next_index[r]`` is the index of
+    rank ``r``'s next report (its reports from that index on were made after
+    the checkpoint, so a crash loses them and the resumed run redoes them).
+    ``checkpoint_seq`` is the ``seq`` of the checkpoint's ``CheckpointSaved``
+    (events recorded after it, up to the resume, are rolled back);
+    ``start_time`` the run's (its context's) start; the counts are the run's
+    figures so far. A rank not required at the checkpoint has ``-1``.
+    """
+
+    checkpoint: str
+    rounds: int
+    next_index: tuple[int, ...]
+    world_size: int
+    required_ranks: tuple[int, ...] = ()
+    checkpoint_seq: int = -1
+    start_time: float = 0.0
+    reports: int = 0
+    rejected: int = 0
+    failures: int = 0
+    restarts: int = 0
+    mismatches: int = 0
+
+
+class RunResumed(Event, frozen=True, kw_only=True):
+    """The run resumed from ``checkpoint`` (the operator's location) at ``position``.
+
+    It follows the resumed run's ``RunStarted`` (the same run id, and the
+    start of the run it continues). In a log that holds the run's history,
+    the events recorded before it that the crash rolled back are marked by
+    it: reports of an index at or past ``position.next_index`` of their
+    rank, and every other event after ``position.checkpoint_seq``. They stay
+    in the log, for diagnosis; a replay leaves them out.
+    """
+
+    run_id: str
+    checkpoint: str
+    position: RunPosition
+
+
 class RunFinished(Event, frozen=True, kw_only=True):
     """The run ended. ``stopped_by``/``stop_reason``: what asked it to stop early
     (a callback's ``should_stop``, or ``Run.request_stop``), if anything did."""

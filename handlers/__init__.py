@@ -28,9 +28,10 @@ from ._errors import WorkerError, WorkerGroupError
 from ._failures import ExceptionCallbackHandler
 from ._interfaces import ExceptionCallback, ReportCallback, RunCallback
 from ._lifecycle import RunCallbackHandler
+from ._open_run import open_run
 from ._reporter import Reporter
 from ._reports import ReportCallbackHandler
-from ._run import Run, WorkerFn, open_run
+from ._run import Run, WorkerFn
 from .builtins import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay
 
 __all__ = [

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from eventbus import EventBus, RunFinished, Stage, Subscription
-from eventbus.events import RunResult, RunStatus, TrainRunContext
+from eventbus import CheckpointSaved, EventBus, RunFinished, Stage, Subscription, WorkerFailure
+from eventbus.events import RunPosition, RunResult, RunStatus, TrainRunContext
 
+from ._errors import WorkerError
 from ._failures import ExceptionCallbackHandler
 from ._interfaces import ReportCallback
 from ._lifecycle import RunCallbackHandler
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from ._callback import UserCallback
 
 __all__ = ["CallbackAttachment", "attach_user_callbacks"]
+
+#: Worker exceptions kept for ``after_exception`` at most (the oldest go first).
+_MAX_ORIGINALS = 1024
 
 
 class CallbackAttachment:
@@ -63,7 +67,11 @@ class CallbackAttachment:
             announce_checkpoints=announce_checkpoints,
         )
         self.failures = ExceptionCallbackHandler(context_for=context_for)
-        self.user = UserCallbackHandler(callbacks, context_of=context_for)
+        #: Worker exceptions raised in this process, by their failure event (``keep_original``).
+        self._originals: dict[int, tuple[WorkerFailure, Exception]] = {}
+        self.user = UserCallbackHandler(
+            callbacks, context_of=context_for, exception_of=self.exception_of
+        )
         self.subscriptions: list[Subscription] = [
             self.failures.subscribe(bus, order=Stage.GATHER_FAILURES),
             self.lifecycle.subscribe(bus, order=Stage.LIFECYCLE),
@@ -75,6 +83,33 @@ class CallbackAttachment:
     def last_checkpoint(self) -> str | None:
         """The checkpoint of the latest complete round (where a restart resumes)."""
         return self.reports.last_checkpoint
+
+    def keep_original(self, failure: WorkerFailure, exc: Exception) -> None:
+        """``after_exception`` gets ``exc`` itself for ``failure`` (as in Ray, in one
+        process); the log and a replay carry its text form, a ``WorkerError``."""
+        if len(self._originals) >= _MAX_ORIGINALS:  # failures are few; a flood keeps text
+            self._originals.pop(next(iter(self._originals)))
+        self._originals[id(failure)] = (failure, exc)
+
+    def exception_of(self, failure: WorkerFailure) -> Exception:
+        kept = self._originals.get(id(failure))
+        if kept is not None and kept[0] is failure:
+            return kept[1]
+        return WorkerError.from_failure(failure)
+
+    def position_of(self, event: CheckpointSaved) -> RunPosition | None:
+        """Where the run stood at the round of ``event`` (for the state store's snapshot)."""
+        position = self.reports.position_at(event.index)
+        if position is None or position.checkpoint != event.checkpoint:
+            return None
+        context = self.run_context
+        return msgspec.structs.replace(
+            position,
+            checkpoint_seq=event.seq,
+            start_time=context.start_time if context else 0.0,
+            failures=self.failures.failures,
+            restarts=self.restarts,
+        )
 
     @property
     def run_context(self) -> TrainRunContext | None:

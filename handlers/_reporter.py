@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from eventbus import Report
+import anyio
+
+from eventbus import EventBus, Report, RunFinished, Stage, WorkerGroupRestarted
+from eventbus.events import RoundGathered
 
 from ._metric_values import MetricsError, RejectedMetrics, freeze_metrics
 
 if TYPE_CHECKING:
     from ._run import Run
 
-__all__ = ["Reporter"]
+__all__ = ["Reporter", "RoundsMoved"]
 
 
 class Reporter:
@@ -34,7 +37,7 @@ class Reporter:
         self.rank = rank
         self.world_size = run.world_size
         self.attempt = 0
-        self._index = 0
+        self._index = run.first_index(rank)
 
     async def report(self, metrics: dict[str, Any], checkpoint: str | None = None) -> None:
         """Report this rank's ``metrics`` for its next round, and the ``checkpoint`` it
@@ -63,8 +66,26 @@ class Reporter:
             )
         )
 
+    async def sync(self) -> None:
+        """Wait until every report this rank made was gathered into a round (or
+        discarded by a restart) and the callbacks have handled that round.
+
+        What a data-parallel step does anyway (ranks meet at every gradient
+        all-reduce): a worker that syncs after each report reads
+        ``should_stop`` exactly as of its latest round, so when a run stops no
+        longer depends on how its tasks were scheduled.
+        """
+        run = self.run
+        while True:
+            await run.bus.wait_idle()
+            attachment = run.attachment
+            if attachment is None or not attachment.reports.waiting_from(self.rank):
+                return
+            await run.rounds_moved.wait()
+
     @property
     def reports(self) -> int:
+        """The index of this rank's next report (reports made, in a run not resumed)."""
         return self._index
 
     @property
@@ -74,3 +95,24 @@ class Reporter:
     @property
     def should_stop(self) -> bool:
         return self.run.should_stop
+
+
+class RoundsMoved:
+    """Wakes ``Reporter.sync`` when a round is gathered, the group restarts or the run
+    ends; subscribed to the bus at the first wait, so runs that never sync pay nothing."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self._bus = bus
+        self._event: anyio.Event | None = None
+
+    async def wait(self) -> None:
+        if self._event is None:
+            self._event = anyio.Event()
+            moved = (RoundGathered, WorkerGroupRestarted, RunFinished)
+            self._bus.subscribe(moved, self._moved, name="Reporter.sync", order=Stage.OBSERVE)
+        await self._event.wait()
+
+    def _moved(self, event: object) -> None:
+        assert self._event is not None
+        self._event.set()
+        self._event = anyio.Event()

@@ -4,16 +4,12 @@ Ranks report at their own pace: rank 0 may be several reports ahead. A round
 is released only when every required rank has a report waiting; then exactly
 one report per required rank is taken, in rank order.
 
-The heads of the FIFOs are kept as two rounds: the oldest open round and
-the one after it are lists of slots by rank, so a report costs a type test or
-comparison per rule, a slot store and a count, whatever the world size, and a
-complete round's slot list is already its ``metrics`` list, in rank order,
-with nothing to pop or copy. Only reports of a rank two or more rounds ahead
-wait in a queue of that rank's (memory stays one entry per waiting report, a
-rank far ahead costs no slot lists); a release moves each such rank's next
-one up. The first report of a run, reports naming a checkpoint and every
-rejection take ``_admit``, which applies the rules one by one and names what
-is wrong.
+The heads of the FIFOs are kept as two rounds (the oldest open one and the
+next) of slots by rank, so a report costs a few comparisons, a slot store and
+a count, whatever the world size, and a complete round's slots are already
+its ``metrics`` list. Only reports of a rank two or more rounds ahead wait in
+a queue of that rank's. The first report of a run, reports naming a
+checkpoint and every rejection take ``_admit``, which names what is wrong.
 
 A round is told two ways: synchronously to the ``ReportCallback``s given
 (Ray Train's shape: a handler over a list of callbacks), and, on a bus, as a
@@ -40,7 +36,7 @@ from eventbus import (
     WorkerGroupRestarted,
     get_logger,
 )
-from eventbus.events import RoundGathered, TrainRunContext
+from eventbus.events import RoundGathered, RunPosition, TrainRunContext
 
 from ._interfaces import ReportCallback
 from ._metric_values import FrozenDict, MetricsError, freeze_metrics
@@ -66,20 +62,15 @@ class ReportCallbackHandler:
     and, subscribed to a bus, emits a ``RoundGathered``.
 
     ``world_size`` defaults to the run's (the context's, or the first
-    report's); ``required_ranks`` to all ranks. A ``WorkerGroupRestarted``
-    discards partial rounds and sets both anew. Bad reports (another run's,
-    a rank or index out of place, metrics that are not JSON values a log can
-    hold) become ``ReportRejected`` events naming rank and field. A round
-    has the checkpoint any of its ranks named (ranks naming none agree);
-    ranks naming different ones give a ``CheckpointMismatch`` and a warning
-    naming them, and the round has no checkpoint. Nothing already gathered is lost either
-    way. Callbacks get each rank's metrics as a read-only copy (``FrozenDict``).
-
-    ``announce_checkpoints``: a round's checkpoint is also announced as
-    ``CheckpointSaved`` (on which the state store snapshots), right behind
-    its ``RoundGathered``, so the snapshot holds the callbacks' states as of
-    that round and no later one. A live run announces; a replay has the
-    recorded announcements.
+    report's); ``required_ranks`` to all ranks; a ``WorkerGroupRestarted``
+    discards partial rounds and sets both anew. Bad reports become
+    ``ReportRejected`` events naming rank and field. A round has the
+    checkpoint any of its ranks named; different names are a
+    ``CheckpointMismatch`` and the round has none. Callbacks get each rank's
+    metrics read-only (``FrozenDict``). ``announce_checkpoints``: a round's
+    checkpoint is announced as ``CheckpointSaved`` right behind its
+    ``RoundGathered`` (a replay has the recorded ones), so the state store's
+    snapshot holds the callbacks' states as of that round.
     """
 
     def __init__(
@@ -125,6 +116,8 @@ class ReportCallbackHandler:
         self.mismatches = 0
         #: The checkpoint of the latest round that had one (where a restart resumes).
         self.last_checkpoint: str | None = None
+        #: Where the run stood at each recent checkpoint round, by round (``position_at``).
+        self._positions: dict[int, RunPosition] = {}
         if world_size is not None:
             self._configure(world_size, required_ranks)
         elif required_ranks is not None:
@@ -304,12 +297,9 @@ class ReportCallbackHandler:
         queue.append((metrics, checkpoint))
 
     def _release(self, report: Report) -> None:
-        """The oldest open round is complete (``report`` completed it): deliver it.
-
-        ``report`` went into its rank's oldest empty slot, so the rounds after
-        this one lack it: one round at a time. The next round is opened first,
-        so a report callback that raises leaves the gatherer as it should be.
-        """
+        """The oldest open round is complete (``report`` completed it, so the rounds
+        after it lack that rank's): deliver it. The next round is opened first, so a
+        report callback that raises leaves the gatherer as it should be."""
         slots, named = self._slots, self._named
         self._slots, self._named = self._following, self._following_named
         following: list[Any] = [None] * self.world_size
@@ -343,6 +333,7 @@ class ReportCallbackHandler:
         self.rounds += 1
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
+            self._keep_position(checkpoint)
         context = self._context_for(report)
         for callback in self.report_callbacks:
             callback.after_report(context, metrics, checkpoint)
@@ -369,14 +360,58 @@ class ReportCallbackHandler:
                 derived=True,
             )
 
+    # --- resuming ----------------------------------------------------------------
+
+    def _keep_position(self, checkpoint: str) -> None:
+        """Note where the run stands as the round of ``checkpoint`` is released (not
+        when it is snapshotted: by then later rounds' reports may have come in).
+        A rank's next index is the one after its latest accepted report, less
+        those it has waiting (its indices increase by one, as a ``Reporter``'s)."""
+        next_index = [
+            int(last) + 1 - (self._slots[rank] is not None)
+            - (self._following[rank] is not None) - len(self._ahead.get(rank, ()))
+            if self._required[rank] else -1
+            for rank, last in enumerate(self._last_index)
+        ]  # fmt: skip
+        round_ = self.rounds - 1
+        self._positions[round_] = RunPosition(
+            checkpoint=checkpoint,
+            rounds=self.rounds,
+            next_index=tuple(next_index),
+            world_size=self.world_size,
+            required_ranks=self.required_ranks,
+            reports=self._done,
+            rejected=self.rejected,
+            mismatches=self.mismatches,
+        )
+        for old in [r for r in self._positions if r < round_ - 64]:  # never snapshotted
+            del self._positions[old]
+
+    def position_at(self, round_: int) -> RunPosition | None:
+        """Where the run stood when round ``round_`` (one with a checkpoint) was released."""
+        return self._positions.pop(round_, None)
+
+    def resume_at(self, position: RunPosition, checkpoint: str) -> None:
+        """Continue from ``position`` (rounds, each rank's next index, figures);
+        ``checkpoint`` is where a restart resumes."""
+        self._configure(position.world_size, position.required_ranks or None)
+        for rank, index in enumerate(position.next_index[: self.world_size]):
+            if self._required[rank] and index > 0:
+                self._last_index[rank] = index - 1
+        self.rounds, self._done = position.rounds, position.reports
+        self.rejected, self.mismatches = position.rejected, position.mismatches
+        self.last_checkpoint = checkpoint
+
+    def waiting_from(self, rank: int) -> bool:
+        """Whether a report of ``rank`` waits for its round."""
+        queued = (self._slots[rank], self._following[rank]) if rank < len(self._slots) else ()
+        return any(slot is not None for slot in queued) or rank in self._ahead
+
     def _mismatch(self, run_id: str, named: dict[int, str]) -> None:
         """Loud, because the round loses its checkpoint: no snapshot, no best checkpoint."""
         self.mismatches += 1
-        _log.warning(
-            "ranks named different checkpoints for one round: the round has no checkpoint",
-            round=self.rounds,
-            checkpoints=dict(sorted(named.items())),
-        )
+        names = dict(sorted(named.items()))
+        _log.warning("ranks named different checkpoints", round=self.rounds, checkpoints=names)
         if self._bus is not None:
             self._bus.emit(
                 CheckpointMismatch(

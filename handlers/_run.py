@@ -9,7 +9,6 @@ inside (``_ending`` says how that is reported).
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -22,6 +21,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from eventbus import (
+    BudgetReport,
     BusClosed,
     CheckpointSaved,
     Clock,
@@ -34,7 +34,7 @@ from eventbus import (
     describe_exception,
     get_logger,
 )
-from eventbus.events import RunResult, RunStatus, TrainRunContext
+from eventbus.events import RunPosition, RunResult, RunStatus, TrainRunContext
 from eventbus.log import LogRecorder
 from eventbus.state import StateStore
 
@@ -42,9 +42,11 @@ from ._attach import CallbackAttachment, attach_user_callbacks
 from ._callback import UserCallback
 from ._ending import interrupt_in, only_cancellations, status_of, stop_of
 from ._errors import WorkerGroupError
-from ._reporter import Reporter
+from ._reporter import Reporter, RoundsMoved
+from ._resume import Resume, refuse_overwrite
+from ._workers import WorkerTasks
 
-__all__ = ["Run", "WorkerFn", "open_run"]
+__all__ = ["Run", "WorkerFn"]
 
 _log = get_logger("handlers.run")
 
@@ -74,6 +76,7 @@ class Run:
         state_dir: str | Path | None = None,
         resume_from: str | Path | None = None,
         strict_state: bool = False,
+        allow_fresh_state: bool = False,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
@@ -81,7 +84,6 @@ class Run:
             raise ValueError("resume_from= needs state_dir=, where the callback states were saved")
         self.world_size = world_size
         self.name = name
-        self.run_id = run_id or f"{name}-{uuid.uuid4().hex[:8]}"
         self.storage = str(storage) if storage is not None else None
         self.config = dict(config or {})
         self.callbacks = list(callbacks)
@@ -95,21 +97,32 @@ class Run:
             drain_timeout=drain_timeout,
             on_failure=self._end_from_inside,
         )
-        # Callback states: snapshotted at every checkpoint, restored (in place,
-        # order kept) before any callback runs when resuming.
+        # Callback states: snapshotted at every checkpoint with where the run stood,
+        # restored into the callbacks given (order kept) before any runs when resuming.
         self.state_store: StateStore | None = None
         self.restored: StateRestored | None = None
+        self.resume: Resume | None = None
         if state_dir is not None:
             self.state_store = StateStore(state_dir, strict=strict_state)
             if resume_from is not None:
+                # The position first: a bad one refuses the resume before any callback changed.
+                self.resume = Resume.load(self.state_store, resume_from)
                 self.callbacks, self.restored = self.state_store.restore(
-                    self.callbacks, str(resume_from)
+                    self.callbacks,
+                    resume_from,
+                    in_place=True,
+                    require_snapshot=not allow_fresh_state,
                 )
             else:
                 self.state_store.register(self.callbacks)
-            self.state_store.attach(self.bus)
+            self.state_store.attach(self.bus, position_of=self._position_of)
+        resumed = self.resume.run_id if self.resume is not None else ""
+        self.run_id = run_id or resumed or f"{name}-{uuid.uuid4().hex[:8]}"
         # The log records every event of the bus, from RunStarted to the last budget report;
-        # it is opened on entering the run, so a run never entered leaves no file open.
+        # it is opened on entering the run, so a run never entered leaves no file open. A
+        # resumed run appends to its log; any other log already there is an error.
+        continues = self.resume is not None and self.resume.position is not None
+        self._append_log = log is not None and refuse_overwrite(log, resuming=continues)
         self._log_path = log
         self.recorder: LogRecorder | None = None
         self.attachment: CallbackAttachment | None = None
@@ -124,10 +137,10 @@ class Run:
         self._bus_error: BaseException | None = None
         #: What ended the run from inside (a callback's on_error="raise", an interrupt).
         self._ended_by: BaseException | None = None
-        self._worker_scopes: set[anyio.CancelScope] = set()
-        self._workers_cancelled = False
-        self._active_workers = 0
-        self._workers_done: anyio.Event | None = None
+        self._workers = WorkerTasks()
+        self._cut_period: BudgetReport | None = None
+        #: What ``Reporter.sync`` waits on: a round gathered, a restart, the end.
+        self.rounds_moved = RoundsMoved(self.bus)
 
     # --- what trainers use ---------------------------------------------------------
 
@@ -142,7 +155,16 @@ class Run:
 
     @property
     def latest_checkpoint(self) -> str | None:
+        """The checkpoint of the latest complete round that had one (where a restart
+        resumes); in a resumed run, until its first, the one it resumed from."""
         return self.attachment.last_checkpoint if self.attachment else None
+
+    def first_index(self, rank: int) -> int:
+        """The index of ``rank``'s first report (a resumed run continues them)."""
+        return self.resume.first_index(rank) if self.resume is not None else 0
+
+    def _position_of(self, event: CheckpointSaved) -> RunPosition | None:
+        return self.attachment.position_of(event) if self.attachment else None
 
     @property
     def should_stop(self) -> bool:
@@ -196,7 +218,7 @@ class Run:
         if self._tg is None:
             raise RuntimeError("start workers inside `async with open_run(...) as run`")
         reporter = self.reporter(rank)
-        self._worker_started()
+        self._workers.scheduled()
         self._tg.start_soon(self._guarded_worker, reporter, fn, None, name=f"worker-{rank}")
 
     async def workers(
@@ -237,7 +259,7 @@ class Run:
             for rank in ranks:
                 reporter = self.reporter(rank)
                 reporter.attempt = attempt
-                self._worker_started()
+                self._workers.scheduled()
                 tg.start_soon(self._guarded_worker, reporter, fn, (tg.cancel_scope, failures))
         return failures
 
@@ -247,41 +269,20 @@ class Run:
         fn: WorkerFn,
         group: tuple[anyio.CancelScope, dict[int, BaseException]] | None,
     ) -> None:
-        with anyio.CancelScope() as scope:
-            self._worker_scopes.add(scope)
-            if self._workers_cancelled:
-                scope.cancel()
+        with self._workers.running():
             try:
                 await fn(reporter)
             except Exception as exc:
-                await self.bus.publish(
-                    WorkerFailure.from_exception(self.run_id, reporter.rank, exc)
-                )
+                failure = WorkerFailure.from_exception(self.run_id, reporter.rank, exc)
+                if self.attachment is not None:
+                    self.attachment.keep_original(failure, exc)
+                await self.bus.publish(failure)
                 if group is not None:
                     group_scope, failures = group
                     failures[reporter.rank] = exc
                     group_scope.cancel()
             except (KeyboardInterrupt, SystemExit) as exc:
                 self._end_from_inside(exc)  # not a worker failure: the run ends
-            finally:
-                self._worker_scopes.discard(scope)
-                self._worker_ended()
-
-    def _worker_started(self) -> None:
-        """Counted when scheduled, not when running: the run must not finish in between."""
-        self._active_workers += 1
-        if self._workers_done is None or self._workers_done.is_set():
-            self._workers_done = anyio.Event()
-
-    def _worker_ended(self) -> None:
-        self._active_workers -= 1
-        if self._active_workers == 0 and self._workers_done is not None:
-            self._workers_done.set()
-
-    def _cancel_workers(self) -> None:
-        self._workers_cancelled = True
-        for scope in list(self._worker_scopes):
-            scope.cancel()
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -290,13 +291,18 @@ class Run:
         workers; ``__aexit__`` then finishes the run in order and raises ``exc``."""
         if self._ended_by is None:
             self._ended_by = exc
-        self._cancel_workers()
+        self._workers.cancel_all()
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
     async def __aenter__(self) -> Self:
         if self._log_path is not None:
-            self.recorder = LogRecorder(self._log_path, run_id=self.run_id).attach(self.bus)
+            self.recorder = LogRecorder(
+                self._log_path, run_id=self.run_id, append=self._append_log
+            ).attach(self.bus)
+        if self.resume is not None:
+            tail = self.recorder.appended if self.recorder else None
+            self._cut_period = self.resume.continue_bus(self.bus, tail)
         try:
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -329,6 +335,10 @@ class Run:
             required_ranks=self.required_ranks,
             announce_checkpoints=True,
         )
+        position = self.resume.position if self.resume is not None else None
+        if self.resume is not None:
+            self.resume.apply(self.attachment, self.world_size)
+            self.restarts = self.attachment.restarts
         await self.bus.publish(
             RunStarted(
                 run_id=self.run_id,
@@ -336,9 +346,14 @@ class Run:
                 world_size=self.world_size,
                 config=self.config,
                 storage=self.storage,
-                wall_time=time.time(),
+                wall_time=position.start_time if position and position.start_time else time.time(),
             )
         )
+        resumed = self.resume.event(self.run_id) if self.resume is not None else None
+        if resumed is not None:
+            await self.bus.publish(resumed)
+        if self._cut_period is not None:  # the crash's period, reported partial
+            await self.bus.publish(self._cut_period)
         if self.restored is not None:
             await self.bus.publish(self.restored)
 
@@ -370,15 +385,13 @@ class Run:
         )
         if exc is None:
             try:
-                if self._workers_done is not None:
-                    await self._workers_done.wait()
+                await self._workers.wait_all()
                 await anyio.lowlevel.checkpoint()  # a cancellation pending since the body ended
             except cancelled_class as inner:
                 cancelled, exc = True, inner
-        self._cancel_workers()
+        self._workers.cancel_all()
         with anyio.CancelScope(shield=True):
-            if self._workers_done is not None:
-                await self._workers_done.wait()
+            await self._workers.wait_all()
             # What was reported is handled before the run's status is decided: a callback
             # may still end the run (an interrupt) while it handles the last rounds.
             await self._drain()
@@ -437,63 +450,3 @@ class Run:
             await self._drain()
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))
-
-
-def open_run(
-    *,
-    world_size: int,
-    callbacks: Iterable[UserCallback | Any] = (),
-    name: str = "run",
-    run_id: str | None = None,
-    period: float = 2.0,
-    timeout: float = 30.0,
-    budget: float = 0.05,
-    buffer: int = 1024,
-    storage: str | Path | None = None,
-    config: dict[str, Any] | None = None,
-    clock: Clock | None = None,
-    required_ranks: Iterable[int] | None = None,
-    drain_timeout: float = 10.0,
-    log: str | Path | None = None,
-    state_dir: str | Path | None = None,
-    resume_from: str | Path | None = None,
-    strict_state: bool = False,
-) -> Run:
-    """Open a run: ``async with open_run(world_size=4, callbacks=[...]) as run:``.
-
-    ``period`` is the health-check period (failures are gathered and
-    callback time budgeted per period; 2 s as in Ray Train), ``timeout`` the
-    default deadline of one callback call, ``budget`` the callbacks' share of
-    a period. ``RunStarted``/``RunFinished`` and ``before_run``/``after_run``
-    happen exactly once, also when the body fails or is cancelled.
-
-    ``log``: record every event of the run to this file (msgpack, or JSON
-    Lines for ``.jsonl``), fsynced at every checkpoint. ``state_dir``: snapshot
-    every stateful callback at every checkpoint, into the checkpoint (reported
-    locations are taken from the current directory, like every other path, and
-    must lie under ``state_dir``). ``resume_from``: the checkpoint (anywhere;
-    relative to the current directory) whose callback states are restored
-    before the run starts (warnings for saved-but-missing and live-but-unsaved
-    callbacks; ``strict_state=True`` raises instead).
-    """
-    if not math.isfinite(period) or period <= 0:
-        raise ValueError(f"period must be a positive number of seconds, got {period}")
-    return Run(
-        world_size=world_size,
-        callbacks=callbacks,
-        name=name,
-        run_id=run_id,
-        period=period,
-        timeout=timeout,
-        budget=budget,
-        buffer=buffer,
-        storage=storage,
-        config=config,
-        clock=clock,
-        required_ranks=required_ranks,
-        drain_timeout=drain_timeout,
-        log=log,
-        state_dir=state_dir,
-        resume_from=resume_from,
-        strict_state=strict_state,
-    )

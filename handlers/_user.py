@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from eventbus import Event, EventBus, Stage, Subscription
+from eventbus import Event, EventBus, Stage, Subscription, WorkerFailure
 from eventbus.events import (
     FailuresGathered,
     RoundGathered,
@@ -58,6 +58,9 @@ def _after_exception(e: FailuresGathered) -> tuple[Any, ...]:
     return (e.context, {f.rank: WorkerError.from_failure(f) for f in e.failures})
 
 
+ExceptionOf = Callable[[WorkerFailure], Exception]
+
+
 def _after_run(e: RunEnded) -> tuple[Any, ...]:
     return (e.context, e.result)
 
@@ -84,14 +87,21 @@ class UserCallbackHandler:
     """Subscribes every hook ``callbacks`` implement to its gathered event, in callback order.
 
     ``context_of`` gives the run context to ``on_event`` (raw events carry
-    none); by default one is built from the event.
+    none); by default one is built from the event. ``exception_of`` gives
+    ``after_exception`` each failure's exception (by default a ``WorkerError``
+    rebuilt from the event's text; a live run has the worker's own).
     """
 
     def __init__(
-        self, callbacks: Iterable[UserCallback | Any], *, context_of: ContextOf | None = None
+        self,
+        callbacks: Iterable[UserCallback | Any],
+        *,
+        context_of: ContextOf | None = None,
+        exception_of: ExceptionOf | None = None,
     ) -> None:
         self.callbacks = list(callbacks)
         self._context_of = context_of or TrainRunContext.from_event
+        self._exception_of = exception_of
         self.subscriptions: list[Subscription] = []
         #: Per callback (same order), the subscriptions of its hooks.
         self.subscriptions_by_callback: list[list[Subscription]] = []
@@ -104,12 +114,21 @@ class UserCallbackHandler:
         def on_event_args(event: Event) -> tuple[Any, ...]:
             return (context_of(event), event)
 
+        own_hooks = dict(_HOOKS)
+        exception_of = self._exception_of
+        if exception_of is not None:
+
+            def after_exception_args(e: FailuresGathered) -> tuple[Any, ...]:
+                return (e.context, {f.rank: exception_of(f) for f in e.failures})
+
+            own_hooks["after_exception"] = (FailuresGathered, after_exception_args)
+
         for callback in self.callbacks:
             own: list[Subscription] = []
             self.subscriptions_by_callback.append(own)
             options = _subscription_options(callback)
             hooks: list[tuple[str, tuple[type[Event], ...], Callable[[Any], tuple[Any, ...]]]]
-            hooks = [(hook, (event_type,), args) for hook, (event_type, args) in _HOOKS.items()]
+            hooks = [(hook, (event_type,), args) for hook, (event_type, args) in own_hooks.items()]
             event_types = tuple(getattr(callback, "event_types", ()) or ())
             if event_types:
                 hooks.append(("on_event", event_types, on_event_args))

@@ -1,4 +1,5 @@
-"""What several tests build or take apart: deeply nested dicts, a log's records, reports."""
+"""What several tests build or take apart: deeply nested dicts, a log's records, reports,
+a stateful callback that restores itself."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import struct
 from typing import Any
 
 from eventbus import Report
+from eventbus.state import CallbackState
 
-__all__ = ["nested_dict", "ranked_report", "record_spans"]
+__all__ = ["Custom", "nested_dict", "ranked_report", "record_spans"]
 
 
 def nested_dict(depth: int) -> dict[str, Any]:
@@ -35,3 +37,21 @@ def ranked_report(rank: Any, index: Any, world_size: int = 3, **fields: Any) -> 
     """A report of run ``r`` whose metrics say who sent it: ``{"rank": rank, "i": index}``."""
     given: dict[str, Any] = {"metrics": {"rank": rank, "i": index}, "run_id": "r", **fields}
     return Report(rank=rank, world_size=world_size, index=index, **given)
+
+
+class Custom:
+    """Overrides restore with its own ``from_state``."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.via = "init"
+
+    def state(self) -> CallbackState:
+        return {"args": {}, "attributes": {"value": self.value}}
+
+    @classmethod
+    def from_state(cls, state: CallbackState) -> Custom:
+        instance = cls()
+        instance.value = state["attributes"]["value"] * 10
+        instance.via = "from_state"
+        return instance

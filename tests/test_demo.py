@@ -53,8 +53,10 @@ def test_demo_resumes_weights_and_callback_state_and_records_its_log(tmp_path: P
 
     second = run_demo(*fast, "--steps", "30", "--resume", str(checkpoint))
     assert second.returncode == 0, second.stderr
-    assert f"resumed from {checkpoint}: restored EarlyStopping, BestCheckpoints" in second.stdout
-    assert "run finished: 10 rounds from 20 reports" in second.stdout  # steps 21..30
+    restored = "restored EarlyStopping, BestCheckpoints, FinalLoss"
+    assert f"resumed from {checkpoint}: {restored}" in second.stdout
+    # One run, continued: its rounds go on from the checkpoint's (steps 21..30 redone).
+    assert "run finished: 30 rounds from 60 reports" in second.stdout
     assert (out / "checkpoint_000030" / "rank_1.json").exists()  # same run directory
     # The callbacks went on from their saved state: early stopping counted every round of
     # both runs, and the top-3 checkpoints still hold one from the first run.
@@ -64,7 +66,7 @@ def test_demo_resumes_weights_and_callback_state_and_records_its_log(tmp_path: P
     assert states["EarlyStopping"]["attributes"]["rounds"] == 30
     top = [path for _, path in states["BestCheckpoints"]["attributes"]["top"]]
     assert len(top) == 3 and any(int(p[-6:]) <= 20 for p in top)
-    assert len(list(out.glob("demo-*.evlog"))) == 2
+    assert len(list(out.glob("demo-*.evlog"))) == 1  # one history: the resumed run appended
     resumed_log = second.stdout.split("event log: ")[1].split()[0]
     shown = subprocess.run(
         [sys.executable, "-m", "adapters.cli", "stats", resumed_log],
@@ -75,3 +77,4 @@ def test_demo_resumes_weights_and_callback_state_and_records_its_log(tmp_path: P
     )
     assert shown.returncode == 0, shown.stderr
     assert "StateRestored" in shown.stdout and "Report" in shown.stdout
+    assert "RunResumed" in shown.stdout and "rolled back" in shown.stdout

@@ -188,7 +188,7 @@ SHOWS: dict[str, list[str]] = {
         r"YourCallback\.after_report\s+\d+",
     ],
     ".venv/bin/eventbus demo --resume runs/a/checkpoint_000040 --steps 150": [
-        r"resumed from .*checkpoint_000040: restored EarlyStopping, BestCheckpoints",
+        r"resumed from .*checkpoint_000040: restored EarlyStopping, BestCheckpoints, FinalLoss",
         r"^run finished",
     ],
     ".venv/bin/eventbus bench noop early-stopping best-checkpoints --world-size 64 --rate 5": [
@@ -204,6 +204,8 @@ SCRIPT_SHOWS: dict[str, list[str]] = {
     "the-bus": [r"^0 \{'loss': 0\.3\}$"],
     "replay-snippet": [r"^4 passed in"],  # asyncio and trio, as the README says
     "stateful-callback": [],
+    # One run: the same id twice, 30 rounds both times, early stopping's count restored.
+    "resume": [r"^(run-\w+) 30 30\n\1 30 30$"],
     "store-use": [r"^\('__main__\.EarlyStopping',\) 2$"],
     "log-sketch": [r"^0 Report$", r"^3 Report$"],
 }

@@ -36,11 +36,12 @@ def test_readme_resume_flow_with_relative_paths_restores_the_callbacks(tmp_path:
     assert {k.split("[")[0].rsplit(".", 1)[-1] for k in saved["states"]} == {
         "EarlyStopping",
         "BestCheckpoints",
+        "FinalLoss",
     }
 
     second = eventbus(tmp_path, "demo", "--resume", "runs/a/checkpoint_000040", "--steps", "150")
     assert second.returncode == 0, second.stderr
-    assert "restored EarlyStopping, BestCheckpoints" in second.stdout, second.stdout
+    assert "restored EarlyStopping, BestCheckpoints, FinalLoss" in second.stdout, second.stdout
 
     # Into another run directory: the operator's checkpoint lies outside the new root.
     third = eventbus(
@@ -54,7 +55,7 @@ def test_readme_resume_flow_with_relative_paths_restores_the_callbacks(tmp_path:
         "150",
     )
     assert third.returncode == 0, third.stderr
-    assert "restored EarlyStopping, BestCheckpoints" in third.stdout, third.stdout
+    assert "restored EarlyStopping, BestCheckpoints, FinalLoss" in third.stdout, third.stdout
     written = sorted((tmp_path / "runs" / "b").glob("checkpoint_*/callback_state.json"))
     assert written  # the new run's snapshots go under its own root
     assert not (tmp_path / "runs" / "b" / "runs").exists()

@@ -105,8 +105,9 @@ async def test_started_workers_are_awaited_and_their_failures_become_events() ->
     assert [(f.rank, f.error_type, f.message) for f in failures] == [
         (1, "ValueError", "bad weights")
     ]
-    assert [{r: str(e) for r, e in x.items()} for x in cb.exceptions] == [
-        {1: "ValueError: bad weights"}
+    # In the run's own process, the worker's own exception (as Ray hands it over).
+    assert [{r: repr(e) for r, e in x.items()} for x in cb.exceptions] == [
+        {1: "ValueError('bad weights')"}
     ]
 
 
@@ -261,9 +262,9 @@ async def test_state_is_snapshotted_at_each_checkpoint_and_restored_on_resume(
         strict_state=False,
     ) as resumed:
         restored = resumed.callbacks[0]
-        assert isinstance(restored, EarlyStopping) and restored is not fresh
+        assert restored is fresh  # the callback given holds the restored state
         # As it was at ck-3 (after the round of step 3), before any new round.
-        assert restored.best == pytest.approx(1 / 4) and restored.wait == 0
+        assert fresh.best == pytest.approx(1 / 4) and fresh.wait == 0
         assert isinstance(resumed.callbacks[1], Lifecycle)  # order kept
     assert resumed.restored is not None
     assert resumed.restored.restored == (state_key_of(fresh),)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _builders import Custom
 from structlog.testing import capture_logs
 
 from eventbus import (
@@ -77,24 +78,6 @@ class Counter:
 
     def state(self) -> CallbackState:
         return {"args": {"start": self.start}, "attributes": {"count": self.count}}
-
-
-class Custom:
-    """Overrides restore with its own ``from_state``."""
-
-    def __init__(self) -> None:
-        self.value = 0
-        self.via = "init"
-
-    def state(self) -> CallbackState:
-        return {"args": {}, "attributes": {"value": self.value}}
-
-    @classmethod
-    def from_state(cls, state: CallbackState) -> Custom:
-        instance = cls()
-        instance.value = state["attributes"]["value"] * 10
-        instance.via = "from_state"
-        return instance
 
 
 class Validated(StatefulCallback):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
+
+from eventbus.state import StateError
 
 from ._common import CliError
 from ._demo_trainer import main_sync
@@ -47,6 +50,23 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--no-log", action="store_true", help="do not record the event log (<out>/<run id>.evlog)"
     )
+    parser.add_argument(
+        "--patience", type=int, default=20, help="early stopping's patience, rounds (default 20)"
+    )
+    parser.add_argument(
+        "--summary",
+        type=Path,
+        default=None,
+        metavar="FILE.json",
+        help="write the run's summary (status, rounds, last checkpoint, final mean loss, "
+        "every stateful callback's final state) as JSON",
+    )
+    parser.add_argument(
+        "--async-ranks",
+        action="store_true",
+        help="let ranks run ahead of each other instead of meeting after every report "
+        "(when a callback's stop is seen then depends on scheduling)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -64,9 +84,14 @@ def run(args: argparse.Namespace) -> int:
             step_time=args.step_time,
             resume=args.resume,
             log=not args.no_log,
+            sync=not args.async_ranks,
+            patience=args.patience,
         )
-    except ValueError as exc:
+    except (ValueError, OSError, StateError) as exc:
         raise CliError(str(exc)) from None
+    if args.summary is not None:
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        args.summary.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     for line in summary.lines():
         print(line)
     if summary.log is not None:

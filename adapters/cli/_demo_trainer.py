@@ -6,6 +6,13 @@ checkpoint every few steps; one rank may be told to fail once, in which case
 the group restarts from the latest complete checkpoint. The built-in
 callbacks are attached; the summary comes from the run's own figures.
 ``examples/demo_trainer.py`` is the short version to copy.
+
+It is the reference trainer of the resume guarantee, so it is deterministic
+for a seed: each step's minibatch comes from a generator seeded by (seed,
+rank, step), not from one carried along (a resumed run draws what the
+uninterrupted one drew), and the ranks meet after every report
+(``Reporter.sync``, as data-parallel ranks meet at every all-reduce), so a
+callback's stop is seen at the same step whatever the scheduling.
 """
 
 from __future__ import annotations
@@ -23,16 +30,20 @@ from typing import Any, TextIO
 import anyio
 
 from eventbus import BudgetReport, CheckpointSaved
+from eventbus.state import StateError, StateStore, is_stateful, state_key_of
 from handlers import (
     BestCheckpoints,
     EarlyStopping,
     MetricsLogger,
     ProgressDisplay,
     Reporter,
+    StatefulCallback,
+    TrainRunContext,
+    UserCallback,
     open_run,
 )
 
-__all__ = ["DemoSummary", "LinearModel", "make_shard", "run_demo"]
+__all__ = ["DemoSummary", "FinalLoss", "LinearModel", "make_shard", "run_demo"]
 
 FEATURES = 4
 
@@ -86,6 +97,22 @@ class LinearModel:
         )
 
 
+class FinalLoss(UserCallback, StatefulCallback):
+    """The mean loss of the latest round: stateful, so a resumed run that has nothing
+    left to train still knows the loss its history ended with."""
+
+    state_attributes = ("loss",)
+
+    def __init__(self) -> None:
+        self.loss: float | None = None
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        finite = [m["loss"] for m in metrics if math.isfinite(m["loss"])]
+        self.loss = sum(finite) / len(finite) if finite else None
+
+
 @dataclass
 class DemoSummary:
     out: Path
@@ -104,6 +131,24 @@ class DemoSummary:
     resumed_from: Path | None = None
     restored: tuple[str, ...] = ()
     early_stopping: str = ""
+    last_checkpoint: str | None = None
+    #: Every stateful callback's final ``state()``, by state key.
+    states: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``--summary`` writes: what an uninterrupted run and a resumed one must
+        agree on (no times or run ids)."""
+        return {
+            "status": self.status,
+            "rounds": self.rounds,
+            "reports": self.reports,
+            "failures": self.failures,
+            "restarts": self.restarts,
+            "stopped_early": self.stopped_early,
+            "last_checkpoint": self.last_checkpoint,
+            "final_mean_loss": self.final_loss,
+            "states": self.states,
+        }
 
     def lines(self) -> list[str]:
         total = sum(self.callback_seconds.values())
@@ -133,8 +178,8 @@ def _class_names(keys: tuple[str, ...]) -> str:
 
 
 def _demo_checkpoint(path: Path, workers: int) -> Path:
-    """``path`` resolved, once it is known to hold a checkpoint of every rank."""
-    path = path.resolve()
+    """``path`` as given (checkpoint locations keep the form the run gave them), once
+    it is known to hold a checkpoint of every rank."""
     missing = [r for r in range(workers) if not (path / f"rank_{r}.json").is_file()]
     if missing:
         raise ValueError(
@@ -157,13 +202,17 @@ async def run_demo(
     progress: TextIO | None = None,
     resume: Path | None = None,
     log: bool = True,
+    sync: bool = True,
+    patience: int = 20,
 ) -> DemoSummary:
     """Train, and return what happened (see the module docstring).
 
-    ``resume``: a checkpoint of an earlier demo run; the workers start from
-    its weights and the callbacks from their saved state, in the same run
-    directory (unless ``out`` says otherwise). ``log``: record the run's
-    events to ``<out>/<run id>.evlog``.
+    ``resume``: a checkpoint of an earlier demo run; the run continues from
+    it (weights, callbacks, rounds, its log), in the same run directory
+    (unless ``out`` says otherwise). ``log``: record the run's events to
+    ``<out>/<run id>.evlog``. ``sync=False``: ranks run ahead of each other
+    (reports are still gathered in order; when a stop is seen then depends
+    on scheduling).
     """
     if workers < 1 or steps < 1 or checkpoint_every < 1:
         raise ValueError("workers, steps and checkpoint_every must be at least 1")
@@ -174,43 +223,47 @@ async def run_demo(
         out = out if out is not None else resume.parent
     out = out if out is not None else Path(tempfile.mkdtemp(prefix="eventbus-demo-"))
     out.mkdir(parents=True, exist_ok=True)
-    run_id = f"demo-{uuid.uuid4().hex[:8]}"
+    run_id = _resumed_run_id(out, resume) or f"demo-{uuid.uuid4().hex[:8]}"
     log_path = out / f"{run_id}.evlog" if log else None
     summary = DemoSummary(out=out, log=log_path, resumed_from=resume)
-    stopping = EarlyStopping("loss", patience=20, threshold=1e-4)
+    stopping = EarlyStopping("loss", patience=patience, threshold=1e-4)
     best = BestCheckpoints("loss", k=3)
+    final = FinalLoss()
     callbacks = [
         stopping,
         best,
+        final,
         MetricsLogger(every=max(1, steps // 4)),
         ProgressDisplay(progress if progress is not None else sys.stderr),
     ]
-    last_losses: dict[int, float] = {}
 
     async def train(reporter: Reporter) -> None:
         rank = reporter.rank
         model = LinearModel()
         # A restart resumes where the group was; a resumed run, from its checkpoint.
-        source = reporter.latest_checkpoint or (str(resume) if resume is not None else None)
-        if source is not None:
-            text = await anyio.Path(source, f"rank_{rank}.json").read_text()
+        if reporter.latest_checkpoint is not None:
+            text = await anyio.Path(reporter.latest_checkpoint, f"rank_{rank}.json").read_text()
             model = LinearModel.from_json(text)
         data = make_shard(seed * 1000 + rank + 1, 256)
-        rng = random.Random(seed * 1000 + rank + 1 + 7919 * reporter.attempt)
         pace = step_time * (1 + 0.5 * rank / max(1, workers - 1))  # ranks run at different rates
         while model.step < steps and not reporter.should_stop:
             if rank == fail_rank and reporter.attempt == 0 and model.step == steps // 2:
                 raise RuntimeError(f"rank {rank} lost its device at step {model.step} (demo)")
-            loss = model.sgd_step(rng.sample(data, 16), lr)
+            batch = random.Random(f"{seed}:{rank}:{model.step}").sample(data, 16)
+            loss = model.sgd_step(batch, lr)
             checkpoint = None
             if model.step % checkpoint_every == 0:
                 folder = anyio.Path(out, f"checkpoint_{model.step:06d}")
                 await folder.mkdir(exist_ok=True)
-                await (folder / f"rank_{rank}.json").write_text(model.to_json())
+                # Whole or not at all (a crash mid-write must not leave half a checkpoint).
+                partial = folder / f"rank_{rank}.json.partial"
+                await partial.write_text(model.to_json())
+                await partial.rename(folder / f"rank_{rank}.json")
                 checkpoint = str(folder)
-            last_losses[rank] = loss
             await reporter.report({"loss": loss, "step": model.step}, checkpoint=checkpoint)
             await anyio.sleep(pace)
+            if sync:
+                await reporter.sync()
 
     async with open_run(
         world_size=workers,
@@ -224,11 +277,8 @@ async def run_demo(
         state_dir=out,
         resume_from=resume,
     ) as run:
-        if run.restored is not None:
+        if run.restored is not None:  # restored in place: `stopping` and `best` hold it
             summary.restored = run.restored.restored
-        # Resuming rebuilt the stateful callbacks: report on the live ones.
-        stopping = next(c for c in run.callbacks if isinstance(c, EarlyStopping))
-        best = next(c for c in run.callbacks if isinstance(c, BestCheckpoints))
 
         def on_budget(report: BudgetReport) -> None:
             summary.periods += 1
@@ -258,9 +308,20 @@ async def run_demo(
         else "no rounds yet"
     )
     summary.best_checkpoint = best.best
-    finite = [v for v in last_losses.values() if math.isfinite(v)]
-    summary.final_loss = sum(finite) / len(finite) if finite else None
+    summary.last_checkpoint = result.last_checkpoint
+    summary.states = {state_key_of(c): c.state() for c in run.callbacks if is_stateful(c)}  # type: ignore[union-attr]
+    summary.final_loss = final.loss
     return summary
+
+
+def _resumed_run_id(out: Path, resume: Path | None) -> str:
+    """The id of the run a checkpoint belongs to: a resumed run keeps it (and so its log)."""
+    if resume is None:
+        return ""
+    try:
+        return StateStore(out).load(resume).run_id
+    except (OSError, StateError):
+        return ""  # open_run says what is wrong with the checkpoint
 
 
 def main_sync(**options: Any) -> DemoSummary:

@@ -3,6 +3,10 @@
 A user's bad file (missing, not a log, truncated, corrupt) is a ``CliError``:
 one line naming the file and the place, exit code 2, never a traceback.
 Output already printed (the records before a torn tail) stays valid.
+
+A log of a resumed run holds events its resumes rolled back: ``show``
+marks them, ``stats`` counts them and lists the resumes, ``replay`` leaves
+them out and says how many.
 """
 
 from __future__ import annotations
@@ -28,7 +32,15 @@ from eventbus import (
     WorkerFailure,
 )
 from eventbus.events import encode_json
-from eventbus.log import LogError, LogReader, LogRecorder, ReplaySummary, replay_file
+from eventbus.log import (
+    LogError,
+    LogReader,
+    LogRecorder,
+    ReplaySummary,
+    Rollbacks,
+    replay_file,
+    rollbacks,
+)
 from handlers.wiring import attach_user_callbacks
 
 from ._common import CliError, check_log_tail, is_training_callback, load_object, reading_log
@@ -36,6 +48,7 @@ from ._common import CliError, check_log_tail, is_training_callback, load_object
 __all__ = ["register"]
 _SUMMARY_WIDTH = 80
 _COMMON_FIELDS = frozenset({"seq", "time", "rank", "type"})
+_ROLLED_BACK_JSON = b',"rolled_back":true}'
 
 
 def register(subparsers: Any) -> None:
@@ -150,6 +163,7 @@ def _show(args: argparse.Namespace) -> int:
     encode = encode_json  # NaN and ±inf kept, as in a JSON Lines log
     # A closed stdout (`| head`) raises BrokenPipeError through here: `main` ends quietly.
     with reading_log(args.log, skip_corrupt=args.skip_corrupt) as reader:
+        plan = rollbacks(args.log)
         if not args.json:
             out.write(f"{'seq':>8}  {'time':>14}  {'type':<20} {'rank':>4}  summary\n")
         for event in reader:
@@ -158,14 +172,19 @@ def _show(args: argparse.Namespace) -> int:
             if not keep(event):
                 continue
             shown += 1
+            rolled_back = plan is not None and plan.is_rolled_back(event)
             if args.json:
-                out.write(encode(event).decode())
+                line = encode(event)
+                if rolled_back:  # one more key on the event's object
+                    line = line[:-1] + _ROLLED_BACK_JSON
+                out.write(line.decode())
                 out.write("\n")
             else:
                 rank = getattr(event, "rank", None)
                 out.write(
                     f"{event.seq:>8}  {event.time:>14.6f}  {type(event).__name__:<20} "
-                    f"{'-' if rank is None else rank:>4}  {_summary(event)}\n"
+                    f"{'-' if rank is None else rank:>4}  {_summary(event)}"
+                    f"{' (rolled back)' if rolled_back else ''}\n"
                 )
         out.flush()
         check_log_tail(reader)
@@ -208,6 +227,16 @@ def _convert(args: argparse.Namespace) -> int:
 # --- stats ----------------------------------------------------------------------------------
 
 
+class ResumeStats(msgspec.Struct, kw_only=True):
+    """One ``RunResumed`` of the log: where, and the checkpoint it resumed from."""
+
+    seq: int
+    time: float
+    checkpoint: str
+    checkpoint_seq: int
+    rounds: int
+
+
 class LogStats(msgspec.Struct, kw_only=True):
     events: int = 0
     run_id: str = ""
@@ -225,9 +254,12 @@ class LogStats(msgspec.Struct, kw_only=True):
     handler_timeouts: int = 0
     truncated_at: int | None = None
     skipped_corrupt: int = 0
+    #: Events the resumes rolled back (counted in the figures above too: they are in the log).
+    rolled_back: int = 0
+    resumes: list[ResumeStats] = msgspec.field(default_factory=list)
 
 
-def _collect_stats(reader: LogReader) -> LogStats:
+def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats:
     by_type: Counter[str] = Counter()
     by_rank: Counter[int] = Counter()
     reports: Counter[int] = Counter()
@@ -235,9 +267,11 @@ def _collect_stats(reader: LogReader) -> LogStats:
     round_ranks: dict[tuple[str, int], set[int]] = {}
     world = 0
     first = last = None
-    handler_failures = handler_timeouts = 0
+    handler_failures = handler_timeouts = rolled_back = 0
     for event in reader:
         by_type[type(event).__name__] += 1
+        if plan is not None and plan.is_rolled_back(event):
+            rolled_back += 1
         if first is None:
             first = event.time
         last = event.time
@@ -271,12 +305,23 @@ def _collect_stats(reader: LogReader) -> LogStats:
         handler_timeouts=handler_timeouts,
         truncated_at=reader.truncated.offset if reader.truncated else None,
         skipped_corrupt=reader.skipped,
+        rolled_back=rolled_back,
+        resumes=[
+            ResumeStats(
+                seq=r.seq,
+                time=r.time,
+                checkpoint=r.checkpoint,
+                checkpoint_seq=r.position.checkpoint_seq,
+                rounds=r.position.rounds,
+            )
+            for r in (plan.resumes if plan is not None else ())
+        ],
     )
 
 
 def _stats(args: argparse.Namespace) -> int:
     with reading_log(args.log, skip_corrupt=args.skip_corrupt) as reader:
-        stats = _collect_stats(reader)
+        stats = _collect_stats(reader, rollbacks(args.log))
     if args.json:
         print(msgspec.json.encode(stats).decode())
     else:
@@ -296,6 +341,17 @@ def _stats(args: argparse.Namespace) -> int:
             f"failures:  workers {_pairs(stats.worker_failures)}; handlers failed "
             f"{stats.handler_failures}, timed out {stats.handler_timeouts}"
         )
+        if stats.resumes:
+            print(
+                f"resumes:   {len(stats.resumes)}; {stats.rolled_back} event(s) rolled back "
+                "(kept in the log, left out of replays)"
+            )
+            for r in stats.resumes:
+                saved = f"saved at seq {r.checkpoint_seq}" if r.checkpoint_seq >= 0 else "saved -"
+                print(
+                    f"  seq {r.seq}: from checkpoint {r.checkpoint} "
+                    f"({saved}; {r.rounds} round(s) kept)"
+                )
         print("by type:")
         for name, count in stats.by_type.items():
             print(f"  {name:<22} {count:>10}")
@@ -381,6 +437,7 @@ def _print_replay(summary: ReplaySummary) -> None:
         f"failed {summary.failed}, timed out {summary.timed_out}"
         + (f", {summary.skipped_corrupt} corrupt skipped" if summary.skipped_corrupt else "")
         + (f", {summary.placeholders} placeholders skipped" if summary.placeholders else "")
+        + (f", {summary.rolled_back} rolled back skipped" if summary.rolled_back else "")
         + f"; took {summary.wall_time:.3f} s"
     )
     print(

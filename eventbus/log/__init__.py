@@ -5,6 +5,8 @@ sequence order (length-prefixed msgpack with a CRC, or JSON lines). The
 recorder is a tap of the bus, so it costs one call per batch; the reader
 yields what a torn or corrupt file still holds and says what was lost; a
 replay feeds a log back into a bus, on virtual time or at recorded speed.
+A resumed run appends to its log, so the log is the run's one history;
+``rollbacks`` marks what the resumes in it rolled back (a replay skips it).
 """
 
 from ._format import (
@@ -17,8 +19,9 @@ from ._format import (
     LogHeader,
     TruncatedTail,
 )
+from ._history import LogTail, Rollbacks, rollbacks
 from ._reader import LogContents, LogReader, read_log
-from ._recorder import FsyncPolicy, LogRecorder
+from ._recorder import FsyncPolicy, LogRecorder, RunIdMismatch
 from ._replay import (
     BUS_DIAGNOSTICS,
     HandlerSummary,
@@ -43,11 +46,15 @@ __all__ = [
     "LogHeader",
     "LogReader",
     "LogRecorder",
+    "LogTail",
     "LogTiming",
     "ReplaySummary",
+    "Rollbacks",
+    "RunIdMismatch",
     "TruncatedTail",
     "log_timing",
     "read_log",
     "replay",
     "replay_file",
+    "rollbacks",
 ]

@@ -12,6 +12,12 @@ int beyond 64 bits in msgpack, a record over ``MAX_RECORD``) is recorded as
 an ``EventPlaceholder`` with its ``seq``, ``time``, type and a bounded
 rendering, and the next event is recorded as usual: a tap that raised
 would be removed by the bus and lose the rest of the run.
+
+A resumed run appends to the log of the run it continues (``append=True``),
+so a run has one history however often it was killed: the recorder reads
+the log to its end first (what it found is ``appended``), cuts off a record
+a crash left torn, and appends after the last intact one, with no second
+header. The bus continues the sequence numbers and periods from there.
 """
 
 from __future__ import annotations
@@ -21,28 +27,32 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Literal, Self
+from typing import BinaryIO, Literal, Self
 
 import msgspec
 
 from .._bus import EventBus
 from .._codec import encode_json, encode_json_nonfinite, event_modules, has_nonfinite
-from .._events import CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
+from .._events import SCHEMA_VERSION, CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
 from .._logging import get_logger
 from .._stages import Stage
 from ._format import (
+    LOG_FORMAT_VERSION,
     MAX_LINE,
     MAX_RECORD,
     RECORD_HEADER,
     RECORD_MARK_VALUE,
     LogFormat,
+    LogFormatError,
     LogHeader,
     encode_header,
     format_for_path,
 )
+from ._history import LogTail, scan_tail
 from ._placeholders import placeholder_for
+from ._reader import LogReader
 
-__all__ = ["FsyncPolicy", "LogRecorder"]
+__all__ = ["FsyncPolicy", "LogRecorder", "RunIdMismatch"]
 
 FsyncPolicy = Literal["never", "checkpoint", "batch"]
 
@@ -51,6 +61,14 @@ _log = get_logger("eventbus.recorder")
 
 class RecordTooLarge(ValueError):
     """An encoded event longer than a reader accepts (``MAX_RECORD`` / ``MAX_LINE``)."""
+
+
+class RunIdMismatch(ValueError):
+    """A recorder asked to append one run's events to another run's log.
+
+    One log holds one run's history: appending a different run would make
+    its sequence numbers and rollbacks meaningless, so the file is left as it was.
+    """
 
 
 class LogRecorder:
@@ -62,11 +80,23 @@ class LogRecorder:
     passed since the last flush (checked on direct writes, and at every
     health-check period of an attached bus), and on ``close``. ``fsync``:
     ``never``, ``checkpoint`` (at every ``CheckpointSaved``) or ``batch``
-    (every flush). The file is replaced if it exists. ``run_id`` and
+    (every flush). The file is replaced if it exists, unless ``append`` (see
+    below). ``run_id`` and
     ``created`` (wall time; now by default) go to the header, with the module
     of every event type defined so far (plus ``event_types``, tag -> module,
     say those of a log being converted), so a reader can name what it lacks.
     ``placeholders`` counts the events recorded as ``EventPlaceholder``.
+
+    ``append=True`` continues an existing, non-empty log (a resumed run's):
+    its header stays (its format, run id and creation time win; ``format``,
+    if given, must match), its records are read to the end, corrupt ones
+    skipped, a torn last record is cut off (a warning says how many bytes),
+    and new records follow the last intact one. ``appended`` then says what
+    the log held (a ``LogTail``); it is ``None`` for a new log (``append``
+    on a missing or empty file makes one). A file that is not an event log,
+    or of an older format or schema, raises ``LogFormatError``, and a log of
+    another run (both run ids non-empty) ``RunIdMismatch``; the file is then
+    left untouched.
     """
 
     def __init__(
@@ -80,6 +110,7 @@ class LogRecorder:
         batch_bytes: int = 256 * 1024,
         flush_interval: float = 1.0,
         event_types: Mapping[str, str] | None = None,
+        append: bool = False,
     ) -> None:
         if fsync not in ("never", "checkpoint", "batch"):
             raise ValueError(f"fsync must be 'never', 'checkpoint' or 'batch', got {fsync!r}")
@@ -89,6 +120,8 @@ class LogRecorder:
         self.format: LogFormat = format or format_for_path(self.path)
         if self.format not in ("msgpack", "jsonl"):
             raise ValueError(f"format must be 'msgpack' or 'jsonl', got {self.format!r}")
+        #: What an appended-to log held (``append=True`` on an existing log), else None.
+        self.appended: LogTail | None = None
         self.fsync: FsyncPolicy = fsync
         self.batch_bytes = batch_bytes
         self.flush_interval = flush_interval
@@ -100,8 +133,14 @@ class LogRecorder:
             event_types=modules,
         )
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
-        self._buffer = bytearray(encode_header(self.header, self.format))
+        continued = self._continue(run_id, format) if append else None
+        self._file: BinaryIO
+        if continued is None:
+            self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
+            self._buffer = bytearray(encode_header(self.header, self.format))
+        else:
+            self._file, start = continued
+            self._buffer = bytearray(start)
         self._last_flush = time.monotonic()
         self._detach: list[Callable[[], None]] = []
         #: Framed records into the buffer: what an attached bus's tap calls per batch.
@@ -109,6 +148,71 @@ class LogRecorder:
             self._msgpack_recorder() if self.format == "msgpack" else self._jsonl_recorder()
         )
         self.flush()  # the header
+
+    # --- appending ----------------------------------------------------------------
+
+    def _continue(self, run_id: str, format: LogFormat | None) -> tuple[BinaryIO, bytes] | None:
+        """Open the existing log to append to it: the file, positioned at its end, and
+        the bytes to write first; ``None`` if there is no log (missing or empty file).
+
+        Everything is checked before the file is opened for writing, so a refused
+        file is left as it was.
+        """
+        try:
+            if self.path.stat().st_size == 0:
+                return None
+        except FileNotFoundError:
+            return None
+        try:
+            reader = LogReader(self.path, skip_corrupt=True)
+        except LogFormatError as exc:
+            raise LogFormatError(f"{exc}; cannot append to it") from None
+        with reader:
+            found = reader.header
+            if found.format_version != LOG_FORMAT_VERSION or found.schema_version != SCHEMA_VERSION:
+                raise LogFormatError(
+                    f"{self.path}: cannot append to a log of format version "
+                    f"{found.format_version}, schema {found.schema_version} (this eventbus "
+                    f"writes {LOG_FORMAT_VERSION}, schema {SCHEMA_VERSION}); "
+                    "convert it first (eventbus convert)"
+                )
+            if format is not None and format != reader.format:
+                raise ValueError(
+                    f"{self.path}: cannot append {format} records to a {reader.format} log"
+                )
+            if run_id and found.run_id and run_id != found.run_id:
+                raise RunIdMismatch(
+                    f"{self.path}: the log is run {found.run_id!r}'s, "
+                    f"not run {run_id!r}'s: not appending to it"
+                )
+            tail = scan_tail(reader)
+            torn = reader.truncated
+        file = open(self.path, "r+b")  # noqa: SIM115 (closed by close())
+        try:
+            end = file.seek(0, os.SEEK_END)
+            if torn is not None:
+                file.truncate(torn.offset)
+                tail = msgspec.structs.replace(tail, dropped_bytes=end - torn.offset)
+                end = file.seek(torn.offset)
+                _log.warning(
+                    "torn last record cut off before appending to the log",
+                    path=str(self.path),
+                    offset=torn.offset,
+                    dropped_bytes=tail.dropped_bytes,
+                )
+            start = b""
+            if reader.format == "jsonl" and end > reader.data_offset:
+                file.seek(end - 1)
+                if file.read(1) != b"\n":  # a last line kept without its newline
+                    start = b"\n"
+                file.seek(end)
+        except BaseException:
+            file.close()
+            raise
+        self.format = reader.format
+        self.header = found
+        self.appended = tail
+        return file, start
 
     # --- recording ------------------------------------------------------------
 

@@ -15,7 +15,12 @@ gathering's rounds, when training callbacks are attached), so that each
 reaches a handler once. Placeholders
 (``EventPlaceholder``: what a log holds for an event it could not keep as
 itself) are never delivered, since no handler can act on them; they are
-counted in ``ReplaySummary.placeholders``.
+counted in ``ReplaySummary.placeholders``. Neither are the events a resume
+rolled back (a log of a resumed run holds the events recorded before the
+crash that the resumed run redid; see ``rollbacks``): counted in
+``ReplaySummary.rolled_back``. Only a log holding a ``RunResumed`` pays for
+that (its log is read once more first); the loop over the events of any
+other log is the same as without it.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from .._events import (
     HealthCheckTick,
 )
 from ._format import TruncatedTail
+from ._history import Rollbacks, rollbacks
 from ._reader import LogReader
 
 __all__ = [
@@ -84,7 +90,8 @@ class HandlerSummary(msgspec.Struct, frozen=True, kw_only=True):
 class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
     """What a replay delivered. ``replayed`` events were published, ``filtered``
     left out (by the filter, or as recorded diagnostics), ``placeholders``
-    skipped (records the log could not hold as their events)."""
+    skipped (records the log could not hold as their events), ``rolled_back``
+    skipped as rolled back by a resume recorded in the log."""
 
     replayed: int
     filtered: int
@@ -97,6 +104,7 @@ class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
     #: Real seconds the replay took, handlers included.
     wall_time: float = 0.0
     placeholders: int = 0
+    rolled_back: int = 0
 
     @property
     def failed(self) -> int:
@@ -136,7 +144,9 @@ async def replay(
         raise ValueError(f"speed must be a positive number, got {speed}")
     reader: LogReader | None = None
     events: Iterable[Event]
+    plan: Rollbacks | None = None
     if isinstance(source, str | os.PathLike):
+        plan = rollbacks(source)
         events = reader = LogReader(source, skip_corrupt=skip_corrupt)
     else:
         events = source
@@ -145,7 +155,9 @@ async def replay(
     # read here from a log are nobody else's: the selection unstamps them in place (a
     # copy per event is a fifth of a replay); given events are the caller's: copied.
     copy = reader is None
-    selection = _Selection(events, keep, include_diagnostics, bus.derived_types, not copy)
+    selection = _Selection(
+        events, keep, include_diagnostics, bus.derived_types, not copy, plan=plan
+    )
     started = time.perf_counter()
     publish = bus.publish
     try:
@@ -204,6 +216,7 @@ async def replay(
         skipped_corrupt=reader.skipped if reader is not None else 0,
         wall_time=time.perf_counter() - started,
         placeholders=selection.placeholders,
+        rolled_back=selection.rolled_back,
     )
 
 
@@ -212,7 +225,10 @@ class _Selection:
     the placeholders passed over, and noting the recorded time span (of every
     event, filtered or not; placeholders aside). Left out: the bus's own
     diagnostics (unless included) and what the replay bus derives itself.
-    ``unstamp``: events are nobody else's; each is made publishable in place."""
+    ``unstamp``: events are nobody else's; each is made publishable in place.
+    ``plan``: the log's rollbacks; the events they mark are passed over (and
+    counted) before anything else sees them, in a generator of their own, so
+    that a log without any pays nothing per event."""
 
     def __init__(
         self,
@@ -221,12 +237,14 @@ class _Selection:
         include_diagnostics: bool,
         derived: tuple[type[Event], ...],
         unstamp: bool = False,
+        *,
+        plan: Rollbacks | None = None,
     ) -> None:
-        self.events = events
+        self.events = events if plan is None else self._kept(events, plan)
         self.unstamp = unstamp
         self.keep = keep
         self.left_out = derived if include_diagnostics else (*BUS_DIAGNOSTICS, *derived)
-        self.replayed = self.filtered = self.placeholders = 0
+        self.replayed = self.filtered = self.placeholders = self.rolled_back = 0
         self.first_time: float | None = None
         self.last_time: float | None = None
 
@@ -255,6 +273,14 @@ class _Selection:
             self.replayed += 1
             if unstamp:
                 force_setattr(event, "seq", -1)
+            yield event
+
+    def _kept(self, events: Iterable[Event], plan: Rollbacks) -> Iterator[Event]:
+        rolled_back = plan.is_rolled_back
+        for event in events:
+            if rolled_back(event):
+                self.rolled_back += 1
+                continue
             yield event
 
 

@@ -31,6 +31,7 @@ from typing import Literal
 
 import msgspec
 
+from .._events import RunPosition
 from ._model import (
     MALFORMED,
     STATE_FORMAT_VERSION,
@@ -87,6 +88,7 @@ class _RawSnapshot(msgspec.Struct):
     keyed_by: Literal["qualname", "class_name"] = "qualname"
     states: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict)
     errors: dict[str, str] = msgspec.field(default_factory=dict)
+    run: RunPosition | None = None
 
 
 _header_decoder = msgspec.json.Decoder(_Header)
@@ -358,6 +360,7 @@ def read_snapshot(
         keyed_by=raw.keyed_by,
         states=states,
         errors=errors,
+        run=raw.run,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol, Self, TypedDict, runtime_checkable
 
 import msgspec
 
+from .._events import RunPosition
 from .._text import clip, describe, safe_str
 
 #: Bumped when the snapshot file changes shape incompatibly; files carry it.
@@ -279,7 +280,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     ``keyed_by`` is ``"qualname"`` for our keys (``module.QualName[state_key]``)
     and ``"class_name"`` for a snapshot read from Hugging Face, which keys by
     class name alone (``Name``, or ``Name[i]`` for its list form). ``errors``
-    names the callbacks whose state could not be saved, and why.
+    names the callbacks whose state could not be saved, and why; ``run``
+    where the run stood, so a resume continues its rounds and report indices.
     """
 
     format: int = STATE_FORMAT_VERSION
@@ -288,6 +290,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     keyed_by: Literal["qualname", "class_name"] = "qualname"
     states: dict[str, CallbackState] = msgspec.field(default_factory=dict)
     errors: dict[str, str] = msgspec.field(default_factory=dict)
+    #: Where the run stood at the checkpoint (``None`` in a snapshot made without a run).
+    run: RunPosition | None = None
 
 
 def rebuild_default(cls: type[Any], state: CallbackState) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from .._text import clip, safe_str
+from .._text import clip, describe, safe_str
 from ._model import (
     MALFORMED,
     MAX_REASON_CHARS,
@@ -30,7 +30,19 @@ from ._model import (
     stateful_keys,
 )
 
-__all__ = ["RestorePlan", "VettedState", "plan_restore", "rebuild", "rebuild_vetted", "vet_state"]
+__all__ = [
+    "RestorePlan",
+    "VettedState",
+    "move_state",
+    "plan_restore",
+    "rebuild",
+    "rebuild_vetted",
+    "vet_state",
+]
+
+#: The module of a script run as ``python script.py``: a class defined there and
+#: later imported from its module (or the reverse) is the same callback.
+MAIN_MODULE = "__main__"
 
 
 def _class_of_key(key: str) -> str:
@@ -53,6 +65,66 @@ def _hf_position(key: str) -> tuple[str, int]:
     return match[1], int(match[2])
 
 
+#: How many ambiguous saved states are described one by one before only counting the rest.
+_MAX_AMBIGUOUS = 20
+
+_MOVED_WHY = "its class moved between a script run as __main__ and a module, and several match"
+
+
+def _match_moved(
+    live: dict[str, type[Any]], saved: Sequence[str]
+) -> tuple[dict[str, str], list[str]]:
+    """Unmatched live keys (-> their class) paired with unmatched saved keys of the same
+    class defined in a script run as ``__main__`` on one side and imported from its module
+    on the other: same qualname, same ``[state_key]``, module differing only by being
+    ``__main__``. Returns live key -> saved key, and a warning per ambiguous key.
+
+    A script's class is keyed ``__main__.Name`` and the module's ``pkg.mod.Name``: without
+    this, moving a class into a module (or running its module as a script) would drop
+    every state of it. Only unique pairs match: a guess among several could hand one
+    callback another's state.
+    """
+    by_tail: dict[tuple[str, str], list[str]] = {}
+    for key in saved:
+        name = _class_of_key(key)
+        by_tail.setdefault((name.rsplit(".", 1)[-1], key[len(name) :]), []).append(key)
+    live_found: dict[str, list[str]] = {}
+    saved_found: dict[str, list[str]] = {}
+    for live_key, cls in live.items():
+        module, qualname = cls.__module__, cls.__qualname__
+        suffix = live_key[len(module) + len(qualname) + 1 :]
+        for key in by_tail.get((qualname.rsplit(".", 1)[-1], suffix), []):
+            name = _class_of_key(key)
+            if module == MAIN_MODULE:
+                other = name[: -len(qualname) - 1] if name.endswith(f".{qualname}") else ""
+                fits = other not in ("", MAIN_MODULE)
+            else:
+                fits = name == f"{MAIN_MODULE}.{qualname}"
+            if fits:
+                live_found.setdefault(live_key, []).append(key)
+                saved_found.setdefault(key, []).append(live_key)
+    pairs = {
+        live_key: found[0]
+        for live_key, found in live_found.items()
+        if len(found) == 1 and len(saved_found[found[0]]) == 1
+    }
+    notes = [
+        f"live callback {clip(live_key, 120)} could take any of the saved states "
+        f"{listed(found)} ({_MOVED_WHY}): none taken"
+        for live_key, found in live_found.items()
+        if len(found) > 1
+    ]
+    shared = [(key, found) for key, found in saved_found.items() if len(found) > 1]
+    notes.extend(
+        f"saved state {clip(key, 120)} could belong to any of the live callbacks "
+        f"{listed(found)} ({_MOVED_WHY}): not matched"
+        for key, found in shared[:_MAX_AMBIGUOUS]
+    )
+    if len(shared) > _MAX_AMBIGUOUS:
+        notes.append(f"and {len(shared) - _MAX_AMBIGUOUS} more ambiguous saved states")
+    return pairs, notes
+
+
 class RestorePlan(msgspec.Struct, frozen=True, kw_only=True):
     """Which live callback gets which saved state, and every mismatch found."""
 
@@ -64,6 +136,8 @@ class RestorePlan(msgspec.Struct, frozen=True, kw_only=True):
     warnings: tuple[str, ...]
     #: Saved keys passed over as stale: the earlier entries of an HF list that grew.
     stale: tuple[str, ...] = ()
+    #: (saved key, live key) matched across a move between ``__main__`` and a module.
+    moved: tuple[tuple[str, str], ...] = ()
 
     @property
     def clean(self) -> bool:
@@ -92,6 +166,8 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
     stale: list[str] = []
     stale_notes: list[str] = []
     used: set[str] = set()
+    moved: dict[str, str] = {}  # live key -> saved key, matched across a module move
+    moved_notes: list[str] = []
 
     def take(live_key: str, callback: object, saved_key: str | None) -> None:
         position = positions[id(callback)]
@@ -132,15 +208,30 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
             for index, (key, callback) in enumerate(group):
                 take(key, callback, found[index][2] if index < len(found) else None)
     else:
+        exact = {key for key in live if key in saved or key in snapshot.errors}
+        moved, moved_notes = _match_moved(
+            {key: type(cb) for key, cb in live.items() if key not in exact},
+            [key for key in [*saved, *failed] if key not in exact],
+        )
         for key, callback in live.items():
-            take(key, callback, key if key in saved or key in snapshot.errors else None)
+            take(key, callback, key if key in exact else moved.get(key))
         live_classes: dict[str, int] = {}
         for key in live:
             group_name = _class_of_key(key)
             live_classes[group_name] = live_classes.get(group_name, 0) + 1
+        # A class that moved counts as one: its saved keys are counted under the live name.
+        aliases: dict[str, set[str]] = {}
+        for live_key, saved_key in moved.items():
+            aliases.setdefault(_class_of_key(saved_key), set()).add(_class_of_key(live_key))
+        renamed = {saved_key: live_key for live_key, saved_key in moved.items()}
         saved_classes: dict[str, int] = {}
         for key in [*saved, *failed]:
             group_name = _class_of_key(key)
+            targets = aliases.get(group_name, set())
+            if len(targets) == 1:
+                group_name = next(iter(targets))
+            elif key in renamed:  # one saved class split over several live ones: per key
+                group_name = _class_of_key(renamed[key])
             saved_classes[group_name] = saved_classes.get(group_name, 0) + 1
         mismatched = [
             f"{group_name}: {count} saved, {live_classes[group_name]} live"
@@ -173,6 +264,7 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
     if counts:
         warnings.append(f"instance counts differ between save and resume: {'; '.join(counts)}")
     warnings.extend(stale_notes)
+    warnings.extend(moved_notes)
     return RestorePlan(
         matches=matches,
         restored=tuple(restored),
@@ -181,6 +273,7 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
         mismatched=tuple(mismatched),
         warnings=tuple(warnings),
         stale=tuple(stale),
+        moved=tuple((moved[key], key) for key in live if key in moved),
     )
 
 
@@ -320,6 +413,46 @@ def rebuild_vetted(callback: object, vetted: VettedState) -> object:
             f"not a {cls.__qualname__}"
         )
     return instance
+
+
+def _slot_names(cls: type[Any]) -> list[str]:
+    """The slots of ``cls`` and its bases that hold state (``__dict__``/``__weakref__`` do not)."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in [slots] if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__"):
+                names.append(name)
+    return names
+
+
+def move_state(live: object, rebuilt: object) -> str | None:
+    """Move ``rebuilt``'s state onto ``live`` (``vars(live).update(vars(rebuilt))``), so
+    the object the user built, and may still hold, is the restored one.
+
+    The rebuilt instance's attributes (from ``__init__(**args)`` and the
+    restored attributes) win; those only the live object has are kept. Returns
+    why it cannot be done (nothing changed then), for the caller to keep
+    ``rebuilt`` instead: an object without a ``__dict__`` or with state in
+    slots (copying ``vars()`` would lose it), or a ``from_state`` that returned
+    a subclass (its class, not only its state, would be lost).
+    """
+    if type(rebuilt) is not type(live):
+        return (
+            f"its from_state returned a {type(rebuilt).__qualname__}, "
+            f"not a {type(live).__qualname__}"
+        )
+    slots = _slot_names(type(live))
+    if slots:
+        return f"its class keeps state in __slots__ ({listed(slots)})"
+    try:
+        target, source = vars(live), dict(vars(rebuilt))
+    except TypeError:
+        return "it has no __dict__ to update"
+    except Exception as exc:  # a __dict__ property of its own that raises
+        return f"reading its __dict__ raised {describe(exc)}"
+    target.update(source)
+    return None
 
 
 def rebuild(callback: object, state: CallbackState) -> object:

@@ -14,13 +14,13 @@ snapshot file is confined.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
 
 from .._bus import EventBus
-from .._events import CheckpointSaved, StateRestored, StateSnapshotted
+from .._events import CheckpointSaved, RunPosition, StateRestored, StateSnapshotted
 from .._logging import get_logger
 from .._stages import Stage
 from .._subscription import Subscription
@@ -42,7 +42,7 @@ from ._model import (
     stateful_keys,
     take_states,
 )
-from ._restore import VettedState, plan_restore, rebuild_vetted, vet_state
+from ._restore import VettedState, move_state, plan_restore, rebuild_vetted, vet_state
 
 __all__ = ["StateStore"]
 
@@ -95,8 +95,11 @@ class StateStore:
         """The snapshot file of a checkpoint the operator resumes from, anywhere."""
         return resume_state_path(self.root, checkpoint)[0]
 
-    def snapshot(self, checkpoint: str, *, run_id: str = "") -> StateSnapshotted:
-        """Write the state of every registered callback for ``checkpoint``.
+    def snapshot(
+        self, checkpoint: str, *, run_id: str = "", position: RunPosition | None = None
+    ) -> StateSnapshotted:
+        """Write the state of every registered callback for ``checkpoint`` (and where
+        the run stood, ``position``, when given).
 
         A callback whose state fails (``state()`` raised, not strict JSON, or
         so big the file would exceed ``max_bytes``) is listed in ``errors``
@@ -105,7 +108,9 @@ class StateStore:
         """
         path = self.path_of(checkpoint)
         states, errors = take_states(self._callbacks)
-        snapshot = Snapshot(checkpoint=checkpoint, run_id=run_id, states=states, errors=errors)
+        snapshot = Snapshot(
+            checkpoint=checkpoint, run_id=run_id, states=states, errors=errors, run=position
+        )
         data = encode_snapshot(snapshot)
         if len(data) > self.max_bytes:
             snapshot, data = self._fit(snapshot, data, path)
@@ -169,7 +174,12 @@ class StateStore:
         return read_snapshot(path, within=within, max_bytes=self.max_bytes)
 
     def restore(
-        self, callbacks: Sequence[object], checkpoint: str | os.PathLike[str] | Snapshot
+        self,
+        callbacks: Sequence[object],
+        checkpoint: str | os.PathLike[str] | Snapshot,
+        *,
+        in_place: bool = False,
+        require_snapshot: bool = False,
     ) -> tuple[list[object], StateRestored]:
         """A new list, in the same order, with each saved callback rebuilt from its state.
 
@@ -184,6 +194,16 @@ class StateStore:
         kind than the live one and failed rebuilds are warned about through
         structlog and listed in the returned ``StateRestored``; with
         ``strict`` they raise ``StateRestoreError`` and nothing changes.
+
+        ``in_place=True``: each rebuilt state is moved onto the given object
+        (``move_state``), so references the caller kept see it, and the list
+        holds the very objects given; one that cannot take it (slots, no
+        ``__dict__``) is replaced as by default, with a warning (not an error,
+        even when strict). ``require_snapshot=True``: a checkpoint without a
+        snapshot is a ``StateRestoreError`` instead of every callback starting
+        fresh. ``restored`` lists live keys: a state saved under
+        ``__main__.Name`` restored into ``pkg.mod.Name`` (or the reverse) is
+        listed under the live key, and logged at info level.
         """
         notes: tuple[str, ...] = ()
         if isinstance(checkpoint, Snapshot):
@@ -195,7 +215,13 @@ class StateStore:
             path, within = resume_state_path(self.root, checkpoint)
             try:
                 snapshot = read_snapshot(path, within=within, max_bytes=self.max_bytes)
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
+                if require_snapshot:
+                    raise StateRestoreError(
+                        f"no callback state snapshot at {path}: resume from a checkpoint "
+                        "that has callback states, or allow starting them fresh "
+                        "(require_snapshot=False)"
+                    ) from exc
                 # A checkpoint written before the store was in use: every callback starts fresh.
                 snapshot = Snapshot(checkpoint=os.fspath(checkpoint))
                 notes = (f"no callback state snapshot at {path}",)
@@ -217,6 +243,12 @@ class StateStore:
                 f"restoring {clip(source, MAX_REASON_CHARS) or 'snapshot'}: "
                 + "; ".join(notes + plan.warnings + tuple(problems) + tuple(failures))
             )
+        if plan.moved:
+            _log.info(
+                "callback states matched across a move between __main__ and a module",
+                checkpoint=source,
+                moved=[f"{saved} -> {live}" for saved, live in plan.moved],
+            )
         restored = list(callbacks)
         restored_keys: list[str] = []
         for position, checked in vetted.items():
@@ -233,6 +265,13 @@ class StateStore:
                 failures.append(problem)
             else:
                 restored_keys.append(live_key)
+        if in_place:
+            # Only once every rebuild is done and the keys are known unique: a strict
+            # failure or a key conflict must leave the caller's objects untouched.
+            stateful_keys(restored)
+            for position in vetted:
+                if restored[position] is not callbacks[position]:
+                    failures.extend(self._adopt(restored, position, callbacks[position]))
         warnings = notes + plan.warnings + tuple(problems) + tuple(failures)
         # Checks the rebuilt callbacks' keys too (a from_state may change them).
         self.register(restored)
@@ -248,16 +287,39 @@ class StateStore:
             mismatched=plan.mismatched,
         )
 
-    def attach(self, bus: EventBus, *, order: int = Stage.SNAPSHOT) -> Subscription:
+    @staticmethod
+    def _adopt(restored: list[object], position: int, live: object) -> tuple[str, ...]:
+        """Put ``restored[position]``'s state onto ``live`` and ``live`` back in the list;
+        when it cannot, the rebuilt instance stays, and the returned warning says so."""
+        why = move_state(live, restored[position])
+        if why is None:
+            restored[position] = live
+            return ()
+        return (
+            f"{state_key_of(live)} could not be restored in place ({why}): it was replaced "
+            "by a new instance, which the run's `callbacks` list (the returned list) "
+            "holds; references to the old object see its state from before the restore",
+        )
+
+    def attach(
+        self,
+        bus: EventBus,
+        *,
+        order: int = Stage.SNAPSHOT,
+        position_of: Callable[[CheckpointSaved], RunPosition | None] | None = None,
+    ) -> Subscription:
         """Snapshot on every ``CheckpointSaved`` of ``bus`` and publish a ``StateSnapshotted``.
 
-        Never raises into the bus: a bad location or an I/O error is reported
-        in the event's ``error`` and logged.
+        ``position_of(event)``: where the run stood at that checkpoint, saved
+        with the states (a run's gathering knows it). Never raises into the
+        bus: a bad location or an I/O error is reported in the event's
+        ``error`` and logged.
         """
 
         def on_checkpoint(event: CheckpointSaved) -> None:
             try:
-                report = self.snapshot(event.checkpoint, run_id=event.run_id)
+                position = position_of(event) if position_of is not None else None
+                report = self.snapshot(event.checkpoint, run_id=event.run_id, position=position)
             except Exception as exc:
                 _log.error(
                     "callback states not written",

@@ -1,0 +1,143 @@
+"""Resuming a run from a checkpoint: one history, continued where the checkpoint left it.
+
+The state store saved, with the callbacks' states, where the run stood when
+the checkpoint's round was gathered (``RunPosition``). A resumed run takes
+the run's id, continues its rounds, each rank's report indices, its figures
+and its log (appended to, never overwritten, its events numbered after those
+already there), and says so with a ``RunResumed`` event, which also marks
+the events the crash rolled back. Workers get the checkpoint as
+``reporter.latest_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from eventbus import BudgetReport, EventBus, get_logger
+from eventbus.events import RunPosition, RunResumed
+from eventbus.log import LogTail
+from eventbus.state import StateFormatError, StateStore
+
+from ._attach import CallbackAttachment
+from ._reports import MAX_WORLD_SIZE
+
+__all__ = ["Resume", "refuse_overwrite"]
+
+_log = get_logger("handlers.resume")
+
+
+class Resume:
+    """What a run resumes from: the operator's ``checkpoint`` (as given), where the
+    run stood there (``None`` for a snapshot saved without it, or none at all),
+    and the id of the run that saved it."""
+
+    def __init__(self, checkpoint: str, position: RunPosition | None, run_id: str) -> None:
+        self.checkpoint = checkpoint
+        self.position = position
+        self.run_id = run_id
+
+    @classmethod
+    def load(cls, store: StateStore, resume_from: str | os.PathLike[str]) -> Resume:
+        """Read the position saved at ``resume_from`` (its states are restored apart)."""
+        checkpoint = os.fspath(resume_from)
+        try:
+            snapshot = store.load(checkpoint)
+        except FileNotFoundError:
+            return cls(checkpoint, None, "")
+        if snapshot.run is not None:
+            problem = _implausible(snapshot.run)
+            if problem is not None:  # a snapshot is data anyone can edit
+                path = store.resume_path_of(checkpoint)
+                raise StateFormatError(f"{path}: run.{problem}: not a position to resume from")
+        return cls(checkpoint, snapshot.run, snapshot.run_id)
+
+    def first_index(self, rank: int) -> int:
+        """The index of ``rank``'s first report in the resumed run."""
+        position = self.position
+        if position is None or not 0 <= rank < len(position.next_index):
+            return 0
+        return max(0, position.next_index[rank])
+
+    def continue_bus(self, bus: EventBus, tail: LogTail | None) -> BudgetReport | None:
+        """Number the bus's events and periods after the history's (the log's, when
+        it is appended to; else after the checkpoint), and return the report of the
+        period the crash cut, if it cut one."""
+        seq = self.position.checkpoint_seq + 1 if self.position is not None else 0
+        if tail is None:
+            bus.continue_from(seq=seq, period=0)
+            return None
+        cut = None
+        if not tail.closed and tail.last_time is not None:
+            # Partial, as the last period of a bus that closes is, and judged the same way
+            # (against a whole period's budget). What its callbacks cost died with the process.
+            start = tail.period_end if tail.period_end is not None else tail.last_time
+            length = max(tail.last_time - start, bus.period)
+            cut = BudgetReport(
+                period=tail.last_period + 1,
+                start=start,
+                end=max(start, tail.last_time),
+                budget=bus.budget * length,
+                total=0.0,
+                fraction=0.0,
+                partial=True,
+            )
+        period = tail.last_period + (2 if cut is not None else 1)
+        bus.continue_from(seq=max(seq, tail.last_seq + 1), period=period)
+        return cut
+
+    def apply(self, attachment: CallbackAttachment, world_size: int) -> None:
+        """Put the gathering and the run's figures where the checkpoint left them."""
+        gathering = attachment.reports
+        position = self.position
+        if position is None or position.world_size != world_size:
+            if position is not None:
+                _log.warning(
+                    "resumed with another world size: callbacks restored, rounds start over",
+                    checkpoint=self.checkpoint,
+                    saved=position.world_size,
+                    now=world_size,
+                )
+            gathering.last_checkpoint = self.checkpoint
+            return
+        gathering.resume_at(position, self.checkpoint)
+        attachment.failures.failures = position.failures
+        attachment.restarts = position.restarts
+
+    def event(self, run_id: str) -> RunResumed | None:
+        if self.position is None:
+            return None
+        return RunResumed(run_id=run_id, checkpoint=self.checkpoint, position=self.position)
+
+
+def _implausible(position: RunPosition) -> str | None:
+    """What makes ``position`` impossible (the gathering would refuse or misread it)."""
+    size = position.world_size
+    if not 1 <= size <= MAX_WORLD_SIZE:
+        return f"world_size is {size}, not from 1 to {MAX_WORLD_SIZE}"
+    if len(position.next_index) != size:
+        return f"next_index has {len(position.next_index)} entries for world size {size}"
+    if any(index < -1 for index in position.next_index):
+        return "next_index holds an index below -1"
+    if any(not 0 <= rank < size for rank in position.required_ranks):
+        return f"required_ranks holds a rank outside 0..{size - 1}"
+    figures = ("rounds", "reports", "rejected", "failures", "restarts", "mismatches")
+    negative = [name for name in figures if getattr(position, name) < 0]
+    return f"{negative[0]} is negative" if negative else None
+
+
+def refuse_overwrite(log: str | os.PathLike[str], *, resuming: bool) -> bool:
+    """Whether the run appends to ``log``: it does when it resumes the run the log
+    holds; a log already there is never overwritten, so otherwise it is an error."""
+    path = Path(log)
+    try:
+        present = path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+    if present and not resuming:
+        raise FileExistsError(
+            f"{path}: an event log is already there, and a run never overwrites one: give "
+            "log= another path, or resume the run it records (resume_from= a checkpoint "
+            "of that run, whose history the log then continues)"
+        )
+    return present

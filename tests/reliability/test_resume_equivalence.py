@@ -1,0 +1,244 @@
+"""Resume equivalence: a run killed anywhere and resumed ends where an uninterrupted run ends.
+
+The property (issue 13): for the deterministic demo trainer, with a random
+seed, world size, checkpoint interval and patience, SIGKILL a real
+subprocess at random points (two to four times in a row, each resumed
+run killed again), resume from the latest checkpoint each time, and
+compare with a run never interrupted:
+
+- the final summaries are equal (status, rounds, reports, last checkpoint,
+  final mean loss, every stateful callback's final ``state()``), exactly;
+- the history log (the one file every resumed segment appended to)
+  replays to exactly the callback inputs the uninterrupted run's log
+  replays to: ``before_run`` once, every round's metrics and checkpoint,
+  ``after_run``'s figures. The rolled-back events stay in the log and are
+  left out.
+
+Kill points: the dispatcher taking the batch holding the N-th event (before
+the log or any handler saw it), the N-th event handled by every handler, or
+a timer in the parent at a random moment (imports, start-up, training,
+shutdown). ``--soak`` tries ten times as many.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eventbus.events import TrainRunContext
+from eventbus.log import LogReader, rollbacks
+from eventbus.testing import replay_log
+from handlers import UserCallback
+
+from ._figures import FIGURES
+
+DRIVER = Path(__file__).with_name("_killed_demo.py")
+ROOT = Path(__file__).resolve().parents[2]
+#: Examples in the normal run: each kills two to four times in a row.
+EXAMPLES = int(os.environ.get("RESUME_EXAMPLES", "60"))
+SOAK_EXAMPLES = 600
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+class Params:
+    def __init__(self, seed: int, workers: int, every: int, steps: int, patience: int) -> None:
+        self.seed, self.workers, self.every, self.steps, self.patience = (
+            seed,
+            workers,
+            every,
+            steps,
+            patience,
+        )
+
+    def demo_args(self) -> list[str]:
+        return [
+            "--out", "run", "--seed", str(self.seed), "--workers", str(self.workers),
+            "--checkpoint-every", str(self.every), "--steps", str(self.steps),
+            "--patience", str(self.patience), "--step-time", "0", "--period", "0.2",
+        ]  # fmt: skip
+
+    def key(self) -> tuple[int, ...]:
+        return (self.seed, self.workers, self.every, self.steps, self.patience)
+
+
+def _demo(cwd: Path, kill_at: int, mode: str, args: list[str], timer: float | None = None) -> int:
+    """Run the driver in ``cwd``; returns its exit code (``-9`` when it was SIGKILLed)."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, str(DRIVER), str(kill_at), mode, *args]
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        if timer is not None:
+            try:
+                process.wait(timeout=timer)
+            except subprocess.TimeoutExpired:
+                process.send_signal(signal.SIGKILL)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    code = process.returncode
+    assert code in (0, -signal.SIGKILL), f"demo failed ({code}): {stderr.decode()[-3000:]}"
+    return code
+
+
+def _latest_checkpoint(out: Path) -> Path | None:
+    """The latest checkpoint whose callback states were written (what an operator resumes)."""
+    done = sorted(p.parent for p in out.glob("checkpoint_*/callback_state.json"))
+    return done[-1].relative_to(out.parent) if done else None
+
+
+@cache
+def _reference(key: tuple[int, ...], where: Path) -> tuple[dict[str, Any], Path, int, float]:
+    """The uninterrupted run: its summary, its log, its event count, its duration."""
+    params = Params(*key)
+    cwd = where / ("ref-" + "-".join(map(str, key)))
+    cwd.mkdir(parents=True)
+    started = time.perf_counter()
+    _demo(cwd, 0, "never", [*params.demo_args(), "--summary", "summary.json"])
+    duration = time.perf_counter() - started
+    (log,) = (cwd / "run").glob("*.evlog")
+    with LogReader(log) as reader:
+        events = sum(1 for _ in reader)
+    return json.loads((cwd / "summary.json").read_text()), log, events, duration
+
+
+class Inputs(UserCallback):
+    """Keeps what every hook was given (run ids and start times aside: runs differ there)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def before_run(self, run_context: TrainRunContext) -> None:
+        self.calls.append(("before_run", run_context.world_size, dict(run_context.config)))
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self.calls.append(("after_report", [dict(m) for m in metrics], checkpoint))
+
+    def after_exception(
+        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
+    ) -> None:
+        self.calls.append(("after_exception", {r: str(e) for r, e in worker_exceptions.items()}))
+
+    def after_run(self, run_context: TrainRunContext, result: Any) -> None:
+        self.calls.append(
+            ("after_run", result.status, result.rounds, result.reports, result.last_checkpoint)
+        )
+
+
+def _replayed_inputs(log: Path) -> tuple[list[Any], int]:
+    inputs = Inputs()
+
+    async def replay() -> int:
+        result = await replay_log(log, inputs)
+        return result.summary.rolled_back
+
+    rolled_back = anyio.run(replay)
+    return inputs.calls, rolled_back
+
+
+#: Where each kill lands: at an event (before anything saw its batch, or once every
+#: handler handled it), or at a random moment of the process's life (start-up included).
+kill_spec = st.tuples(
+    st.sampled_from(["batch", "handled", "handled", "timer"]), st.floats(0.0, 0.999)
+)
+
+
+def _settings(examples: int) -> Any:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("resume")
+
+
+def test_a_run_killed_anywhere_and_resumed_ends_as_an_uninterrupted_run(
+    work: Path, soak: bool
+) -> None:
+    tried = {"examples": 0, "kills": 0, "resumes": 0, "fresh_restarts": 0, "rolled_back": 0}
+
+    @_settings(SOAK_EXAMPLES if soak else EXAMPLES)  # type: ignore[untyped-decorator]
+    @given(
+        seed=st.integers(0, 10_000),
+        workers=st.integers(1, 4),
+        every=st.integers(1, 6),
+        steps=st.integers(8, 30),
+        patience=st.integers(2, 25),
+        kills=st.lists(kill_spec, min_size=2, max_size=4),
+    )
+    def check(
+        *,
+        seed: int,
+        workers: int,
+        every: int,
+        steps: int,
+        patience: int,
+        kills: list[tuple[str, float]],
+    ) -> None:
+        params = Params(seed, workers, every, steps, patience)
+        expected, reference_log, events, duration = _reference(params.key(), work)
+        tried["examples"] += 1
+        cwd = work / f"killed-{tried['examples']}"
+        cwd.mkdir()
+        out = cwd / "run"
+        for mode, where in kills:
+            resume = _latest_checkpoint(out)
+            args = params.demo_args() + (["--resume", str(resume)] if resume else [])
+            if resume is not None:
+                tried["resumes"] += 1
+            elif out.exists():
+                tried["fresh_restarts"] += 1  # killed before any checkpoint: start again
+            if mode == "timer":
+                code = _demo(cwd, 0, "never", args, timer=where * (duration + 0.2))
+            else:
+                code = _demo(cwd, 1 + int(where * events), mode, args)
+            tried["kills"] += code == -signal.SIGKILL
+        resume = _latest_checkpoint(out)
+        args = params.demo_args() + (["--resume", str(resume)] if resume else [])
+        _demo(cwd, 0, "never", [*args, "--summary", "summary.json"])
+
+        assert json.loads((cwd / "summary.json").read_text()) == expected
+        # The history: the log of the run that finished (a run killed before its first
+        # checkpoint leaves a log of its own, which a fresh start does not continue).
+        history = max(out.glob("*.evlog"), key=lambda p: p.stat().st_mtime)
+        got, rolled_back = _replayed_inputs(history)
+        want, _ = _replayed_inputs(reference_log)
+        assert got == want
+        tried["rolled_back"] += rolled_back
+        if resume is not None:
+            assert rollbacks(history) is not None
+
+    check()
+    FIGURES.add(
+        "resume equivalence",
+        examples=tried["examples"],
+        kills=tried["kills"],
+        resumes=tried["resumes"],
+        fresh_restarts=tried["fresh_restarts"],
+        rolled_back_events=tried["rolled_back"],
+    )
+    if "RESUME_EXAMPLES" not in os.environ:  # the environment may ask for a quick look
+        assert tried["kills"] >= (1000 if soak else 100), tried
