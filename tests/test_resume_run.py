@@ -373,3 +373,28 @@ async def test_the_period_a_crash_cut_is_reported_partial_when_the_run_resumes(
     assert cut.period == last + 1 and cut.partial and cut.over_budget == ()
     assert cut.handlers == () and cut.start <= cut.end
     assert [r.period for r in reports[1:]] == list(range(last + 2, last + 1 + len(reports)))
+
+
+async def test_required_ranks_resume_with_the_rounds(here: Path) -> None:
+    """Rounds of rank 0 alone (rank 1 not required) go on as such after the resume."""
+
+    async def rank_zero(reporter: Reporter) -> None:
+        for step in range(1, 5):
+            checkpoint = save(step, 0) if step == 2 else None
+            await reporter.report({"loss": 1.0, "step": step}, checkpoint)
+
+    async with open_run(
+        world_size=2, callbacks=[Trend()], state_dir="runs/a", required_ranks=[0]
+    ) as run:
+        await run.workers(rank_zero, ranks=[0])
+    seen = Seen()
+    async with open_run(
+        world_size=2,
+        callbacks=[Trend(), seen],
+        state_dir="runs/a",
+        resume_from="runs/a/checkpoint_000002",
+    ) as resumed:
+        assert resumed.reporter(0).reports == 2 and resumed.reporter(1).reports == 0
+        await resumed.reporter(0).report({"loss": 1.0, "step": 3})
+    assert seen.rounds == [(3,)]  # rank 0 alone makes a round, as before the crash
+    assert resumed.result is not None and resumed.result.rounds == 3
