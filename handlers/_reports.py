@@ -333,7 +333,8 @@ class ReportCallbackHandler:
         self.rounds += 1
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
-            self._keep_position(checkpoint)
+            if self.announce_checkpoints:  # a live run, whose snapshot will want it
+                self._keep_position(checkpoint)
         context = self._context_for(report)
         for callback in self.report_callbacks:
             callback.after_report(context, metrics, checkpoint)

@@ -67,21 +67,7 @@ class Resume:
         if tail is None:
             bus.continue_from(seq=seq, period=0)
             return None
-        cut = None
-        if not tail.closed and tail.last_time is not None:
-            # Partial, as the last period of a bus that closes is, and judged the same way
-            # (against a whole period's budget). What its callbacks cost died with the process.
-            start = tail.period_end if tail.period_end is not None else tail.last_time
-            length = max(tail.last_time - start, bus.period)
-            cut = BudgetReport(
-                period=tail.last_period + 1,
-                start=start,
-                end=max(start, tail.last_time),
-                budget=bus.budget * length,
-                total=0.0,
-                fraction=0.0,
-                partial=True,
-            )
+        cut = tail.cut_period(period=bus.period, budget=bus.budget)
         period = tail.last_period + (2 if cut is not None else 1)
         bus.continue_from(seq=max(seq, tail.last_seq + 1), period=period)
         return cut

@@ -29,6 +29,7 @@ from .._events import (
     RunResumed,
     RunStarted,
 )
+from .._periods import close_period
 from ._reader import LogReader
 
 __all__ = ["LogTail", "Rollbacks", "rollbacks", "scan_tail"]
@@ -61,6 +62,17 @@ class LogTail(msgspec.Struct, frozen=True, kw_only=True):
     closed: bool = False
     dropped_bytes: int = 0
     skipped: int = 0
+
+    def cut_period(self, *, period: float, budget: float) -> BudgetReport | None:
+        """The report of the period a crash cut (``None`` if the recorded bus closed):
+        partial, judged as a closing bus's last period is, and with no handlers, since
+        what they cost died with the process. ``period`` and ``budget``: the bus's."""
+        if self.closed or self.last_time is None:
+            return None
+        start = self.period_end if self.period_end is not None else self.last_time
+        end = max(start, self.last_time)
+        index = self.last_period + 1
+        return close_period((), index, start, end, budget, period=period, partial=True)[0]
 
 
 def scan_tail(reader: LogReader) -> LogTail:

@@ -30,7 +30,7 @@ import sys
 import time
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import pytest
@@ -53,15 +53,12 @@ SOAK_EXAMPLES = 600
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-class Params:
-    def __init__(self, seed: int, workers: int, every: int, steps: int, patience: int) -> None:
-        self.seed, self.workers, self.every, self.steps, self.patience = (
-            seed,
-            workers,
-            every,
-            steps,
-            patience,
-        )
+class Params(NamedTuple):
+    seed: int
+    workers: int
+    every: int
+    steps: int
+    patience: int
 
     def demo_args(self) -> list[str]:
         return [
@@ -69,9 +66,6 @@ class Params:
             "--checkpoint-every", str(self.every), "--steps", str(self.steps),
             "--patience", str(self.patience), "--step-time", "0", "--period", "0.2",
         ]  # fmt: skip
-
-    def key(self) -> tuple[int, ...]:
-        return (self.seed, self.workers, self.every, self.steps, self.patience)
 
 
 def _demo(cwd: Path, kill_at: int, mode: str, args: list[str], timer: float | None = None) -> int:
@@ -104,10 +98,9 @@ def _latest_checkpoint(out: Path) -> Path | None:
 
 
 @cache
-def _reference(key: tuple[int, ...], where: Path) -> tuple[dict[str, Any], Path, int, float]:
+def _reference(params: Params, where: Path) -> tuple[dict[str, Any], Path, int, float]:
     """The uninterrupted run: its summary, its log, its event count, its duration."""
-    params = Params(*key)
-    cwd = where / ("ref-" + "-".join(map(str, key)))
+    cwd = where / ("ref-" + "-".join(map(str, params)))
     cwd.mkdir(parents=True)
     started = time.perf_counter()
     _demo(cwd, 0, "never", [*params.demo_args(), "--summary", "summary.json"])
@@ -199,7 +192,7 @@ def test_a_run_killed_anywhere_and_resumed_ends_as_an_uninterrupted_run(
         kills: list[tuple[str, float]],
     ) -> None:
         params = Params(seed, workers, every, steps, patience)
-        expected, reference_log, events, duration = _reference(params.key(), work)
+        expected, reference_log, events, duration = _reference(params, work)
         tried["examples"] += 1
         cwd = work / f"killed-{tried['examples']}"
         cwd.mkdir()
