@@ -194,7 +194,7 @@ SHOWS: dict[str, list[str]] = {
     ".venv/bin/eventbus bench noop early-stopping best-checkpoints --world-size 64 --rate 5": [
         r"callback\s+calls\s+mean µs",
         r"EarlyStopping\.after_report",
-        r"the runtime adds \d+ ns per event",
+        r"the runtime('s cost is within the noise| adds \d+ ns per event)",
     ],
 }
 
@@ -282,10 +282,17 @@ def test_the_complete_replay_example_passes() -> None:
 # --- transcripts ------------------------------------------------------------------------------
 
 
+#: The bench's last line takes one of three documented forms, by how steady the timings
+#: were (a ratio, no ratio and why, or within the noise): on a busy machine any can show.
+BENCH_COST_LINE = re.compile(r"^the runtime('s cost is within the noise| adds N ns per event)")
+
+
 def shape(line: str) -> str:
     """A line of output with its figures taken out: numbers vary, words and columns not."""
     line = line.replace("NOT met", "met")
     line = re.sub(r"\d[\d,]*(\.\d+)?", "N", line)
+    if BENCH_COST_LINE.match(line):
+        return "the runtime's cost against the floor"
     return " ".join(line.split())
 
 
