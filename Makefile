@@ -51,7 +51,7 @@ docs: $(VENV)/.installed-all
 
 test: lint typecheck unit docs
 
-# Every performance target, measured now, in one table (about 2 minutes);
+# Every performance target, measured now, in one table (about 4 minutes);
 # `make bench-quick` is the same in under a minute, for before a commit.
 bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/check.py

@@ -3,8 +3,11 @@
 - ``adapters.transformers``: our callbacks, bus and state store behind a
   Hugging Face ``TrainerCallback``, and HF's ``trainer_state.json`` format;
 - ``adapters.ray``: our callbacks and bus behind a Ray Train v2 ``UserCallback``;
+- ``adapters.report``: a recorded run (or two) as one self-contained HTML
+  page: summary, metrics over rounds, callback cost, failures;
 - ``adapters.cli``: the ``eventbus`` command line (the demo trainer, the
-  callback-overhead bench, and show / replay / convert / stats for logs).
+  callback-overhead bench, show / replay / convert / stats for logs, and
+  report).
 
 Both trainer adapters run the bus in a thread of its own, fed through a
 bounded hand-off (``adapters._bus_thread``). Third-party libraries

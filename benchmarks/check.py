@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("dispatch", "rounds", "log", "hf_handoff", "state")
+BENCHMARKS = ("dispatch", "rounds", "log", "hf_handoff", "state", "report")
 
 
 def run_one(name: str, quick: bool) -> tuple[list[dict[str, Any]], str | None]:

@@ -113,6 +113,7 @@ def test_every_public_module_has_a_page_and_no_private_one(reference: Path) -> N
         "adapters.transformers",
         "adapters.ray",
         "adapters.cli",
+        "adapters.report",
     ):
         assert module in pages
     assert [p for p in pages if any(part.startswith("_") for part in p.split("."))] == []

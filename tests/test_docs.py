@@ -178,6 +178,9 @@ SHOWS: dict[str, list[str]] = {
         r"rounds:\s+\d+ complete across 4 rank",
         r"WorkerFailure\s+1",
     ],
+    ".venv/bin/eventbus report runs/a/demo-*.evlog": [
+        r"^report written to runs/a/demo-\w+\.html \(\d+ KB\): open it in a browser$",
+    ],
     ".venv/bin/eventbus show runs/a/demo-*.evlog --type WorkerFailure --type "
     "WorkerGroupRestarted": [
         r"WorkerFailure\s+2\s+run_id=\S+ error_type=RuntimeError message=rank 2 lost its device",

@@ -29,6 +29,7 @@ from eventbus.log import (
     LogRecorder,
     LogTail,
     RunIdMismatch,
+    _history,
     read_log,
     replay_file,
     rollbacks,
@@ -283,6 +284,21 @@ def test_reports_ahead_and_events_after_the_checkpoint_are_rolled_back(
     assert plan is not None
     assert [r.seq for r in plan.resumes] == [8]
     assert rolled_back(log) == [4, 5, 6]
+
+
+@pytest.mark.parametrize("block", [1, 4, 9, 10, 11, 64])
+def test_the_tag_is_found_across_the_search_blocks(
+    tmp_path: Path, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The byte search reads a block at a time (so a big log costs one block of
+    memory); a tag split between two blocks is still found."""
+    monkeypatch.setattr(_history, "SEARCH_BLOCK", block)
+    resumed_log, plain = tmp_path / "resumed.evlog", tmp_path / "plain.evlog"
+    write(resumed_log, BEFORE)
+    write(resumed_log, AFTER, append=True)
+    write(plain, [*BEFORE, *AFTER[2:]])
+    assert rollbacks(resumed_log) is not None
+    assert rollbacks(plain) is None
 
 
 def test_the_rule_event_by_event(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""The ``eventbus`` command line: ``demo``, ``bench``, ``show``, ``replay``, ``convert``, ``stats``.
+"""The ``eventbus`` command line: ``demo``, ``bench``, ``show``, ``replay``, ``convert``, ``stats``,
+``report``.
 
-One module per command group (``_demo``, ``_bench``, ``_log``), each with
+One module per command group (``_demo``, ``_bench``, ``_log``, ``_report``), each with
 ``register(subparsers)``, which adds its subcommands and sets ``func``
 (taking the parsed arguments, returning the exit code); what a command runs
 lives beside it (``_demo_trainer``, ``_bench_runner``). Errors meant for
@@ -65,8 +66,9 @@ def _command_modules() -> list[Register]:
     from ._bench import register as register_bench
     from ._demo import register as register_demo
     from ._log import register as register_log
+    from ._report import register as register_report
 
-    registers: list[Register] = [register_demo, register_bench, register_log]
+    registers: list[Register] = [register_demo, register_bench, register_log, register_report]
     return registers
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from adapters.report import bench_report
 from eventbus import Event, configure_logging
 from eventbus.log import LogError, log_timing
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, UserCallback
@@ -19,6 +20,7 @@ from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisp
 from ._bench_figures import BenchResult, Spread
 from ._bench_runner import Workload, run_bench, synthetic_events
 from ._common import CliError, check_log_tail, load_object, reading_log
+from ._report import write_page
 
 __all__ = ["register"]
 
@@ -126,6 +128,13 @@ def register(subparsers: Any) -> None:
         metavar="FILE.png",
         help="plot each callback's share of every period against the budget (log scale)",
     )
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE.html",
+        help="write the figures as one self-contained HTML page (what `eventbus report` "
+        "writes for a run)",
+    )
     parser.set_defaults(func=_run)
 
 
@@ -167,10 +176,69 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _plot(result, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
+    if args.html is not None:
+        write_page(html_page(result, specs), args.html)
+        print(f"page written to {args.html}", file=sys.stderr)
     warning = over_budget_warning(result)
     if warning:
         print(f"eventbus bench: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def html_page(result: BenchResult, specs: list[str]) -> str:
+    """The bench's figures as the report's page: facts, the cost chart, the exact table."""
+    runs = f"{result.repeats} run{'s' if result.repeats > 1 else ''}"
+    overhead = result.overhead_per_event_ns
+    summary = [
+        ("callbacks", ", ".join(specs), ""),
+        ("events", f"{result.events:,}", ""),
+        ("rounds", f"{result.rounds:,}", ""),
+        (
+            "periods",
+            f"{result.periods} of {result.period_s:g} s"
+            + (f" + {result.partial_period_s:.3g} s" if result.partial_period_s else ""),
+            "",
+        ),
+        ("budget", f"{result.budget_pct:.1f}% of a period", ""),
+        (
+            "periods over budget",
+            str(result.periods_over_budget),
+            "bad" if result.periods_over_budget else "good",
+        ),
+        ("through the bus", f"{result.bus_ms.median:.1f} ms", ""),
+        ("callbacks alone (floor)", f"{result.floor_ms.median:.1f} ms", ""),
+        ("runtime per event", f"{overhead.median:.0f} ns", ""),
+    ]
+    if result.floor_ratio is not None:
+        summary.append(("ratio to the floor", f"{result.floor_ratio.median:.1f}x", ""))
+    rows = [
+        [
+            f.name,
+            f"{f.calls:,}",
+            f"{f.mean_us:.2f}",
+            f"{f.p50_us:.2f}",
+            f"{f.p99_us:.2f}",
+            f"{f.max_us:.2f}",
+            f"{f.bus_calls:,}",
+            f"{f.bus_total_ms:.3f}",
+            f"{f.period_share_mean_pct:.3f}%",
+            f"{f.period_share_max_pct:.3f}%",
+            str(f.periods_over_budget),
+        ]
+        for f in sorted(result.callbacks, key=lambda f: -f.bus_total_ms)
+    ]
+    return bench_report(
+        title="Bench: " + ", ".join(specs),
+        subtitle=f"{result.events:,} events over {result.timeline_s:.1f} s of run time",
+        summary=summary,
+        per_period_pct=result.per_period_pct,
+        budget_pct=result.budget_pct,
+        rows=rows,
+        notes=[
+            f"Per call: timed directly, without the runtime, over {runs} (exact percentiles).",
+            _cost_line(result, runs),
+        ],
+    )
 
 
 def _factory(specs: list[str]) -> Callable[[], list[Any]]:

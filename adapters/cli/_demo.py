@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from eventbus.state import StateError
 
 from ._common import CliError
 from ._demo_trainer import main_sync
+from ._report import report_path
 
 __all__ = ["register"]
 
@@ -96,7 +98,11 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     if summary.log is not None:
         latest = max(summary.out.glob("checkpoint_*"), default=None)
-        print(f"next: eventbus show {summary.log} | eventbus stats {summary.log}")
+        log = shlex.quote(str(summary.log))  # commands to paste: a path may hold a space
+        page = shlex.quote(str(report_path(summary.log)))
+        print(f"report: eventbus report {log}  (then open {page})")
+        print(f"next: eventbus show {log} | eventbus stats {log}")
         if latest is not None and not summary.stopped_early:  # early stopping would hold
-            print(f"      eventbus demo --resume {latest} --steps {args.steps + 50}")
+            resume = shlex.quote(str(latest))
+            print(f"      eventbus demo --resume {resume} --steps {args.steps + 50}")
     return 0

@@ -34,6 +34,7 @@ MODULES = (
     "adapters.transformers",
     "adapters.ray",
     "adapters.cli",
+    "adapters.report",
 )
 
 

@@ -8,13 +8,12 @@ crash undid (the resumed run redoes them) stay in the file, for diagnosis,
 and ``rollbacks`` marks them so that a replay or a tool can leave them out.
 
 Most logs never resumed, so ``rollbacks`` first looks for the bytes of the
-type tag in the file (one ``mmap`` search, no decoding) and returns ``None``
-without them; only a log that holds one is decoded, once.
+type tag in the file (a byte search, a block at a time, no decoding) and
+returns ``None`` without them; only a log that holds one is decoded, once.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Iterable
 
@@ -36,6 +35,8 @@ __all__ = ["LogTail", "Rollbacks", "rollbacks", "scan_tail"]
 
 #: The type tag every ``RunResumed`` record holds (msgpack and JSON alike).
 RESUMED_TAG = b"RunResumed"
+#: Bytes read at a time when looking for it.
+SEARCH_BLOCK = 1 << 20
 
 
 class LogTail(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,15 +161,25 @@ class Rollbacks:
 
 
 def _mentions_resumed(path: str | os.PathLike[str], offset: int) -> bool:
-    """Whether the bytes of the file past ``offset`` (the header) hold the type tag."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size <= offset:
-            return False
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            if hasattr(mmap, "MADV_SEQUENTIAL"):  # read ahead: ~2 GB/s, memory-bound
-                data.madvise(mmap.MADV_SEQUENTIAL)
-            return data.find(RESUMED_TAG, offset) >= 0
+    """Whether the bytes of the file past ``offset`` (the header) hold the type tag.
+
+    Read a block at a time into one buffer (the tail of the last block kept, so
+    a tag across two blocks is found): memory stays one block whatever the
+    log's size. A mapping of the file would count every page in the process's
+    memory, gigabytes for a big log.
+    """
+    overlap = len(RESUMED_TAG) - 1
+    block = bytearray(SEARCH_BLOCK + overlap)
+    with open(path, "rb") as f, memoryview(block) as view:
+        f.seek(offset)
+        kept = 0
+        while read := f.readinto(view[kept : kept + SEARCH_BLOCK]):
+            end = kept + read
+            if block.find(RESUMED_TAG, 0, end) >= 0:
+                return True
+            kept = min(overlap, end)
+            view[:kept] = view[end - kept : end]
+    return False
 
 
 def rollbacks(path: str | os.PathLike[str]) -> Rollbacks | None:

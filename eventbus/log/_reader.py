@@ -123,9 +123,10 @@ class LogReader:
             header = decode_msgpack_header(self.path, start, meta)
             return "msgpack", header, PREFIX.size + meta_size
         if start.lstrip()[:1] == b"{":
-            line = start
-            if b"\n" not in start:
-                line += f.readline(MAX_HEADER_LINE + 1 - len(start))
+            if b"\n" in start:  # a first line shorter than the prefix: no header, cut there
+                line = start[: start.index(b"\n") + 1]
+            else:
+                line = start + f.readline(MAX_HEADER_LINE + 1 - len(start))
             if len(line) > MAX_HEADER_LINE:
                 raise LogFormatError(
                     f"{self.path}: first line is not an event-log header (longer than "

@@ -1,0 +1,146 @@
+// Draws the report's charts with uPlot from the JSON the page carries.
+// Markers (checkpoints, restarts, failures...) and spans (a disabled handler)
+// are drawn by a small uPlot plugin; hovering near one names it under the chart.
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("report-data").textContent);
+  var styles = data.markerStyles;
+  var plots = [];
+  // Rounds and periods are whole numbers: ticks at 1, 2, 5, 10, 20, 50...
+  var WHOLE = [];
+  for (var scale = 1; scale <= 1e12; scale *= 10) WHOLE.push(scale, 2 * scale, 5 * scale);
+
+  function figure(v) {
+    if (v == null) return "";
+    var size = Math.abs(v);
+    if (size !== 0 && (size >= 1e6 || size < 1e-3)) return v.toExponential(0);
+    return String(+v.toPrecision(4));
+  }
+
+  function place(u, x) {
+    return Math.round(u.valToPos(x, "x", true));
+  }
+
+  function annotations(spec) {
+    var markers = spec.runMarkers ? data.runMarkers : spec.markers;
+    return {
+      hooks: {
+        drawClear: [
+          function (u) {
+            var ctx = u.ctx, top = u.bbox.top, height = u.bbox.height;
+            (spec.spans || []).forEach(function (span) {
+              var style = styles[span.kind] || {colour: "#999999"};
+              var left = place(u, span.from), right = place(u, span.to);
+              ctx.save();
+              ctx.globalAlpha = 0.15;
+              ctx.fillStyle = style.colour;
+              ctx.fillRect(left, top, Math.max(right - left, 2), height);
+              ctx.restore();
+            });
+          },
+        ],
+        draw: [
+          function (u) {
+            var ctx = u.ctx, top = u.bbox.top, bottom = top + u.bbox.height;
+            markers.forEach(function (marker) {
+              var style = styles[marker.kind] || {colour: "#000000", dash: []};
+              var x = place(u, marker.x);
+              if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
+              ctx.save();
+              ctx.strokeStyle = style.colour;
+              ctx.lineWidth = 1.5 * devicePixelRatio;
+              ctx.setLineDash((style.dash || []).map(function (d) { return d * devicePixelRatio; }));
+              ctx.beginPath();
+              ctx.moveTo(x, top);
+              ctx.lineTo(x, bottom);
+              ctx.stroke();
+              ctx.restore();
+            });
+            if (spec.threshold) {
+              var y = Math.round(u.valToPos(spec.threshold.y, "y", true));
+              ctx.save();
+              ctx.strokeStyle = spec.threshold.colour;
+              ctx.lineWidth = 2 * devicePixelRatio;
+              ctx.setLineDash([8 * devicePixelRatio, 4 * devicePixelRatio]);
+              ctx.beginPath();
+              ctx.moveTo(u.bbox.left, y);
+              ctx.lineTo(u.bbox.left + u.bbox.width, y);
+              ctx.stroke();
+              ctx.restore();
+            }
+          },
+        ],
+        setCursor: [
+          function (u) {
+            var note = document.getElementById(spec.id + "-hover");
+            if (!note || u.cursor.left == null || u.cursor.left < 0) return;
+            var near = markers.filter(function (marker) {
+              return Math.abs(u.valToPos(marker.x, "x") - u.cursor.left) <= 4;
+            });
+            note.textContent = near.map(function (marker) { return marker.label; }).join(" · ");
+          },
+        ],
+      },
+    };
+  }
+
+  function options(spec, width) {
+    var series = [{label: spec.xLabel}];
+    spec.series.forEach(function (s) {
+      series.push({
+        label: s.label,
+        stroke: s.colour,
+        fill: s.fill || undefined,
+        width: s.width || 1.5,
+        dash: s.dash || undefined,
+        spanGaps: true,
+        points: {show: !!s.points, size: 5},
+      });
+    });
+    var range = spec.threshold ? function (u, min, max) {
+      var low = spec.logY ? min : Math.min(min, 0);
+      return [low, Math.max(max, spec.threshold.y * 1.1)];
+    } : undefined;
+    return {
+      width: width,
+      height: spec.height || 260,
+      series: series,
+      bands: (spec.bands || []).map(function (b) {
+        return {series: [b[0], b[1]], fill: b[2]};
+      }),
+      scales: {
+        x: {time: false},
+        y: {distr: spec.logY ? 3 : 1, range: range},
+      },
+      axes: [
+        {label: spec.xLabel, incrs: WHOLE},
+        {label: spec.yLabel, size: 70, values: function (u, splits) { return splits.map(figure); }},
+      ],
+      cursor: {drag: {x: true, y: false}},
+      legend: {live: true},
+      plugins: [annotations(spec)],
+    };
+  }
+
+  var drawn = 0;
+  data.charts.forEach(function (spec) {
+    var box = document.getElementById(spec.id);
+    try {
+      var columns = [spec.x].concat(spec.series.map(function (s) { return s.values; }));
+      var width = Math.max(box.clientWidth, 320);
+      plots.push({box: box, plot: new uPlot(options(spec, width), columns, box)});
+      drawn += 1;
+    } catch (error) {
+      box.textContent = "This chart could not be drawn: " + error;
+      console.error("chart " + spec.id + ": " + error);
+    }
+  });
+
+  window.addEventListener("resize", function () {
+    plots.forEach(function (p) {
+      p.plot.setSize({width: Math.max(p.box.clientWidth, 320), height: p.plot.height});
+    });
+  });
+  document.body.dataset.charts = String(drawn);
+  document.body.dataset.ready = "1";
+})();

@@ -1,0 +1,81 @@
+"""A bench run's page: the same callback-cost chart and table as a run's report.
+
+``eventbus bench`` times every call, so its table has exact percentiles
+(a log keeps only each period's figures); the figures come in ready-made,
+and this module only lays them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ._page import PALETTE, Chart, Document, escape, facts, table
+from ._series import SeriesGroup
+
+__all__ = ["BENCH_HEADERS", "bench_report"]
+
+BENCH_HEADERS = [
+    "callback",
+    "calls",
+    "mean µs",
+    "p50 µs",
+    "p99 µs",
+    "max µs",
+    "bus calls",
+    "bus total ms",
+    "share of run",
+    "worst period",
+    "periods over budget",
+]
+
+
+def bench_report(
+    *,
+    title: str,
+    subtitle: str,
+    summary: Sequence[tuple[str, str, str]],
+    per_period_pct: Mapping[str, Sequence[float]],
+    budget_pct: float,
+    rows: Sequence[Sequence[str]],
+    notes: Sequence[str] = (),
+) -> str:
+    """The page: ``summary`` as facts, each callback's share of every period against
+    ``budget_pct``, and ``rows`` (``BENCH_HEADERS``), the costliest first."""
+    group = SeriesGroup()
+    for name, shares in per_period_pct.items():
+        index = group.series(name)
+        for period, share in enumerate(shares):
+            group.add(index, period, share)
+    chart = Chart(
+        "chart-cost",
+        "Each callback's share of every period",
+        x_label="period",
+        y_label="% of period",
+        log_y=True,
+        note="log scale; the dashed line is the budget",
+    )
+    lines = group.lines()
+    chart.x = lines.x
+    for position, (label, column) in enumerate(zip(lines.names, lines.columns, strict=True)):
+        chart.line(
+            label,
+            column,
+            colour=PALETTE[position % len(PALETTE)],
+            dash=[] if position < len(PALETTE) else [6, 3],
+        )
+    chart.threshold = {
+        "y": budget_pct,
+        "colour": "#D55E00",
+        "label": f"budget {budget_pct:.3g}% of a period",
+    }
+    document = Document(title, subtitle)
+    document.section(
+        "summary",
+        "Summary",
+        facts(summary) + "".join(f'<p class="note">{escape(note)}</p>' for note in notes),
+    )
+    body = document.add_chart(chart) + table(
+        BENCH_HEADERS, rows, numeric=range(1, len(BENCH_HEADERS))
+    )
+    document.section("cost", "Callback cost", body)
+    return document.render()

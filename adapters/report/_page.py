@@ -1,0 +1,374 @@
+"""The page's building blocks: the document, its charts, tables and facts.
+
+One HTML file holds everything: the styles, the data (one JSON block), the
+vendored chart library (uPlot, MIT; its licence is in the page's footer and
+beside it in ``_assets``) and the script that draws. A Content Security
+Policy forbids every fetch, so the page works offline and cannot call out.
+Every text from the log is escaped; the JSON block escapes ``<``, so no
+value can end it.
+
+Colours are the Okabe-Ito palette, distinguishable with the common kinds of
+colour blindness, and lines past the palette's length are dashed. Each chart
+has a text alternative: a sentence for screen readers and, one click away,
+its figures as a table.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Iterable, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import eventbus
+
+from ._limits import MAX_DRAWN, SHORT_TEXT, TEXT_BUDGET, clip
+
+__all__ = [
+    "MARKER_STYLES",
+    "PALETTE",
+    "Chart",
+    "Document",
+    "TextBudget",
+    "escape",
+    "facts",
+    "figure",
+    "table",
+]
+
+#: Okabe-Ito, without its yellow (too faint on white).
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000")
+#: How each kind of marker or span is drawn, and named in the chart's key.
+MARKER_STYLES: dict[str, dict[str, Any]] = {
+    "checkpoint": {"colour": "#009E73", "dash": [2, 3], "name": "checkpoint", "line": "dotted"},
+    "restart": {"colour": "#E69F00", "dash": [6, 3], "name": "restart", "line": "dashed"},
+    "failure": {"colour": "#D55E00", "dash": [], "name": "failure", "line": "solid"},
+    "resume": {"colour": "#CC79A7", "dash": [8, 3], "name": "resume", "line": "dashed"},
+    "timeouts": {"colour": "#D55E00", "dash": [], "name": "timeouts", "line": "solid"},
+    "faults": {"colour": "#CC79A7", "dash": [4, 2], "name": "faults", "line": "dashed"},
+    "skipped": {
+        "colour": "#E69F00",
+        "dash": [2, 3],
+        "name": "skipped (coalesced)",
+        "line": "dotted",
+    },
+    "disabled": {"colour": "#777777", "name": "disabled", "line": "solid"},
+    "coalescing": {"colour": "#E69F00", "name": "coalescing", "line": "solid"},
+}
+UPLOT_VERSION = "1.6.32"
+
+
+def escape(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def short(value: float) -> float:
+    """A figure rounded to 6 significant digits: what a chart can show, half the bytes."""
+    return float(f"{value:.6g}")
+
+
+class TextBudget:
+    """What the log's long texts (messages, tracebacks, warnings, paths) may take of a
+    page: ``limit`` bytes, escaped. A text is cut to fit what is left, and once that is
+    spent, every further text to ``SHORT_TEXT`` characters: the page's size stays
+    bounded whatever the log holds (escaping alone can make a text 6 times longer).
+    """
+
+    def __init__(self, limit: int = TEXT_BUDGET) -> None:
+        self.left = limit
+
+    def __call__(self, text: str) -> str:
+        """``text``, escaped for HTML, within the budget."""
+        allowed = max(SHORT_TEXT, self.left // 6)
+        if len(text) > allowed:
+            text = clip(text, allowed)
+        escaped = escape(text)
+        self.left -= len(escaped.encode())
+        return escaped
+
+
+class Chart:
+    """One chart: series on a shared x, markers, spans, an optional threshold line."""
+
+    def __init__(
+        self,
+        ident: str,
+        title: str,
+        *,
+        x_label: str,
+        y_label: str,
+        note: str = "",
+        log_y: bool = False,
+    ) -> None:
+        self.ident = ident
+        self.title = title
+        self.x_label = x_label
+        self.y_label = y_label
+        self.note = note
+        self.log_y = log_y
+        self.x: list[float] = []
+        self.series: list[dict[str, Any]] = []
+        self.bands: list[tuple[int, int, str]] = []
+        self.markers: list[dict[str, Any]] = []
+        self.spans: list[dict[str, Any]] = []
+        self.threshold: dict[str, Any] | None = None
+        self.extra_text: list[str] = []
+        #: Draw the page's run markers (``Document.run_markers``), not markers of its own.
+        self.shares_markers = False
+
+    def line(
+        self,
+        label: str,
+        values: Sequence[float | None],
+        *,
+        colour: str | None = None,
+        dash: Sequence[int] = (),
+        width: float = 1.5,
+        fill: str | None = None,
+    ) -> int:
+        """Add a series (``values`` along ``self.x``); returns its uPlot index."""
+        if colour is None:
+            position = len(self.series)
+            colour = PALETTE[position % len(PALETTE)]
+            dash = dash or ([] if position < len(PALETTE) else [6, 3])
+        kept = [None if v is None or not math.isfinite(v) else short(v) for v in values]
+        if self.log_y:
+            kept = [v if v is not None and v > 0 else None for v in kept]
+        self.series.append(
+            {"label": label, "values": kept, "colour": colour, "dash": list(dash), "width": width}
+        )
+        if fill:
+            self.series[-1]["fill"] = fill
+        return len(self.series)
+
+    def band(self, high: int, low: int, fill: str) -> None:
+        self.bands.append((high, low, fill))
+
+    def mark(self, x: float, kind: str, label: str) -> None:
+        self.markers.append({"x": short(x), "kind": kind, "label": label})
+
+    def span(self, start: float, end: float, kind: str, label: str) -> None:
+        self.spans.append({"from": short(start), "to": short(end), "kind": kind, "label": label})
+
+    @property
+    def empty(self) -> bool:
+        return not self.x or not self.series
+
+    def spec(self) -> dict[str, Any]:
+        """What ``report.js`` draws."""
+        markers = [] if self.shares_markers else thin(self.markers)
+        return {
+            "id": self.ident,
+            "x": [short(x) for x in self.x],
+            "xLabel": self.x_label,
+            "yLabel": self.y_label,
+            "logY": self.log_y,
+            "series": self.series,
+            "bands": self.bands,
+            "markers": markers,
+            "runMarkers": self.shares_markers,
+            "spans": self.spans,
+            "threshold": self.threshold,
+        }
+
+    def html(self) -> str:
+        kinds = sorted({m["kind"] for m in self.markers} | {s["kind"] for s in self.spans})
+        key = "".join(
+            f'<span class="{MARKER_STYLES[k]["line"]}" '
+            f'style="--c:{MARKER_STYLES[k]["colour"]}">{escape(MARKER_STYLES[k]["name"])}</span>'
+            for k in kinds
+            if k in MARKER_STYLES
+        )
+        if self.threshold is not None:
+            key += (
+                f'<span class="dashed" style="--c:{self.threshold["colour"]}">'
+                f"{escape(self.threshold['label'])}</span>"
+            )
+        note = f' <span class="sub">{escape(self.note)}</span>' if self.note else ""
+        return (
+            f'<figure id="{self.ident}-figure">'
+            f"<figcaption>{escape(self.title)}{note}</figcaption>"
+            f'<div class="chart" id="{self.ident}" role="img" '
+            f'aria-label="{escape(self.summary())}"></div>'
+            f'<div class="hover" id="{self.ident}-hover" aria-hidden="true"></div>'
+            + (f'<div class="key">{key}</div>' if key else "")
+            + "<details><summary>This chart as text</summary>"
+            + self.text_alternative()
+            + "</details></figure>"
+        )
+
+    def summary(self) -> str:
+        """One sentence for a screen reader: what is drawn, over what."""
+        if self.empty:
+            return f"{self.title}: no data."
+        names = ", ".join(s["label"] for s in self.series[:8])
+        more = f" and {len(self.series) - 8} more" if len(self.series) > 8 else ""
+        return (
+            f"{self.title}: {self.y_label} against {self.x_label} from {self.x[0]:g} "
+            f"to {self.x[-1]:g}, for {names}{more}; figures in the table below."
+        )
+
+    def text_alternative(self) -> str:
+        rows = []
+        for s in self.series:
+            points = [(x, v) for x, v in zip(self.x, s["values"], strict=True) if v is not None]
+            if not points:
+                rows.append([s["label"], "0", "", "", "", ""])
+                continue
+            low = min(points, key=lambda p: p[1])
+            high = max(points, key=lambda p: p[1])
+            rows.append(
+                [
+                    s["label"],
+                    str(len(points)),
+                    f"{points[0][1]:.4g} at {points[0][0]:g}",
+                    f"{points[-1][1]:.4g} at {points[-1][0]:g}",
+                    f"{low[1]:.4g} at {low[0]:g}",
+                    f"{high[1]:.4g} at {high[0]:g}",
+                ]
+            )
+        text = table(
+            ["series", "points drawn", "first", "last", "lowest", "highest"],
+            rows,
+            numeric=(1,),
+        )
+        events = [f"{m['label']} (at {m['x']:g})" for m in self.markers]
+        events += [f"{s['label']} (from {s['from']:g} to {s['to']:g})" for s in self.spans]
+        if events:
+            shown = events[:20]
+            more = f"<li>and {len(events) - 20} more</li>" if len(events) > 20 else ""
+            text += "<ul>" + "".join(f"<li>{escape(e)}</li>" for e in shown) + more + "</ul>"
+        return text + "".join(f'<p class="note">{escape(t)}</p>' for t in self.extra_text)
+
+
+def thin(markers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """At most ``MAX_DRAWN`` markers of each kind, evenly spread, the first and last
+    kept: a thousand checkpoints thin out, the one failure stays."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for marker in markers:
+        kinds.setdefault(marker["kind"], []).append(marker)
+    kept: list[dict[str, Any]] = []
+    for group in kinds.values():
+        if len(group) <= MAX_DRAWN:
+            kept += group
+            continue
+        step = (len(group) - 1) / (MAX_DRAWN - 1)
+        kept += [group[round(i * step)] for i in range(MAX_DRAWN)]
+    return kept
+
+
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    *,
+    numeric: Iterable[int] = (),
+    classes: dict[tuple[int, int], str] | None = None,
+    raw: Iterable[int] = (),
+) -> str:
+    """An HTML table; cells are escaped, except columns in ``raw`` (already HTML)."""
+    right = set(numeric)
+    keep = set(raw)
+    marked = classes or {}
+    head = "".join(
+        f'<th class="num" scope="col">{escape(h)}</th>'
+        if i in right
+        else f'<th scope="col">{escape(h)}</th>'
+        for i, h in enumerate(headers)
+    )
+    body = []
+    for r, row in enumerate(rows):
+        cells = []
+        for i, cell in enumerate(row):
+            names = " ".join(n for n in ("num" if i in right else "", marked.get((r, i), "")) if n)
+            attr = f' class="{names}"' if names else ""
+            cells.append(f"<td{attr}>{cell if i in keep else escape(cell)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (
+        f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
+def facts(items: Iterable[tuple[str, str, str]]) -> str:
+    """Summary figures as cards: (label, value, tone) with tone '', 'good' or 'bad'."""
+    cards = "".join(
+        f'<div class="fact"><span class="label">{escape(label)}</span>'
+        f'<span class="value {tone}">{escape(value)}</span></div>'
+        for label, value, tone in items
+    )
+    return f'<div class="facts">{cards}</div>'
+
+
+def figure(chart: Chart) -> str:
+    """A chart's HTML, or a line saying there was nothing to draw."""
+    if chart.empty:
+        return f'<p class="empty">{escape(chart.title)}: nothing recorded to draw.</p>'
+    return chart.html()
+
+
+@cache
+def asset(name: str) -> str:
+    return (resources.files(__package__) / "_assets" / name).read_text(encoding="utf-8")
+
+
+class Document:
+    """The page: header, banners, sections; ``render`` makes the one file."""
+
+    def __init__(self, title: str, subtitle: str) -> None:
+        self.title = title
+        self.subtitle = subtitle
+        #: Every long text from the log on this page goes through it.
+        self.text = TextBudget()
+        self.banners: list[str] = []
+        self.sections: list[tuple[str, str, str]] = []  # (anchor, heading, html)
+        self.charts: list[Chart] = []
+
+    def add_chart(self, chart: Chart) -> str:
+        if not chart.empty:
+            self.charts.append(chart)
+        return figure(chart)
+
+    def section(self, anchor: str, heading: str, body: str) -> None:
+        self.sections.append((anchor, heading, body))
+
+    def render(self) -> str:
+        shared = next((chart.markers for chart in self.charts if chart.shares_markers), [])
+        data = {
+            "charts": [chart.spec() for chart in self.charts],
+            "runMarkers": thin(shared),
+            "markerStyles": {
+                k: {"colour": v["colour"], "dash": v.get("dash", [])}
+                for k, v in MARKER_STYLES.items()
+            },
+        }
+        payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        payload = payload.replace("<", "\\u003c")
+        nav = "".join(f'<li><a href="#{a}">{escape(h)}</a></li>' for a, h, _ in self.sections)
+        sections = "".join(
+            f'<section id="{a}" aria-labelledby="{a}-h"><h2 id="{a}-h">{escape(h)}</h2>'
+            f"{body}</section>"
+            for a, h, body in self.sections
+        )
+        banners = "".join(f'<div class="banner" role="alert">{b}</div>' for b in self.banners)
+        licence = escape(asset("uPlot.LICENSE"))
+        return (
+            "<!doctype html>\n"
+            '<html lang="en"><head><meta charset="utf-8">'
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+            "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{escape(self.title)}</title>"
+            f"<style>{asset('uPlot.min.css')}\n{asset('report.css')}</style></head><body>"
+            f'<header class="top"><h1>{escape(self.title)}</h1><p>{escape(self.subtitle)}</p>'
+            f'</header><nav aria-label="sections"><ul>{nav}</ul></nav><main>{banners}{sections}'
+            f"<footer><p>Written by train-eventbus {escape(eventbus.__version__)}, offline: "
+            f"this file fetches nothing. Charts: drag across a chart to zoom in, double-click "
+            f"to zoom out, hover for values.</p><details><summary>Charts drawn by uPlot "
+            f"{UPLOT_VERSION} (MIT licence)</summary><pre>{licence}</pre></details></footer>"
+            f'</main><script type="application/json" id="report-data">{payload}</script>'
+            f"<script>{asset('uPlot.iife.min.js')}</script>"
+            f"<script>{asset('report.js')}</script></body></html>\n"
+        )

@@ -1,0 +1,436 @@
+"""One run's page: summary, metrics over rounds, callback cost, failures."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from ._cost import ALL_CALLBACKS, BUDGET, CallbackCost, CostDigest
+from ._digest import Damage, RunDigest
+from ._limits import COST_LINES, MAX_LABEL, clip
+from ._metrics import MetricCharts, MetricSeries
+from ._page import PALETTE, Chart, Document, TextBudget, escape, facts, table
+
+__all__ = [
+    "COST_HEADERS",
+    "cost_chart",
+    "cost_rows",
+    "damage_banner",
+    "metric_chart",
+    "run_report",
+    "seconds",
+]
+
+BAND_FILL = "rgba(0,114,178,0.18)"
+#: The handlers' lines: the palette but its black, which is all handlers together.
+HANDLER_COLOURS = PALETTE[:-1]
+COST_HEADERS = [
+    "callback",
+    "calls",
+    "mean µs",
+    "p50 µs",
+    "p99 µs",
+    "max µs",
+    "total ms",
+    "share of run",
+    "worst period",
+    "over budget",
+    "timeouts",
+    "faults",
+    "skipped",
+]
+
+
+def seconds(value: float) -> str:
+    if value >= 3600:
+        return f"{value / 3600:.1f} h"
+    if value >= 60:
+        return f"{value / 60:.1f} min"
+    return f"{value:.3g} s"
+
+
+def wall(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    try:
+        moment = datetime.datetime.fromtimestamp(value, datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return "unknown"
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def damage_banner(path: str, damage: Damage) -> str:
+    """The banner of a damaged log: what was lost, and that the rest is shown."""
+    lost = []
+    if damage.truncated is not None:
+        lost.append(
+            f"the last record was cut short at byte {damage.truncated.offset} "
+            f"({damage.truncated.size} bytes lost: a crash mid-write)"
+        )
+    if damage.skipped:
+        lost.append(f"{damage.skipped} corrupt record(s) were skipped ({damage.first_error})")
+    if damage.placeholders:
+        lost.append(
+            f"{damage.placeholders} record(s) did not decode as their type and are left out"
+        )
+    return (
+        f"<strong>This log is damaged.</strong> {escape(path)}: {escape('; '.join(lost))}. "
+        "The report shows everything that could be read."
+    )
+
+
+def metric_chart(ident: str, series: MetricSeries, charts: MetricCharts) -> Chart:
+    """One metric: a line per rank, or for a wide run a band of all ranks around the mean."""
+    group = series.group
+    notes = []
+    if group.width > 1:
+        notes.append(
+            f"downsampled: each point stands for {group.width:g} {charts.x_label}s, "
+            "keeping their lowest and highest values"
+        )
+    if series.nonfinite:
+        notes.append(
+            f"{series.nonfinite} NaN or infinite value(s) not drawn (first at "
+            f"{charts.x_label} {series.first_nonfinite:g})"
+        )
+    # A positive metric that falls by over two decades (a loss) reads best on a log scale;
+    # a counter that grows (steps) does not.
+    extremes = group.extremes(series.all_ranks)
+    wide = (
+        extremes is not None
+        and extremes[0][1] > 0
+        and extremes[1][1] / extremes[0][1] > 100
+        and extremes[1][0] < extremes[0][0]
+    )
+    if wide:
+        notes.insert(0, "log scale")
+    name = series.name
+    chart = Chart(
+        ident, name, x_label=charts.x_label, y_label=name, note="; ".join(notes), log_y=wide
+    )
+    if charts.per_rank and series.ranks:
+        lines = group.lines([series.ranks[rank] for rank in sorted(series.ranks)])
+        chart.x = lines.x
+        for label, column in zip(lines.names, lines.columns, strict=True):
+            chart.line(label, column)
+    else:
+        band = group.band(series.all_ranks)
+        chart.x = band.x
+        high = chart.line("highest rank", band.high, colour=PALETTE[4], width=0.8)
+        chart.line("mean of ranks", band.mean, colour=PALETTE[0], width=2)
+        low = chart.line("lowest rank", band.low, colour=PALETTE[4], width=0.8)
+        chart.band(high, low, BAND_FILL)
+        chart.extra_text.append(f"{len(charts.ranks)} ranks: drawn as a band, not a line each.")
+    chart.shares_markers = True  # the run's markers: one copy in the page, not one a chart
+    for kind, markers in charts.markers.items():
+        for marker in markers:
+            chart.mark(marker.x, kind, marker.label)
+        dropped = charts.markers_dropped.get(kind, 0)
+        if dropped:
+            chart.extra_text.append(f"{dropped} more {kind} marker(s) not drawn.")
+    return chart
+
+
+def cost_chart(ident: str, cost: CostDigest, title: str = "Callback cost per period") -> Chart:
+    """Each of the costliest handlers' share of every period, all handlers' together,
+    the budget line, and where timeouts, faults, skips and disabled handlers were."""
+    group = cost.shares
+    names = [c.name for c in cost.ranked()[:COST_LINES]]
+    indices = [group.series(ALL_CALLBACKS)] + [group.series(name) for name in names]
+    chart = Chart(
+        ident,
+        title,
+        x_label="period",
+        y_label="% of period",
+        log_y=True,
+        note="log scale; the dashed line is the budget of each handler and of all together",
+    )
+    lines = group.lines(indices)
+    chart.x = lines.x
+    for position, (label, column) in enumerate(zip(lines.names, lines.columns, strict=True)):
+        if position == 0:
+            chart.line(label, column, colour="#000000", width=2.5)
+        else:
+            chart.line(
+                label,
+                column,
+                colour=HANDLER_COLOURS[(position - 1) % len(HANDLER_COLOURS)],
+                dash=[] if position <= len(HANDLER_COLOURS) else [6, 3],
+            )
+    budget = group.band(group.series(BUDGET))
+    if budget.x:
+        chart.threshold = {
+            "y": max(budget.high),
+            "colour": "#D55E00",
+            "label": f"budget {max(budget.high):.3g}% of a period",
+        }
+    incidents = cost.incidents
+    for kind in incidents.names:
+        for x, count in incidents.totals(incidents.series(kind)):
+            chart.mark(x, kind, f"{count:g} {kind}")
+    end = cost.last_period + 1
+    for span in cost.spans:
+        chart.span(
+            span.start,
+            span.end if span.end is not None else end,
+            span.state,
+            clip(f"{span.handler} {span.state}: {span.reason}", MAX_LABEL),
+        )
+    return chart
+
+
+def cost_rows(costs: Sequence[CallbackCost], cost: CostDigest) -> list[list[str]]:
+    """The table's rows: the figures of each handler, the costliest first."""
+    rows = []
+    timeline = cost.timeline
+    for c in costs:
+        index = cost.shares.series(c.name)
+        extremes = cost.shares.extremes(index)
+        worst = extremes[1][1] if extremes else 0.0
+        rows.append(
+            [
+                c.name,
+                f"{c.calls:,}",
+                f"{c.mean * 1e6:.2f}",
+                f"{min(c.quantile(0.5), c.longest) * 1e6:.2f}",
+                f"{min(c.quantile(0.99), c.longest) * 1e6:.2f}",
+                f"{c.longest * 1e6:.2f}",
+                f"{c.total * 1e3:.3f}",
+                f"{c.total / timeline * 100:.3f}%" if timeline else "-",
+                f"{worst:.3f}%",
+                f"{c.periods_over}",
+                f"{c.timeouts}",
+                f"{c.faults}",
+                f"{c.skipped}",
+            ]
+        )
+    return rows
+
+
+def _cost_table(cost: CostDigest) -> str:
+    ranked = cost.ranked()
+    rows = cost_rows(ranked, cost)
+    marked = {}
+    for r, c in enumerate(ranked):
+        if c.periods_over:
+            marked[(r, 9)] = "over"
+        if c.timeouts:
+            marked[(r, 10)] = "over"
+        if c.faults:
+            marked[(r, 11)] = "over"
+    return table(COST_HEADERS, rows, numeric=range(1, 13), classes=marked)
+
+
+def _summary(digest: RunDigest, text: TextBudget) -> str:
+    bad = digest.status != "finished"
+    ranks = ", ".join(f"rank {r}: {n}" for r, n in sorted(digest.failures_by_rank.items())[:8])
+    items: list[tuple[str, str, str]] = [
+        ("status", digest.status, "bad" if bad else "good"),
+        ("world size", str(digest.world_size or "unknown"), ""),
+        ("duration", seconds(digest.duration), ""),
+        ("rounds", f"{digest.rounds:,}", ""),
+        ("reports", f"{digest.reports:,}", ""),
+        ("restarts", str(digest.restarts), "bad" if digest.restarts else ""),
+        (
+            "worker failures",
+            f"{digest.failure_count}" + (f" ({ranks})" if ranks else ""),
+            "bad" if digest.failure_count else "",
+        ),
+        ("checkpoints", str(digest.checkpoints), ""),
+        ("resumes", str(digest.resume_count), ""),
+        (
+            "periods over budget",
+            f"{digest.cost.periods_over} of {digest.cost.periods}",
+            "bad" if digest.cost.periods_over else "",
+        ),
+        (
+            "callback faults",
+            f"{digest.fault_count} failed, {digest.timeout_count} timed out",
+            "bad" if digest.fault_count or digest.timeout_count else "",
+        ),
+        ("started", wall(digest.wall_start), ""),
+    ]
+    if digest.rejected:
+        items.append(("reports rejected", str(digest.rejected), "bad"))
+    if digest.mismatches:
+        items.append(("checkpoint mismatches", str(digest.mismatches), "bad"))
+    if digest.rolled_back:
+        items.append(("events rolled back by resumes", f"{digest.rolled_back:,}", ""))
+    body = facts(items)
+    details = []
+    if digest.last_checkpoint:
+        details.append(f"Last checkpoint: <code>{text(digest.last_checkpoint)}</code>.")
+    if digest.stopped_by:
+        details.append(
+            f"Stopped early by <code>{text(digest.stopped_by)}</code>: "
+            f"{text(digest.stop_reason or '')}."
+        )
+    if digest.error:
+        details.append(f"Error: <code>{text(digest.error)}</code>.")
+    for checkpoint in digest.resumes:
+        details.append(f"Resumed from <code>{text(checkpoint)}</code>.")
+    body += "".join(f"<p>{d}</p>" for d in details)
+    if digest.config not in ("", "{}"):
+        body += (
+            f"<details><summary>the run's configuration</summary><pre>{text(digest.config)}"
+            "</pre></details>"
+        )
+    if digest.rejections:
+        body += (
+            "<h3>Rejected reports</h3><ul>"
+            + "".join(f"<li>{text(r)}</li>" for r in digest.rejections)
+            + "</ul>"
+        )
+    return body + _state_store(digest, text)
+
+
+def _state_store(digest: RunDigest, text: TextBudget) -> str:
+    body = "<h3>State store</h3>"
+    if not digest.snapshots and not digest.restores:
+        return body + '<p class="empty">No callback state was saved or restored.</p>'
+    keys = "".join(f"<li><code>{text(k)}</code></li>" for k in digest.snapshot_keys)
+    body += (
+        f"<p>Saved {digest.snapshots} time(s), at checkpoints; the last save held "
+        f"{digest.snapshot_key_count} callback state(s):</p><ul>{keys}</ul>"
+    )
+    if digest.snapshot_errors:
+        body += (
+            '<p class="note">Not saved:</p><ul>'
+            + "".join(
+                f"<li><code>{text(k)}</code>: {text(v)}</li>"
+                for k, v in digest.snapshot_errors.items()
+            )
+            + "</ul>"
+        )
+    for restored in digest.restores:
+        parts = [
+            f"Restored from <code>{text(restored.checkpoint)}</code>: "
+            f"{text(', '.join(restored.restored) or 'nothing')}."
+        ]
+        for label, values in (
+            ("saved but not live", restored.missing),
+            ("live but never saved", restored.unsaved),
+            ("instance counts differ", restored.mismatched),
+        ):
+            if values:
+                parts.append(f"{label}: {text(', '.join(values))}.")
+        body += "<p>" + " ".join(parts) + "</p>"
+        if restored.warnings:
+            body += (
+                '<ul class="warnings">'
+                + "".join(f"<li>warning: {text(w)}</li>" for w in restored.warnings)
+                + "</ul>"
+            )
+    return body
+
+
+def _failures(digest: RunDigest, text: TextBudget) -> str:
+    if not digest.failure_count and not digest.faults:
+        return '<p class="empty">No worker failed and no callback raised or timed out.</p>'
+    body = ""
+    by_rank: dict[int, list[Any]] = {}
+    for failure in digest.failures:
+        by_rank.setdefault(failure.rank, []).append(failure)
+    for rank in sorted(by_rank):
+        rows = [
+            [
+                seconds(f.elapsed),
+                f"{f.round:g}",
+                f.error_type + (" (retryable)" if f.retryable else ""),
+                text(f.message)
+                + (
+                    f"<details><summary>traceback</summary><pre>{text(f.traceback)}</pre></details>"
+                    if f.traceback
+                    else ""
+                ),
+            ]
+            for f in by_rank[rank]
+        ]
+        body += f"<h3>Rank {rank}</h3>" + table(
+            ["when (into the run)", digest.metrics.x_label, "type", "message"],
+            rows,
+            numeric=(0, 1),
+            raw=(3,),
+        )
+    if digest.failure_count > len(digest.failures):
+        body += (
+            f'<p class="note">{digest.failure_count - len(digest.failures)} more worker '
+            "failure(s) not listed.</p>"
+        )
+    if digest.faults:
+        rows = [
+            [
+                seconds(f.elapsed),
+                f.handler,
+                f.event_type,
+                f.kind,
+                text(f.detail)
+                + (
+                    f"<details><summary>traceback</summary><pre>{text(f.traceback)}</pre></details>"
+                    if f.traceback
+                    else ""
+                ),
+            ]
+            for f in digest.faults
+        ]
+        body += "<h3>Callbacks that raised or ran late</h3>" + table(
+            ["when", "callback", "event", "what", "detail"], rows, numeric=(0,), raw=(4,)
+        )
+        listed = digest.fault_count + digest.timeout_count
+        if listed > len(digest.faults):
+            body += f'<p class="note">{listed - len(digest.faults)} more not listed.</p>'
+    return body
+
+
+def _metrics(document: Document, digest: RunDigest, prefix: str = "m") -> str:
+    charts = digest.metrics
+    if not charts.metrics:
+        return '<p class="empty">No numeric metrics were reported.</p>'
+    body = (
+        f'<p class="note">One chart per metric, one line per rank ({charts.x_label} '
+        "on the x axis); markers show checkpoints, restarts, failures and resumes.</p>"
+    )
+    for n, series in enumerate(charts.metrics.values()):
+        body += document.add_chart(metric_chart(f"chart-{prefix}{n}", series, charts))
+    if charts.uncharted:
+        names = ", ".join(charts.uncharted) + (" and more" if charts.uncharted_more else "")
+        body += (
+            f'<p class="note">More metrics were reported than are charted (the first '
+            f"{len(charts.metrics)}): {escape(names)}.</p>"
+        )
+    return body
+
+
+def run_report(digest: RunDigest) -> str:
+    """The page of one run."""
+    title = f"Run {digest.run_id or digest.path.stem}"
+    subtitle = f"{digest.name or 'run'} · {digest.path} · {digest.events:,} events read"
+    document = Document(title, subtitle)
+    if digest.damage.any:
+        document.banners.append(damage_banner(str(digest.path), digest.damage))
+    if digest.events == 0:
+        document.banners.append("<strong>This log holds no events.</strong> Nothing to chart.")
+    elif digest.status == "unfinished":
+        document.banners.append(
+            "<strong>The run's end is not in this log.</strong> It was still running, was "
+            "killed, or its last records were lost."
+        )
+    document.section("summary", "Summary", _summary(digest, document.text))
+    document.section("metrics", "Metrics over rounds", _metrics(document, digest))
+    cost = digest.cost
+    if cost.periods:
+        body = (
+            f'<p class="note">{cost.periods} health-check periods of {seconds(cost.period_length)}'
+            f" ({cost.partial_periods} partial). p50 and p99 are of each period's mean call, "
+            "weighted by its calls: a log keeps each period's calls, total and longest call, "
+            "not every call (<code>eventbus bench</code> times every call).</p>"
+        )
+        body += document.add_chart(cost_chart("chart-cost", cost)) + _cost_table(cost)
+        if cost.spans_dropped:
+            body += f'<p class="note">{cost.spans_dropped} more state changes not drawn.</p>'
+    else:
+        body = '<p class="empty">No budget reports: the log has no callback cost.</p>'
+    document.section("cost", "Callback cost", body)
+    document.section("failures", "Failures", _failures(digest, document.text))
+    return document.render()
