@@ -211,15 +211,14 @@ def cost_rows(costs: Sequence[CallbackCost], cost: CostDigest) -> list[list[str]
 def _cost_table(cost: CostDigest) -> str:
     ranked = cost.ranked()
     rows = cost_rows(ranked, cost)
-    marked = {}
-    for r, c in enumerate(ranked):
-        if c.periods_over:
-            marked[(r, 9)] = "over"
-        if c.timeouts:
-            marked[(r, 10)] = "over"
-        if c.faults:
-            marked[(r, 11)] = "over"
-    return table(COST_HEADERS, rows, numeric=range(1, 13), classes=marked)
+    flagged = [COST_HEADERS.index(h) for h in ("over budget", "timeouts", "faults")]
+    marked = {
+        (r, column): "over"
+        for r, c in enumerate(ranked)
+        for column, count in zip(flagged, (c.periods_over, c.timeouts, c.faults), strict=True)
+        if count
+    }
+    return table(COST_HEADERS, rows, numeric=range(1, len(COST_HEADERS)), classes=marked)
 
 
 def _summary(digest: RunDigest, text: TextBudget) -> str:
