@@ -6,14 +6,24 @@ directory first on ``sys.path``).
 
 from __future__ import annotations
 
+import resource
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from eventbus import Event, EventBus
 from handlers import TrainRunContext, UserCallback
 
-__all__ = ["CountRounds", "target", "time_publishing"]
+__all__ = [
+    "CountRounds",
+    "figure",
+    "peak_rss_mb",
+    "print_targets",
+    "spread",
+    "target",
+    "time_publishing",
+]
 
 
 class CountRounds(UserCallback):
@@ -63,3 +73,34 @@ def target(
         "peer": peer,
         "met": met,
     }
+
+
+def print_targets(rows: Iterable[dict[str, Any]]) -> None:
+    """The ``target`` rows, one line each, for a benchmark's own table."""
+    for row in rows:
+        bound = "<=" if row["better"] == "lower" else ">="
+        verdict = "met" if row["met"] else "MISSED"
+        print(f"target: {row['name']}: {row['measured']} {bound} {row['target']}  {verdict}")
+
+
+def spread(values: list[float], scale: float = 1.0, digits: int = 1) -> dict[str, float]:
+    """A figure taken several times: its median and range, scaled and rounded."""
+    return {
+        "median": round(statistics.median(values) * scale, digits),
+        "min": round(min(values) * scale, digits),
+        "max": round(max(values) * scale, digits),
+    }
+
+
+def figure(values: dict[str, float], unit: str = "") -> str:
+    """A ``spread`` as text: ``median (min-max)``."""
+    return f"{values['median']}{unit} ({values['min']}-{values['max']})"
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (``VmHWM``: unlike ``ru_maxrss``, not inherited across exec)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -35,7 +35,6 @@ import gc
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -48,7 +47,7 @@ from typing import Any
 
 import anyio
 import msgspec
-from _harness import target
+from _harness import figure, peak_rss_mb, print_targets, spread, target
 
 from eventbus import Event, EventBus, Report, VirtualClock
 from eventbus._codec import decoder_for
@@ -201,14 +200,6 @@ async def publish_all(events: list[Report], path: Path | None) -> float:
 # --- figures --------------------------------------------------------------------------------
 
 
-def spread(values: list[float], scale: float = 1.0, digits: int = 1) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(values) * scale, digits),
-        "min": round(min(values) * scale, digits),
-        "max": round(max(values) * scale, digits),
-    }
-
-
 def timed(runs: dict[str, list[float]], name: str, run: Callable[[], float]) -> None:
     gc.collect()
     runs.setdefault(name, []).append(run())
@@ -328,15 +319,6 @@ def memory(m: int, tmp: Path) -> dict[str, Any]:
     return figures
 
 
-def peak_rss_mb() -> float:
-    """This process's peak RSS (``VmHWM``: unlike ``ru_maxrss``, not inherited across exec)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def read_rss(path: str) -> None:
     """In a fresh process: stream the log, print peak RSS before and after."""
     before = peak_rss_mb()
@@ -395,10 +377,6 @@ def targets_of(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def figure(values: dict[str, float], unit: str = "") -> str:
-    return f"{values['median']}{unit} ({values['min']}-{values['max']})"
-
-
 def print_table(results: dict[str, Any]) -> None:
     rec, rd, jl, bus = results["record"], results["read"], results["jsonl"], results["bus"]
     rep, mem = results["replay"], results["memory"]
@@ -443,10 +421,7 @@ def print_table(results: dict[str, Any]) -> None:
         f"bus:          recorder attached adds {figure(bus['added_ns'], ' ns')} per event "
         f"(publishing {figure(bus['publish_ns'], ' ns')}, {bus['events']:,} events)"
     )
-    for row in targets_of(results):
-        bound = "<=" if row["better"] == "lower" else ">="
-        verdict = "met" if row["met"] else "MISSED"
-        print(f"target: {row['name']}: {row['measured']} {bound} {row['target']}  {verdict}")
+    print_targets(targets_of(results))
 
 
 def main() -> int:

@@ -34,9 +34,7 @@ import json
 import math
 import os
 import random
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,7 +44,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from _harness import target
+from _harness import figure, peak_rss_mb, print_targets, spread, target
 
 from adapters.report import digest_log, run_report
 from eventbus.events import (
@@ -379,14 +377,6 @@ def make_report(path: Path, page_path: Path) -> tuple[float, float, float, int]:
     return digested - start, rendered - digested, written - rendered, len(data)
 
 
-def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(values) * scale, digits),
-        "min": round(min(values) * scale, digits),
-        "max": round(max(values) * scale, digits),
-    }
-
-
 def measure_report(n: int, repeat: int, tmp: Path) -> dict[str, Any]:
     log, page_path = tmp / "report.evlog", tmp / "report.html"
     started = time.perf_counter()
@@ -414,11 +404,11 @@ def measure_report(n: int, repeat: int, tmp: Path) -> dict[str, Any]:
         "log_mb": round(log_bytes / 2**20, 1),
         "bytes_per_event": round(log_bytes / written, 1),
         "write_log_s": round(write_s, 2),
-        "report_s": spread(reports),
-        "report_s_per_million": spread(reports, per_million),
-        "read_s_per_million": spread(reads, per_million),
-        "x_plain_read": spread([o / f for o, f in zip(reports, reads, strict=True)]),
-        "digest_s_per_million": spread([p[0] for p in parts], per_million),
+        "report_s": spread(reports, digits=2),
+        "report_s_per_million": spread(reports, per_million, digits=2),
+        "read_s_per_million": spread(reads, per_million, digits=2),
+        "x_plain_read": spread([o / f for o, f in zip(reports, reads, strict=True)], digits=2),
+        "digest_s_per_million": spread([p[0] for p in parts], per_million, digits=2),
         "render_s": spread([p[1] for p in parts], digits=3),
         "write_page_s": spread([p[2] for p in parts], digits=3),
         "page_mb": round(page_bytes / 2**20, 3),
@@ -474,15 +464,6 @@ def measure_memory(m: int, tmp: Path) -> dict[str, Any]:
 
 
 # --- in a fresh process ---------------------------------------------------------------------
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS (``VmHWM``: unlike ``ru_maxrss``, not inherited across exec)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def report_rss(path: str, page_path: str) -> None:
@@ -553,10 +534,6 @@ def targets_of(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def figure(values: dict[str, float], unit: str = "") -> str:
-    return f"{values['median']}{unit} ({values['min']}-{values['max']})"
-
-
 def print_table(results: dict[str, Any]) -> None:
     rep, mem = results["report"], results["memory"]
     print(
@@ -582,10 +559,7 @@ def print_table(results: dict[str, Any]) -> None:
         f"{report['peak_rss_mb_before']} MB, {report['seconds']} s), page {report['page_mb']} MB; "
         f"plain read peak RSS {read['peak_rss_mb']} MB ({read['seconds']} s)"
     )
-    for row in targets_of(results):
-        bound = "<=" if row["better"] == "lower" else ">="
-        verdict = "met" if row["met"] else "MISSED"
-        print(f"target: {row['name']}: {row['measured']} {bound} {row['target']}  {verdict}")
+    print_targets(targets_of(results))
     print(f"({results['seconds']:.0f} s in all)")
 
 

@@ -1,15 +1,18 @@
 """What several tests build or take apart: deeply nested dicts, a log's records, reports,
-a stateful callback that restores itself."""
+a stateful callback that restores itself, the command line run as a user runs it."""
 
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from eventbus import Report
 from eventbus.state import CallbackState
 
-__all__ = ["Custom", "nested_dict", "ranked_report", "record_spans"]
+__all__ = ["Custom", "eventbus", "nested_dict", "ranked_report", "record_spans"]
 
 
 def nested_dict(depth: int) -> dict[str, Any]:
@@ -55,3 +58,17 @@ class Custom:
         instance.value = state["attributes"]["value"] * 10
         instance.via = "from_state"
         return instance
+
+
+def eventbus(
+    *args: str | Path, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The real ``eventbus`` command line in a subprocess, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "adapters.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        check=False,
+        timeout=timeout,
+    )

@@ -5,29 +5,17 @@ from __future__ import annotations
 import json
 import math
 import struct
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import msgspec
 import pytest
+from _builders import eventbus as run
 
 from eventbus import CheckpointSaved, Report, WorkerFailure
 from eventbus.events import SCHEMA_VERSION, encode_json, encode_msgpack
 from eventbus.log import LOG_MAGIC, LogRecorder, read_log
 from eventbus.testing import report_rounds, sample_event, write_log
-
-
-def run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "adapters.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        check=False,
-        timeout=60,
-    )
 
 
 @pytest.fixture

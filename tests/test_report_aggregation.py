@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from adapters.report import RunDigest, SeriesGroup, align, comparison_report, digest_log
+from adapters.report import (
+    RunDigest,
+    SeriesGroup,
+    align,
+    comparison_report,
+    digest_log,
+    run_report,
+)
 from eventbus.events import (
     BudgetReport,
     CheckpointSaved,
@@ -289,6 +296,13 @@ def test_rounds_markers_and_failures_land_where_they_happened(tmp_path: Path) ->
     lines = loss.group.lines([loss.ranks[0], loss.ranks[1]])
     assert lines.columns == [[10.0 - r for r in range(10)], [9.0 - r for r in range(10)]]
     assert digest.duration == pytest.approx(0.1 * (len(events) - 1))
+
+
+def test_events_the_recorder_could_not_encode_are_counted_on_the_page(tmp_path: Path) -> None:
+    unencodable = gathered(0, {"loss": 1.0, "path": Path("/x")})  # a Path: no JSON value
+    digest = digest_of(tmp_path, [unencodable, gathered(1, {"loss": 2.0})])
+    assert digest.placeholders == 1 and digest.rounds == 1 and not digest.damage.any
+    assert "events kept as placeholders" in run_report(digest)
 
 
 def test_values_that_are_not_numbers_are_skipped_and_nan_counted(tmp_path: Path) -> None:

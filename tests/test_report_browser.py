@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from _browser import Rendered, distinct_colours, nonblank_canvases_js, render_page, require_chromium
-
-EVENTBUS = [sys.executable, "-m", "adapters.cli"]
+from _builders import eventbus as run_eventbus
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -23,9 +22,7 @@ def chromium() -> str:
 
 
 def eventbus(*args: str, cwd: Path) -> str:
-    done = subprocess.run(
-        [*EVENTBUS, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
-    )
+    done = run_eventbus(*args, cwd=cwd)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -109,13 +106,7 @@ def test_a_damaged_logs_page_shows_its_banner_and_draws(runs: Path, tmp_path: Pa
     data = log_of(runs, "a").read_bytes()
     torn.write_bytes(data[: len(data) - 7])
     page = tmp_path / "torn.html"
-    done = subprocess.run(
-        [*EVENTBUS, "report", str(torn), "-o", str(page)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_eventbus("report", str(torn), "-o", str(page))
     assert done.returncode == 0 and "warning" in done.stderr
     rendered = render(page, tmp_path / "torn.png")
     assert rendered.value["drawn"] == charts_in(page) >= 2

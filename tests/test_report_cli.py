@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import random
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from html.parser import HTMLParser
@@ -24,6 +27,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from _builders import eventbus as run
 
 from eventbus.events import (
     BudgetReport,
@@ -42,17 +46,6 @@ from eventbus.log import LogRecorder
 
 #: What the page promises whatever the log (hostile ones included).
 PAGE_LIMIT = 4 * 1024 * 1024
-
-
-def run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "adapters.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        check=False,
-        timeout=120,
-    )
 
 
 def run_line(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -339,6 +332,29 @@ def test_output_option(demo_log: Path, tmp_path: Path) -> None:
     assert_one_line_error(folder, "pages", "is a directory")
     assert files_in(tmp_path / "pages") == {"mine.html"}
     assert log.read_bytes() == original
+
+
+def test_output_to_stdout_or_a_pipe_writes_into_it(demo_log: Path, tmp_path: Path) -> None:
+    """``-o -`` is stdout; a pipe or a device (``/dev/stdout``) is written into, never
+    replaced by a file (as root, replacing ``/dev/null`` would break the machine)."""
+    log = copy_of(demo_log, tmp_path, "run.evlog")
+    to_stdout = run("report", "run.evlog", "-o", "-", cwd=tmp_path)
+    assert to_stdout.returncode == 0, to_stdout.stderr
+    assert (
+        to_stdout.stdout.startswith("<!doctype html>") and "report written to -" in to_stdout.stderr
+    )
+    assert files_in(tmp_path) == {log.name}
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(pipe.read_text("utf-8")))
+    reader.start()
+    into_pipe = run("report", "run.evlog", "-o", "pipe", cwd=tmp_path)
+    reader.join(timeout=60)
+    assert into_pipe.returncode == 0, into_pipe.stderr
+    assert stat.S_ISFIFO(pipe.stat().st_mode)  # still the pipe
+    assert got and got[0] == to_stdout.stdout
 
 
 # --- 4. files that are not logs --------------------------------------------------------

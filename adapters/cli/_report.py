@@ -1,8 +1,9 @@
 """``eventbus report LOG [LOG_B] [-o FILE.html]``: a run (or two) as one HTML page.
 
-The page is written beside the log unless ``-o`` says where, and whole:
-to a temporary file renamed into place, so an interrupted report never
-leaves half a page, and never over one of the logs it reads. A damaged log
+The page is written beside the log unless ``-o`` says where (``-`` for
+stdout), and whole: to a temporary file renamed into place, so an
+interrupted report never leaves half a page, and never over one of the
+logs it reads. A damaged log
 still gives its page (with a banner saying what was lost) and a one-line
 warning; a file that is not a log is a one-line error, exit code 2.
 """
@@ -10,14 +11,13 @@ warning; a file that is not a log is a one-line error, exit code 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from adapters.report import RunDigest, comparison_report, digest_log, run_report
 from eventbus.log import LogError
+from eventbus.state import StateError, atomic_write
 
 from ._common import CliError
 
@@ -44,8 +44,8 @@ def register(subparsers: Any) -> None:
         type=Path,
         default=None,
         metavar="FILE.html",
-        help="where to write the page (default: beside the log, LOG.html, or "
-        "A-vs-B.html for two logs)",
+        help="where to write the page, '-' for stdout (default: beside the log, LOG.html, "
+        "or A-vs-B.html for two logs)",
     )
     report.set_defaults(func=_report)
 
@@ -86,32 +86,28 @@ def _digest(path: Path) -> RunDigest:
 
 
 def write_page(page: str, output: Path, *, inputs: tuple[Path, ...] = ()) -> None:
-    """Write ``page`` to ``output`` whole (a temporary file renamed into place)."""
+    """Write ``page`` to ``output``: a file is replaced whole (``atomic_write``: a
+    temporary file renamed into place, with the mode a new file gets); ``-`` is
+    stdout, and a device or a pipe (``/dev/stdout``) is written into, never replaced."""
+    if str(output) == "-":
+        sys.stdout.write(page)
+        return
     for source in inputs:
         if output.exists() and source.exists() and output.samefile(source):
             raise CliError(f"{output}: is the log being read; choose another -o")
     if output.is_dir():
         raise CliError(f"{output}: is a directory; give a file name (-o FILE.html)")
-    folder = output.parent
-    if not folder.is_dir():
-        raise CliError(f"{folder}: no such directory")
+    if not output.parent.is_dir():
+        raise CliError(f"{output.parent}: no such directory")
     try:
-        fd, temporary = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(page)
-        # mkstemp's file is private (0600); a page is as readable as any file the user writes.
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, output)
-    except OSError as exc:
-        if "temporary" in locals():
-            Path(temporary).unlink(missing_ok=True)
-        raise CliError(f"{output}: cannot write: {exc.strerror or exc}") from None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        if output.exists() and not output.is_file():
+            with output.open("w", encoding="utf-8") as stream:
+                stream.write(page)
+        else:
+            atomic_write(output, page.encode())
+    except (OSError, StateError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise CliError(f"{output}: cannot write: {reason}") from None
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -121,5 +117,6 @@ def _report(args: argparse.Namespace) -> int:
     page = run_report(digest) if other is None else comparison_report(digest, _digest(other))
     output: Path = args.output or report_path(log, other)
     write_page(page, output, inputs=(log,) if other is None else (log, other))
-    print(f"report written to {output} ({len(page.encode()) / 1024:.0f} KB): open it in a browser")
+    note = f"report written to {output} ({len(page.encode()) / 1024:.0f} KB): open it in a browser"
+    print(note, file=sys.stderr if str(output) == "-" else sys.stdout)  # stdout: the page
     return 0

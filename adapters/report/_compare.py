@@ -86,6 +86,11 @@ def _summary(a: RunDigest, b: RunDigest, labels: tuple[str, str]) -> str:
 def _cost(document: Document, a: RunDigest, b: RunDigest, labels: tuple[str, str]) -> str:
     if not a.cost.periods and not b.cost.periods:
         return '<p class="empty">Neither log has budget reports: no callback cost.</p>'
+    return document.add_chart(_cost_chart(a, b, labels)) + _cost_table(a, b)
+
+
+def _cost_chart(a: RunDigest, b: RunDigest, labels: tuple[str, str]) -> Chart:
+    """All handlers' share of each period in both runs, on one grid, and the budget."""
     align(a.cost.shares, b.cost.shares)
     chart = Chart(
         "chart-cost",
@@ -114,7 +119,11 @@ def _cost(document: Document, a: RunDigest, b: RunDigest, labels: tuple[str, str
             "colour": "#000000",
             "label": f"budget {highest:.3g}% of a period",
         }
-    body = document.add_chart(chart)
+    return chart
+
+
+def _cost_table(a: RunDigest, b: RunDigest) -> str:
+    """Each callback in A and in B, and the change, the costliest (in both) first."""
     names = {**dict.fromkeys(a.cost.handlers), **dict.fromkeys(b.cost.handlers)}
     empty = CallbackCost("")
     rows = []
@@ -165,7 +174,7 @@ def _cost(document: Document, a: RunDigest, b: RunDigest, labels: tuple[str, str
         "over budget A",
         "over budget B",
     ]
-    return body + table(headers, rows, numeric=range(1, 11), classes=classes)
+    return table(headers, rows, numeric=range(1, len(headers)), classes=classes)
 
 
 def _on(grid: list[float], xs: list[float], values: list[float | None]) -> list[float | None]:

@@ -256,6 +256,8 @@ def _summary(digest: RunDigest, text: TextBudget) -> str:
         items.append(("checkpoint mismatches", str(digest.mismatches), "bad"))
     if digest.rolled_back:
         items.append(("events rolled back by resumes", f"{digest.rolled_back:,}", ""))
+    if digest.placeholders:  # values the recorder could not encode (an object in metrics)
+        items.append(("events kept as placeholders", f"{digest.placeholders:,}", "bad"))
     body = facts(items)
     details = []
     if digest.last_checkpoint:
