@@ -13,6 +13,10 @@ Both trainer adapters run the bus in a thread of its own, fed through a
 bounded hand-off (``adapters._bus_thread``). Third-party libraries
 (transformers, torch, ray, matplotlib) are imported only here, when the
 module or feature that needs them is used, and are installed as extras.
+Options (``AdapterOptions``) are checked when an adapter is made, as
+``open_run``'s are.
 """
 
-__all__: list[str] = []
+from ._options import AdapterOptions
+
+__all__ = ["AdapterOptions"]

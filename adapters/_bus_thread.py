@@ -55,28 +55,23 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Unpack
 
 import anyio
 
 from eventbus import BusClosed, CloseReport, Event, EventBus, describe_exception, get_logger
 from eventbus.log import LogRecorder
 
+from ._options import AdapterKeywords, AdapterOptions, Backend
+
 __all__ = [
-    "DEFAULT_POLL_INTERVAL",
     "IDLE_POLL_INTERVAL",
-    "Backend",
     "BusThread",
     "Recipe",
     "kind_of",
 ]
 
 _log = get_logger("adapters.bus_thread")
-
-Backend = Literal["asyncio", "trio"]
-
-#: How often the bus thread looks at its deque, in seconds (see the module docstring).
-DEFAULT_POLL_INTERVAL = 0.005
 
 #: How seldom an idle bus thread looks: each look that finds nothing doubles the
 #: pause, up to this; the first look that finds events brings it back to the interval.
@@ -132,39 +127,31 @@ class BusThread:
     ``setup(bus)`` runs in the bus's thread before the bus starts (subscribe
     handlers there); its return value is ``setup_result``. ``log``: record the
     bus's events to this file (closed, so flushed, when the bus closes).
-    ``poll_interval``: how often the bus thread looks at the deque, so how
-    long a handed-off event may wait (see the module docstring).
-    ``bus_options`` go to ``EventBus``.
+    ``options``: the bus's, and the hand-off's (``poll_interval``: how often
+    the bus thread looks at the deque, so how long a handed-off event may
+    wait; see the module docstring).
     """
 
     def __init__(
         self,
         setup: Callable[[EventBus], Any],
+        options: AdapterOptions | None = None,
         *,
         log: Path | None = None,
         run_id: str = "",
         name: str = "eventbus",
-        capacity: int = 1024,
-        handoff_timeout: float = 5.0,
-        backend: Backend = "asyncio",
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
-        **bus_options: Any,
+        **keywords: Unpack[AdapterKeywords],
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be at least 1, got {capacity}")
-        if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be positive, got {poll_interval}")
-        if handoff_timeout < 0:
-            raise ValueError(f"handoff_timeout must not be negative, got {handoff_timeout}")
-        self.capacity = capacity
-        self.handoff_timeout = handoff_timeout
-        self.poll_interval = poll_interval
+        self.options = options = AdapterOptions.build(options, **keywords)
+        #: How many events the deque holds: the bus's ``buffer``.
+        self.capacity = options.buffer
+        self.handoff_timeout = options.handoff_timeout
+        self.poll_interval = options.poll_interval
         self.name = name
-        self.backend: Backend = backend
+        self.backend: Backend = options.backend
         self._setup = setup
         self._log = log
         self._run_id = run_id
-        self._bus_options = bus_options
         self.bus: EventBus | None = None
         self.setup_result: Any = None
         self.close_report: CloseReport | None = None
@@ -369,7 +356,7 @@ class BusThread:
         _log.error("a callback failed the run", thread=self.name, error=describe_exception(exc))
 
     async def _main(self) -> None:
-        bus = EventBus(**self._bus_options, on_failure=self._failed_by)
+        bus = EventBus(self.options, on_failure=self._failed_by)
         self.bus = bus
         recorder: LogRecorder | None = None
         try:

@@ -39,10 +39,16 @@ from eventbus import (
 )
 from eventbus.state import Snapshot, StateError, StateStore, is_stateful
 from handlers import RunStatus
-from handlers.wiring import CallbackAttachment, attach_user_callbacks, status_of
+from handlers.wiring import (
+    CallbackAttachment,
+    attach_user_callbacks,
+    status_of,
+    training_callbacks,
+)
 
 from ._hf_state import TRAINER_STATE_NAME, merge_stateful_callbacks, read_hf_trainer_state
-from ._threaded_run import BusOptions, ThreadedAdapter, ThreadedRun, log_path
+from ._options import AdapterKeywords, AdapterOptions
+from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
 
 __all__ = ["EventBusCallback", "run_with_failures"]
 
@@ -57,11 +63,11 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     resumed from may be anywhere. ``state=False``
     turns the state store off. ``log``: record the run's events, to that
     path, or with ``True`` to ``<output_dir>/eventbus-<run_id>.msgpack``.
-    ``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``
-    (default 5 s), ``drain_timeout``, ``backend`` and ``poll_interval``
-    (default 5 ms: how often the bus's thread takes the reports, so the most
-    a report waits) configure the bus and its hand-off
-    (``adapters._threaded_run.BusOptions``).
+    ``options`` (an ``adapters.AdapterOptions``), or the same as keywords
+    (``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``,
+    ``drain_timeout``, ``backend``, ``poll_interval``: how often the bus's
+    thread takes the reports, so the most a report waits), configure the bus
+    and its hand-off, each checked against its range here.
 
     After a resume the restored callbacks are new objects in the same order:
     read them from ``callbacks``, not from references kept from before.
@@ -77,16 +83,17 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         state_root: str | os.PathLike[str] | None = None,
         strict_state: bool = False,
         log: bool | str | os.PathLike[str] = False,
-        **bus_options: Unpack[BusOptions],
+        options: AdapterOptions | None = None,
+        **keywords: Unpack[AdapterKeywords],
     ) -> None:
-        self._callbacks = list(callbacks)
+        self._callbacks = training_callbacks(callbacks)
         self.name = name
         self.requested_run_id = run_id
         self.state_enabled = state
         self.state_root = state_root
         self.strict_state = strict_state
         self.log = log
-        self._run = ThreadedRun("eventbus-hf", bus_options)
+        self._run = ThreadedRun("eventbus-hf", AdapterOptions.build(options, **keywords))
         #: Checkpoint the next ``train()`` resumes from, when it cannot be inferred
         #: (``run_with_failures`` sets it from ``resume_from_checkpoint``).
         self.resume_from: str | None = None

@@ -4,9 +4,9 @@ Both adapters turn a trainer's hooks into events and hand them to a bus in
 its own thread; both end a run the same way (``RunFinished`` once everything
 before it was handled, then drain and close, bounded by ``drain_timeout``);
 both show users the same figures. That is here, once: ``ThreadedRun`` (the
-run, driven from the trainer's thread), ``ThreadedAdapter`` (what users read
-of it) and ``BusOptions`` (how the bus runs, given to the adapters as
-keywords).
+run, driven from the trainer's thread) and ``ThreadedAdapter`` (what users read
+of it); how the bus runs is an ``AdapterOptions``, given to the adapters as
+keywords.
 
 A callback that fails the run (``on_error="raise"``, or ``KeyboardInterrupt``
 or ``SystemExit`` raised in it) does so in the bus's thread. The next
@@ -23,59 +23,22 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from eventbus import BusClosed, CloseReport, Event, EventBus, RunFinished, get_logger
 from handlers import RunStatus
-from handlers.wiring import CallbackAttachment, status_of, stop_of
+from handlers.wiring import CallbackAttachment, log_run_end, status_of, stop_of
 
-from ._bus_thread import DEFAULT_POLL_INTERVAL, Backend, BusThread, Recipe, kind_of
+from ._bus_thread import BusThread, Recipe, kind_of
+from ._options import AdapterOptions
 
 __all__ = [
-    "DEFAULT_OPTIONS",
-    "BusOptions",
     "ThreadedAdapter",
     "ThreadedRun",
     "log_path",
 ]
 
 _log = get_logger("adapters.threaded_run")
-
-
-class BusOptions(TypedDict, total=False):
-    """How an adapter's bus runs, given to the adapter as keywords.
-
-    ``period``, ``timeout``, ``budget`` and ``buffer`` configure the bus (as
-    for ``EventBus``); ``buffer`` also bounds the hand-off, which waits at
-    most ``handoff_timeout`` seconds for room before it drops (and counts)
-    an event. ``drain_timeout`` bounds the drain at the run's end.
-    ``backend``: anyio's backend for the bus's thread. ``poll_interval``:
-    how often the bus's thread takes what the trainer handed off (5 ms): an
-    event waits up to that long, and the bus's thread wakes at most that
-    often, so it interrupts the trainer's hooks at most once per interval.
-    """
-
-    period: float
-    timeout: float
-    budget: float
-    buffer: int
-    handoff_timeout: float
-    drain_timeout: float
-    backend: Backend
-    poll_interval: float
-
-
-#: Every option, with its default (an adapter may change a default: Ray's loop waits less).
-DEFAULT_OPTIONS: BusOptions = {
-    "period": 2.0,
-    "timeout": 30.0,
-    "budget": 0.05,
-    "buffer": 1024,
-    "handoff_timeout": 5.0,
-    "drain_timeout": 10.0,
-    "backend": "asyncio",
-    "poll_interval": DEFAULT_POLL_INTERVAL,
-}
 
 
 def log_path(
@@ -107,12 +70,9 @@ class ThreadedRun:
     thread is made where the run starts.
     """
 
-    def __init__(self, name: str, options: BusOptions) -> None:
-        unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
-        if unknown:
-            raise TypeError(f"unexpected bus option(s): {', '.join(unknown)}")
+    def __init__(self, name: str, options: AdapterOptions) -> None:
         self.name = name
-        self.options: BusOptions = {**DEFAULT_OPTIONS, **options}
+        self.options = options
         self._reset()
 
     def _reset(self) -> None:
@@ -150,7 +110,7 @@ class ThreadedRun:
 
     @property
     def drain_timeout(self) -> float:
-        return self.options["drain_timeout"]
+        return self.options.drain_timeout
 
     # --- the run (the trainer's thread) -------------------------------------------------
 
@@ -167,24 +127,9 @@ class ThreadedRun:
             raise RuntimeError(f"{self.name}: run {self.run_id} has not ended")
         if self.thread is not None:
             self._dropped_before += self.thread.dropped
-        options = self.options
         if name is not None:
             self.name = name
-        thread = BusThread(
-            setup,
-            log=log,
-            run_id=run_id,
-            name=self.name,
-            capacity=options["buffer"],
-            handoff_timeout=options["handoff_timeout"],
-            backend=options["backend"],
-            poll_interval=options["poll_interval"],
-            period=options["period"],
-            timeout=options["timeout"],
-            budget=options["budget"],
-            buffer=options["buffer"],
-            drain_timeout=options["drain_timeout"],
-        )
+        thread = BusThread(setup, options=self.options, log=log, run_id=run_id, name=self.name)
         thread.start()
         self.thread = thread
         self.run_id = run_id
@@ -290,6 +235,9 @@ class ThreadedRun:
             stop_reason=stop_reason,
         )
         self.close_report = thread.close([final], timeout=max(0.0, deadline - time.monotonic()))
+        result = attachment.lifecycle.result if attachment is not None else None
+        if result is not None:
+            log_run_end(result)
 
 
 class ThreadedAdapter:

@@ -65,9 +65,10 @@ from eventbus import (
     get_logger,
 )
 from handlers import RunStatus
-from handlers.wiring import CallbackAttachment, attach_user_callbacks
+from handlers.wiring import CallbackAttachment, attach_user_callbacks, training_callbacks
 
-from ._threaded_run import BusOptions, ThreadedAdapter, ThreadedRun, log_path
+from ._options import AdapterKeywords, AdapterOptions
+from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
 
 __all__ = ["EventBusUserCallback", "RunLifecycleCallback", "recorded_logs"]
 
@@ -106,11 +107,11 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
     ``<storage_path>/<name>/eventbus-<run_id>.msgpack`` (the run's storage,
     which must be a local or shared file system; see ``recorded_logs``), or
     to a given path.
-    ``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``
-    (default 1 s: it is Ray's loop that waits), ``drain_timeout``,
-    ``backend`` and ``poll_interval`` (default 5 ms) configure the bus and
-    its hand-off
-    (``adapters._threaded_run.BusOptions``). Register ``lifecycle`` too,
+    ``options`` (an ``adapters.AdapterOptions``), or the same as keywords
+    (``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``,
+    default 1 s here since it is Ray's loop that waits, ``drain_timeout``,
+    ``backend``, ``poll_interval``), configure the bus and its hand-off, each
+    checked against its range here. Register ``lifecycle`` too,
     unless the installed Ray's ``UserCallback`` has ``before_run`` and
     ``after_run`` (see the module docstring).
     """
@@ -120,11 +121,16 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
         callbacks: Iterable[Any] = (),
         *,
         record: bool | str | os.PathLike[str] = True,
-        **bus_options: Unpack[BusOptions],
+        options: AdapterOptions | None = None,
+        **keywords: Unpack[AdapterKeywords],
     ) -> None:
-        self.callbacks = list(callbacks)
+        self.callbacks = training_callbacks(callbacks)
         self.record = record if isinstance(record, bool) else os.fspath(record)
-        self._run = ThreadedRun("eventbus-ray-controller", {"handoff_timeout": 1.0, **bus_options})
+        if options is None:
+            keywords.setdefault("handoff_timeout", 1.0)  # it is Ray's loop that waits
+        self._run = ThreadedRun(
+            "eventbus-ray-controller", AdapterOptions.build(options, **keywords)
+        )
         self.lifecycle = RunLifecycleCallback(self)
         self._reset()
 

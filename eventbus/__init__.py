@@ -44,6 +44,7 @@ from ._subscription import (
     SubscriptionStats,
 )
 from ._text import describe as describe_exception
+from .options import BusOptions
 from .state._model import Stateful, StatefulCallback
 
 try:
@@ -55,6 +56,7 @@ __all__ = [
     "BudgetReport",
     "BusClosed",
     "BusFull",
+    "BusOptions",
     "BusStats",
     "CheckpointMismatch",
     "CheckpointSaved",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import anyio
 import anyio.abc
@@ -49,6 +49,7 @@ from ._subscription import (
 from ._tasks import Tasks
 from ._text import describe
 from ._watchdog import Watchdog
+from .options import Buffer, BusKeywords, BusOptions, WaitSeconds, checked
 
 __all__ = ["EMIT_HEADROOM", "BusClosed", "BusFull", "BusStats", "CloseReport", "EventBus"]
 
@@ -68,11 +69,14 @@ class EventBus:
     ``on_error="raise"`` that fails makes the exception propagate out of the
     ``async with``.
 
-    ``buffer`` bounds the inbox (and each lane, unless given its own):
-    ``publish`` waits when it is full and ``publish_nowait`` raises ``BusFull``.
-    ``timeout`` is the default deadline of one handler call, in real seconds.
-    ``clock`` drives timestamps and health-check periods (``period`` seconds);
-    ``budget`` is the share of a period handlers may use together.
+    ``options`` (a ``BusOptions``), or the same as keywords (``EventBus(period=5)``),
+    say how it runs, each checked against its range when the bus is made:
+    ``buffer`` bounds the inbox (and each lane, unless given its own), so
+    ``publish`` waits when it is full and ``publish_nowait`` raises ``BusFull``;
+    ``timeout`` is the default deadline of one handler call, in real seconds;
+    ``period`` the health-check period and ``budget`` the share of it handlers
+    may use together; ``drain_timeout`` bounds the drain on close. ``clock``
+    drives timestamps and health-check periods.
 
     Publishing hands an event over: the bus stamps ``seq`` and ``time`` onto
     that very object when it dispatches it (a stamped copy per event would
@@ -89,30 +93,20 @@ class EventBus:
 
     def __init__(
         self,
+        options: BusOptions | None = None,
         *,
-        buffer: int = 1024,
-        timeout: float = 30.0,
         clock: Clock | None = None,
-        period: float = 2.0,
-        budget: float = 0.05,
-        drain_timeout: float = 10.0,
         on_failure: Callable[[BaseException], None] | None = None,
+        **keywords: Unpack[BusKeywords],
     ) -> None:
-        if buffer < 1:
-            raise ValueError(f"buffer must be at least 1, got {buffer}")
-        if timeout <= 0 or period <= 0 or drain_timeout < 0:
-            raise ValueError("timeout and period must be positive, drain_timeout not negative")
-        if not 0 < budget <= 1:
-            raise ValueError(f"budget is a share of the period, in (0, 1], got {budget}")
-        self.buffer = buffer
-        self.timeout = timeout
+        #: The bus's options (``BusOptions``: ``options`` with ``keywords`` changed), checked.
+        self.options = options = BusOptions.build(options, **keywords)
+        self._buffer = options.buffer  # read by every publish
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self._now: Callable[[], float] = self.clock.now
-        self.period = period
-        self.budget = budget
-        self.drain_timeout = drain_timeout
+        period, budget = options.period, options.budget
         self._on_failure = on_failure
-        self._emit_limit = buffer + EMIT_HEADROOM
+        self._emit_limit = options.buffer + EMIT_HEADROOM
         self._next_index = 0
 
         self._inbox = Inbox()
@@ -142,6 +136,26 @@ class EventBus:
         self._failure_reported = False
         self._abandoned = 0
         self._stop_listening: Callable[[], None] | None = None
+
+    @property
+    def buffer(self) -> int:
+        return self.options.buffer
+
+    @property
+    def timeout(self) -> float:
+        return self.options.timeout
+
+    @property
+    def period(self) -> float:
+        return self.options.period
+
+    @property
+    def budget(self) -> float:
+        return self.options.budget
+
+    @property
+    def drain_timeout(self) -> float:
+        return self.options.drain_timeout
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -197,6 +211,11 @@ class EventBus:
         or until ``drain_timeout``), stop the bus's tasks, and say what was not delivered."""
         if self._close_report is not None:
             return self._close_report
+        limit = (
+            self.drain_timeout
+            if drain_timeout is None
+            else checked("drain_timeout", drain_timeout, WaitSeconds)
+        )
         if self._tasks.in_one():
             raise RuntimeError(
                 "aclose() called from a handler: it would wait for itself; "
@@ -206,7 +225,6 @@ class EventBus:
         self._closing = True
         drained = True
         if drain:
-            limit = self.drain_timeout if drain_timeout is None else drain_timeout
             with anyio.move_on_after(limit):
                 await self.wait_idle()
                 # The unfinished period is reported too, and delivered like the others.
@@ -216,6 +234,7 @@ class EventBus:
                     await self.wait_idle()
             drained = self._dispatcher.is_idle()
         await self._tasks.stop()
+        self._inbox.wake_publishers()  # those waiting for room: refused now, not left waiting
         abandoned = self._dispatcher.undelivered()
         self._abandoned += abandoned
         if self._stop_listening is not None:
@@ -251,6 +270,7 @@ class EventBus:
         if self._failure is None:
             self._failure = exc
             self._open = False
+            self._inbox.wake_publishers()
             if self._tg is not None:
                 self._tg.cancel_scope.cancel()
 
@@ -290,6 +310,7 @@ class EventBus:
         event, such as the state store snapshotting at each checkpoint.
         """
         registry = self._registry
+        capacity = self._buffer if buffer is None else checked("buffer", buffer, Buffer)
         sub = Subscription(
             registry,
             event_types,
@@ -312,7 +333,7 @@ class EventBus:
         lane = None
         if mode == "lane":
             runner = Runner(self._now, self._policy, self._watchdog.guard())
-            lane = self._dispatcher.new_lane(sub, runner, buffer or self.buffer)
+            lane = self._dispatcher.new_lane(sub, runner, capacity)
         registry.add(sub, lane)
         if lane is not None and self._open:
             self._tasks.start(lane.run)
@@ -375,7 +396,7 @@ class EventBus:
         The event is handed over (see the class): publish a fresh one each
         time; one already published is refused with ``ValueError``."""
         inbox = self._inbox
-        if len(inbox) >= self.buffer:
+        if len(inbox) >= self._buffer:
             await self._wait_room()
         # The checks and ``Inbox.put`` written out: a call costs a fifth of the fixed cost.
         try:
@@ -397,16 +418,16 @@ class EventBus:
         inbox = self._inbox
         done = 0
         while done < len(pending):
-            if len(inbox) >= self.buffer or not self._open:
+            if len(inbox) >= self._buffer or not self._open:
                 await self._wait_room()
                 if not self._open:
                     raise refusal(pending[done], started=self._tg is not None)
-            done += inbox.put_many(pending, done, self.buffer - len(inbox))
+            done += inbox.put_many(pending, done, self._buffer - len(inbox))
 
     def publish_nowait(self, event: Event) -> None:
         """Accept ``event`` or raise ``BusFull``; never drops it silently."""
-        if len(self._inbox) >= self.buffer:
-            raise BusFull(f"the bus inbox is full ({self.buffer} events waiting)")
+        if len(self._inbox) >= self._buffer:
+            raise BusFull(f"the bus inbox is full ({self._buffer} events waiting)")
         if not (self._open and is_fresh(event)):
             raise refusal(event, started=self._tg is not None)
         self._inbox.put(event)
@@ -442,7 +463,7 @@ class EventBus:
     async def _wait_room(self) -> None:
         if self._open:
             self._tasks.refuse_wait("a publish() that must wait for room")
-        while len(self._inbox) >= self.buffer:
+        while len(self._inbox) >= self._buffer:
             if not self._open:
                 return  # the publisher raises the right error
             await self._inbox.room()

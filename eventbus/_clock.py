@@ -8,6 +8,7 @@ replays run on virtual time, instantly and deterministically, as
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
@@ -43,6 +44,8 @@ class VirtualClock:
     """
 
     def __init__(self, start: float = 0.0) -> None:
+        if not math.isfinite(start):
+            raise ValueError(f"a clock cannot start at {start}: not a finite time")
         self._now = start
         self._sleepers: list[tuple[float, int, anyio.Event]] = []
         self._counter = 0
@@ -63,6 +66,8 @@ class VirtualClock:
 
     def set(self, when: float) -> None:
         """Move the clock to ``when`` (never backwards) and wake due sleepers."""
+        if not math.isfinite(when):
+            raise ValueError(f"virtual clock cannot be set to {when}: not a finite time")
         if when < self._now:
             raise ValueError(f"virtual clock cannot go back from {self._now} to {when}")
         self._now = when
@@ -103,6 +108,8 @@ class FastForwardClock(VirtualClock):
         return time.monotonic() + self._offset
 
     def set(self, when: float) -> None:
+        if not math.isfinite(when):
+            raise ValueError(f"clock cannot be set to {when}: not a finite time")
         now = self.now()
         if when > now:
             self._offset += when - now

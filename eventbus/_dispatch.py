@@ -101,10 +101,14 @@ class Inbox(deque[Event]):
             self.clear()
         else:
             batch = [self.popleft() for _ in range(MAX_BATCH)]
+        self.wake_publishers()
+        return batch
+
+    def wake_publishers(self) -> None:
+        """Publishers waiting for room look again: there is room, or the bus closed."""
         if self._room is not None:
             self._room.set()
             self._room = None
-        return batch
 
     async def room(self) -> None:
         """Wait until the dispatcher takes a batch."""

@@ -9,7 +9,7 @@ Exceptions travel as type name, message and traceback text: never pickled.
 from __future__ import annotations
 
 import traceback as _traceback
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -17,6 +17,12 @@ import msgspec
 SCHEMA_VERSION = 2
 
 Metrics = dict[str, Any]
+
+#: The largest bus time an event may carry, either sign: thousands of years in seconds.
+MAX_TIME = 1e12
+#: A time on the bus's clock. Finite: a recorded NaN or infinity would stall periods and
+#: comparisons, so a log record holding one is damaged (read as a placeholder).
+BusTime = Annotated[float, msgspec.Meta(ge=-MAX_TIME, le=MAX_TIME)]
 RunStatus = Literal["finished", "failed", "cancelled"]
 
 
@@ -38,7 +44,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tru
     """
 
     seq: int = -1
-    time: float = 0.0
+    time: BusTime = 0.0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -208,7 +214,8 @@ class RunPosition(msgspec.Struct, frozen=True, kw_only=True):
     ``checkpoint_seq`` is the ``seq`` of the checkpoint's ``CheckpointSaved``
     (events recorded after it, up to the resume, are rolled back);
     ``start_time`` the run's (its context's) start; the counts are the run's
-    figures so far. A rank not required at the checkpoint has ``-1``.
+    figures so far, and ``pending_failures`` where ``after_exception`` stood.
+    A rank not required at the checkpoint has ``-1``.
     """
 
     checkpoint: str
@@ -223,6 +230,9 @@ class RunPosition(msgspec.Struct, frozen=True, kw_only=True):
     failures: int = 0
     restarts: int = 0
     mismatches: int = 0
+    #: Worker failures recorded before the checkpoint whose health-check period had
+    #: not ended: a resumed run delivers them to ``after_exception``, once.
+    pending_failures: tuple[WorkerFailure, ...] = ()
 
 
 class RunResumed(Event, frozen=True, kw_only=True):
@@ -256,8 +266,8 @@ class HealthCheckTick(Event, frozen=True, kw_only=True):
     """End of health-check period ``period`` (clock times ``start``..``end``)."""
 
     period: int
-    start: float
-    end: float
+    start: BusTime
+    end: BusTime
 
 
 # --- diagnostics ---------------------------------------------------------------
@@ -322,8 +332,8 @@ class BudgetReport(Event, frozen=True, kw_only=True):
     """
 
     period: int
-    start: float
-    end: float
+    start: BusTime
+    end: BusTime
     budget: float
     total: float
     fraction: float

@@ -71,14 +71,31 @@ class Periods:
                 self.roll(self._clock.now())
 
     def roll(self, now: float) -> None:
-        """Close every period that ended by ``now``: one tick and one budget report each."""
-        while now >= self.end:
-            start, end = self.start, self.end
-            self._emit(HealthCheckTick(period=self.index, start=start, end=end))
-            self._emit(self.report(start, end))
-            self.index += 1
-            self.start = end
-            self.end = end + self.length
+        """Close the period that ended by ``now``: a tick and a budget report.
+
+        However far ``now`` is past its end (a machine suspended, a log's jump in
+        time), that costs at most two reports: the whole periods after it, in which
+        nothing was dispatched, are closed as one idle stretch up to the start of
+        the period ``now`` falls in. So a gap never turns into work per period.
+        """
+        if not now >= self.end:  # also for a NaN
+            return
+        start = self._close(self.start, self.end)
+        if now >= start + self.length:
+            idle_end = start + math.floor((now - start) / self.length) * self.length
+            if not start < idle_end <= now:  # times too large for the period's precision
+                idle_end = now
+            start = self._close(start, idle_end)
+        self.start = start
+        # Past 2**53 periods a sum no longer moves: the next float keeps periods ending.
+        self.end = max(start + self.length, math.nextafter(start, math.inf))
+
+    def _close(self, start: float, end: float) -> float:
+        """Emit the tick and the report of ``[start, end)``; the next period's start."""
+        self._emit(HealthCheckTick(period=self.index, start=start, end=end))
+        self._emit(self.report(start, end))
+        self.index += 1
+        return end
 
     def cut(self, now: float) -> BudgetReport | None:
         """The bus closes: the unfinished period's report, if the period has begun."""

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from ._events import Event
+from .options import Faults, Seconds, Share, checked
 
 __all__ = [
     "CALIBRATION_CALLS",
@@ -251,12 +252,9 @@ def _checked_types(
         raise ValueError(
             f"over_budget must be 'warn', 'coalesce' or 'disable', got {over_budget!r}"
         )
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
-    if budget is not None and not 0 < budget <= 1:
-        raise ValueError(f"budget is a share of the period, in (0, 1], got {budget}")
-    if max_faults < 1:
-        raise ValueError(f"max_faults must be at least 1, got {max_faults}")
+    checked("timeout", timeout, Seconds)
+    checked("budget", budget, Share | None)
+    checked("max_faults", max_faults, Faults)
     return types
 
 

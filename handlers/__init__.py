@@ -24,15 +24,17 @@ from eventbus.events import (
 )
 
 from ._callback import UserCallback
-from ._errors import WorkerError, WorkerGroupError
+from ._errors import ReportError, WorkerError, WorkerGroupError
 from ._failures import ExceptionCallbackHandler
 from ._interfaces import ExceptionCallback, ReportCallback, RunCallback
 from ._lifecycle import RunCallbackHandler
-from ._open_run import open_run
+from ._open_run import TrainingCallback, open_run
 from ._reporter import Reporter
 from ._reports import ReportCallbackHandler
+from ._resume import latest_checkpoint
 from ._run import Run, WorkerFn
 from .builtins import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay
+from .options import RunOptions
 
 __all__ = [
     "BestCheckpoints",
@@ -44,6 +46,7 @@ __all__ = [
     "ProgressDisplay",
     "ReportCallback",
     "ReportCallbackHandler",
+    "ReportError",
     "Reporter",
     "RoundGathered",
     "Run",
@@ -51,13 +54,16 @@ __all__ = [
     "RunCallback",
     "RunCallbackHandler",
     "RunEnded",
+    "RunOptions",
     "RunResult",
     "RunStatus",
     "StatefulCallback",
     "TrainRunContext",
+    "TrainingCallback",
     "UserCallback",
     "WorkerError",
     "WorkerFn",
     "WorkerGroupError",
+    "latest_checkpoint",
     "open_run",
 ]

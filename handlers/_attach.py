@@ -109,6 +109,7 @@ class CallbackAttachment:
             start_time=context.start_time if context else 0.0,
             failures=self.failures.failures,
             restarts=self.restarts,
+            pending_failures=self.failures.pending_before(event.seq),
         )
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from eventbus import DeliveryMode, ErrorPolicy, Event, EventBus, OverBudgetPolicy, Subscription
+from eventbus.state import callback_name
 
 from ._attach import CallbackAttachment
 from ._user import base_hook
@@ -31,6 +32,9 @@ class UserCallback:
     ``mode``: inline or lane); ``None`` means the bus default.
     ``event_types``: raw events this callback also wants, delivered to
     ``on_event(run_context, event)`` (for displays that count reports).
+    Its ``repr`` is its readable name, as logs and messages show it: the
+    class name with its ``state_key`` (``EarlyStopping(metric='loss',
+    mode='min')``), or the class name alone.
     """
 
     timeout: ClassVar[float | None] = None
@@ -41,6 +45,9 @@ class UserCallback:
     delivery: ClassVar[DeliveryMode | None] = None
     blocking: ClassVar[bool] = False
     event_types: ClassVar[tuple[type[Event], ...]] = ()
+
+    def __repr__(self) -> str:
+        return callback_name(self)
 
     @base_hook
     def before_run(self, run_context: TrainRunContext) -> Any:

@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from eventbus import describe_exception
-from eventbus.events import RunStatus
+from eventbus import describe_exception, get_logger
+from eventbus.events import RunResult, RunStatus
+from eventbus.state import callback_name
 
-__all__ = ["interrupt_in", "only_cancellations", "status_of", "stop_of"]
+__all__ = ["interrupt_in", "log_run_end", "only_cancellations", "status_of", "stop_of"]
 
-_object_repr: Any = object.__repr__
+_log = get_logger("handlers.run")
+
 #: Longest stop reason kept (it goes into the run's result and its log).
 MAX_STOP_REASON = 1000
 
@@ -65,20 +67,38 @@ def stop_of(callbacks: Iterable[Any]) -> tuple[str, str | None] | None:
         except Exception:
             continue
         reason = reason[:MAX_STOP_REASON] if isinstance(reason, str) else None
-        return _name_of(callback), reason
+        return callback_name(callback), reason
     return None
 
 
-def _name_of(callback: Any) -> str:
-    """Its ``state_key`` if it has one, else its own ``repr`` if its class has one,
-    else its class's name (whatever the first two raise or return)."""
-    cls = type(callback)
-    try:
-        key = getattr(callback, "state_key", None)
-        if isinstance(key, str) and key:
-            return key[:200] if key.startswith(cls.__name__) else f"{cls.__qualname__}[{key[:200]}]"
-        if cls.__repr__ is not _object_repr:
-            return str(repr(callback))[:200]
-    except Exception:
-        pass
-    return cls.__qualname__
+def _count(number: int, what: str, plural: str | None = None) -> str:
+    return f"{number:,} {what if number == 1 else plural or what + 's'}"
+
+
+def log_run_end(result: RunResult, seconds: float | None = None) -> None:
+    """One line on the console for a run's end, whichever way it ran: how it ended,
+    what it did, and what went wrong (a warning when something did)."""
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    parts = [_count(result.rounds, "round"), _count(result.reports, "report")]
+    troubles = []
+    if result.rejected:
+        troubles.append(_count(result.rejected, "report") + " rejected")
+    if result.failures:
+        troubles.append(_count(result.failures, "worker failure"))
+    if result.restarts:
+        troubles.append(_count(result.restarts, "restart"))
+    if result.checkpoint_mismatches:
+        troubles.append(
+            _count(result.checkpoint_mismatches, "checkpoint mismatch", "checkpoint mismatches")
+        )
+    line = f"run {result.run_id} {result.status}{took}: {', '.join(parts + troubles)}"
+    if result.stopped_by is not None:
+        line += f"; stopped by {result.stopped_by}"
+        if result.stop_reason:
+            line += f": {result.stop_reason}"
+    if result.error:
+        line += f"; error: {result.error}"
+    if troubles or result.status != "finished":
+        _log.warning(line)
+    else:
+        _log.info(line)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from eventbus import WorkerFailure
 
-__all__ = ["WorkerError", "WorkerGroupError"]
+__all__ = ["ReportError", "WorkerError", "WorkerGroupError"]
 
 
 class WorkerError(Exception):
@@ -59,3 +61,17 @@ class WorkerGroupError(Exception):
         first = failures[min(failures)]
         super().__init__(f"worker rank(s) {ranks} failed; first: {type(first).__name__}: {first}")
         self.failures = failures
+
+
+class ReportError(ValueError):
+    """A report its rank could not make: ``field`` (``metrics['loss']``, ``checkpoint``)
+    holds what a log cannot, for ``reason``. Nothing was reported."""
+
+    def __init__(self, rank: int, field: str, reason: str) -> None:
+        super().__init__(f"rank {rank}: report refused: {field}: {reason}")
+        self.rank = rank
+        self.field = field
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (Ray ships exceptions)
+        return type(self), (self.rank, self.field, self.reason)

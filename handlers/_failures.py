@@ -45,6 +45,8 @@ class ExceptionCallbackHandler:
         self.exception_callbacks = list(exception_callbacks)
         self._context_for = context_for or TrainRunContext.from_event
         self._pending: list[WorkerFailure] = []
+        #: What a resumed run's checkpoint had pending, due at the first tick.
+        self._carried: list[WorkerFailure] = []
         self._bus: EventBus | None = None
         #: Figures: failures seen, after_exception deliveries made.
         self.failures = 0
@@ -65,17 +67,28 @@ class ExceptionCallbackHandler:
             self.failures += 1
             self._pending.append(event)
         elif isinstance(event, HealthCheckTick):
-            if self._pending:
-                due = [f for f in self._pending if f.time < event.end]
-                if due:
-                    self._pending = [f for f in self._pending if f.time >= event.end]
-                    self._deliver(due)
+            end = event.end
+            # ``not >=``: a failure whose time is no number (NaN) is due, never kept.
+            due = [*self._carried, *(f for f in self._pending if not f.time >= end)]
+            if due:
+                self._carried = []
+                self._pending = [f for f in self._pending if f.time >= end]
+                self._deliver(due)
         elif isinstance(event, RunFinished):
             self.flush()
 
+    def pending_before(self, seq: int) -> tuple[WorkerFailure, ...]:
+        """The failures recorded before event ``seq`` not delivered yet (a snapshot's)."""
+        return tuple(f for f in self._pending if f.seq < seq)
+
+    def resume_pending(self, failures: tuple[WorkerFailure, ...]) -> None:
+        """Failures a resumed run's checkpoint had pending: due at its first tick (their
+        times are another process's clock's, so they are not compared with this one's)."""
+        self._carried = list(failures)
+
     def flush(self) -> None:
         """Deliver every pending failure now (the run is over)."""
-        due, self._pending = self._pending, []
+        due, self._pending, self._carried = [*self._carried, *self._pending], [], []
         if due:
             self._deliver(due)
 

@@ -26,7 +26,6 @@ __all__ = [
     "FrozenDict",
     "FrozenList",
     "MetricsError",
-    "RejectedMetrics",
     "freeze_metrics",
 ]
 
@@ -56,22 +55,6 @@ _READ_ONLY = (
     "metrics are read-only, so that every callback sees what was reported; "
     "copy them to change them: dict(metrics[i])"
 )
-
-
-class RejectedMetrics:
-    """Stands in for metrics rejected where they were reported: the verdict, not the
-    values, which the worker may change once ``report`` returned (a copy of values
-    that are not JSON cannot be made safely). The gatherer rejects the report with
-    this field and reason; an event log records a placeholder saying so."""
-
-    __slots__ = ("field", "reason")
-
-    def __init__(self, field: str, reason: str) -> None:
-        self.field = field
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"<metrics rejected where reported: {self.field}: {self.reason}>"
 
 
 def _read_only(*args: Any, **kwargs: Any) -> NoReturn:
@@ -129,8 +112,6 @@ def _thaw(value: Any) -> Any:
 
 def _thorough_problem(metrics: Any) -> tuple[str, str] | None:
     """What the fast path could not accept, walked value by value."""
-    if type(metrics) is RejectedMetrics:
-        return metrics.field, metrics.reason
     try:
         return _walk(metrics)
     except RecursionError:

@@ -2,81 +2,102 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, Unpack
 
 from eventbus import Clock
+from eventbus.options import OptionTypeError
 
 from ._callback import UserCallback
 from ._run import Run
+from .options import RunKeywords, RunOptions
 
-__all__ = ["open_run"]
+__all__ = ["TrainingCallback", "open_run"]
+
+
+class _HasState(Protocol):
+    """A callback with state only (``state()``), no hooks: the state store keeps it."""
+
+    def state(self) -> Mapping[str, Any]: ...
+
+
+#: What a run takes as a callback: a ``UserCallback``, or an object with state only.
+#: (At run time any object with ``UserCallback``'s hooks is taken too.)
+TrainingCallback = UserCallback | _HasState
 
 
 def open_run(
     *,
-    world_size: int,
-    callbacks: Iterable[UserCallback | Any] = (),
+    callbacks: Iterable[TrainingCallback] = (),
     name: str = "run",
     run_id: str | None = None,
-    period: float = 2.0,
-    timeout: float = 30.0,
-    budget: float = 0.05,
-    buffer: int = 1024,
-    storage: str | Path | None = None,
+    storage: str | os.PathLike[str] | None = None,
     config: dict[str, Any] | None = None,
     clock: Clock | None = None,
-    required_ranks: Iterable[int] | None = None,
-    drain_timeout: float = 10.0,
-    log: str | Path | None = None,
-    state_dir: str | Path | None = None,
-    resume_from: str | Path | None = None,
+    log: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
     strict_state: bool = False,
     allow_fresh_state: bool = False,
+    options: RunOptions | None = None,
+    **keywords: Unpack[RunKeywords],
 ) -> Run:
     """Open a run: ``async with open_run(world_size=4, callbacks=[...]) as run:``.
 
-    ``period`` is the health-check period (failures are gathered and
-    callback time budgeted per period; 2 s as in Ray Train), ``timeout`` the
-    default deadline of one callback call, ``budget`` the callbacks' share of
-    a period. ``RunStarted``/``RunFinished`` and ``before_run``/``after_run``
-    happen exactly once, also when the body fails or is cancelled.
+    ``RunStarted``/``RunFinished`` and ``before_run``/``after_run`` happen
+    exactly once, also when the body fails or is cancelled.
 
-    ``log``: record every event of the run to this file (msgpack, or JSON
-    Lines for ``.jsonl``), fsynced at every checkpoint. ``state_dir``: snapshot
-    every stateful callback at every checkpoint, into the checkpoint (reported
-    locations are taken from the current directory, like every other path, and
-    must lie under ``state_dir``), with where the run stood.
+    The run's options, as keywords (or a ``RunOptions`` as ``options``, the
+    keywords changing it), each checked here against its range: a value out
+    of range is an ``OptionError`` (a ``ValueError``) and one of the wrong
+    type an ``OptionTypeError`` (a ``TypeError``), naming the option.
 
-    ``resume_from``: continue the run from this checkpoint (anywhere; a
-    relative path is taken from the current directory). The callbacks given
-    get their saved states, in place (warnings for saved-but-missing and
-    live-but-unsaved callbacks; ``strict_state=True`` raises instead); a
-    checkpoint without saved states is an error unless ``allow_fresh_state``.
-    The run keeps the saved run's id, continues its rounds and each rank's
-    report indices, appends to its ``log`` (a ``RunResumed`` event marks what
-    the crash rolled back), and workers find the checkpoint in
-    ``reporter.latest_checkpoint``. A ``log`` already there is never
-    overwritten: only a resumed run appends to it.
+    Args:
+        world_size: how many ranks report (1 to 131,072).
+        required_ranks: the ranks a round waits for (default: all).
+        period: the health-check period, seconds (default 2, as Ray Train's):
+            failures are gathered and callback time budgeted per period.
+        timeout: the default deadline of one callback call, seconds (default 30).
+        budget: the callbacks' share of a period (default 0.05).
+        buffer: events the bus holds before reporters wait (default 1024).
+        drain_timeout: how long the run's end waits for callbacks, seconds.
+        callbacks: training callbacks (``UserCallback``s, or objects with its hooks,
+            or with state only): anything else is a ``TypeError`` here.
+        log: record every event of the run to this file (msgpack, or JSON Lines
+            for ``.jsonl``), fsynced at every checkpoint. It is created by the run,
+            never overwritten: only a resumed run appends to it.
+        state_dir: snapshot every stateful callback at every checkpoint, into the
+            checkpoint (reported locations must lie under it), with where the run
+            stood; the run's storage root (``run_context.storage``) unless
+            ``storage`` says otherwise.
+        resume_from: continue the run from this checkpoint, or from the latest
+            complete checkpoint in this run directory. The callbacks given get
+            their saved states, in place (warnings for saved-but-missing and
+            live-but-unsaved callbacks; ``strict_state=True`` raises instead); a
+            checkpoint without saved states is an error unless
+            ``allow_fresh_state``. The run keeps the saved run's id, continues
+            its rounds and each rank's report indices, appends to its ``log``,
+            and workers find the checkpoint in ``reporter.latest_checkpoint``.
+
+    Relative paths are taken from the current directory.
     """
-    if not math.isfinite(period) or period <= 0:
-        raise ValueError(f"period must be a positive number of seconds, got {period}")
+    ranks = keywords.get("required_ranks")
+    if ranks is not None and not isinstance(ranks, list | tuple):
+        try:
+            keywords["required_ranks"] = tuple(ranks)
+        except TypeError:
+            raise OptionTypeError(
+                "required_ranks", f"required_ranks must be ranks (ints), got {ranks!r}"
+            ) from None
     return Run(
-        world_size=world_size,
+        options=RunOptions.build(options, **keywords),
         callbacks=callbacks,
         name=name,
         run_id=run_id,
-        period=period,
-        timeout=timeout,
-        budget=budget,
-        buffer=buffer,
         storage=storage,
         config=config,
         clock=clock,
-        required_ranks=required_ranks,
-        drain_timeout=drain_timeout,
         log=log,
         state_dir=state_dir,
         resume_from=resume_from,

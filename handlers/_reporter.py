@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -9,7 +10,8 @@ import anyio
 from eventbus import EventBus, Report, RunFinished, Stage, WorkerGroupRestarted
 from eventbus.events import RoundGathered
 
-from ._metric_values import MetricsError, RejectedMetrics, freeze_metrics
+from ._errors import ReportError
+from ._metric_values import MetricsError, freeze_metrics
 
 if TYPE_CHECKING:
     from ._run import Run
@@ -22,10 +24,10 @@ class Reporter:
 
     ``report`` copies ``metrics`` at once (into a read-only ``FrozenDict``):
     the worker may reuse or change its dict afterwards, and callbacks still
-    see what was reported. Metrics that are not JSON values a log can hold
-    are judged at once (the worker may change them afterwards); the run
-    rejects them (``ReportRejected`` naming the rank and the path inside the
-    metrics) and goes on.
+    see what was reported. Metrics that are not JSON values a log can hold,
+    or a checkpoint that is no location, are refused right there with a
+    ``ReportError`` naming the rank and the field: the worker hears of it,
+    and its turn in the round is still its to take.
 
     ``latest_checkpoint`` is the checkpoint of the latest complete round
     (where a restarted worker resumes); ``should_stop`` turns true when a
@@ -37,32 +39,37 @@ class Reporter:
         self.rank = rank
         self.world_size = run.world_size
         self.attempt = 0
+        #: Whether this rank's worker ran and ended: its next report will not come.
+        self.ended = False
         self._index = run.first_index(rank)
 
-    async def report(self, metrics: dict[str, Any], checkpoint: str | None = None) -> None:
+    async def report(
+        self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None = None
+    ) -> None:
         """Report this rank's ``metrics`` for its next round, and the ``checkpoint`` it
         saved, if any (one rank naming it is enough: the round has it).
 
         The metrics are copied at once (the worker may reuse its dict) and
-        callbacks get them read-only. Metrics a log cannot hold are rejected by
-        the gathering, naming rank and field; the run goes on.
+        callbacks get them read-only. ``ReportError`` (a ``ValueError``) if the
+        metrics hold something a log cannot (``metrics['loss']``: a tensor, say)
+        or ``checkpoint`` is no path; nothing is reported then.
         """
+        try:
+            frozen = freeze_metrics(metrics)
+        except MetricsError as exc:
+            raise ReportError(self.rank, exc.field, exc.reason) from None
+        location = None if checkpoint is None else _location(self.rank, checkpoint)
         run = self.run
         index = self._index
         self._index += 1
-        reported: Any
-        try:
-            reported = freeze_metrics(metrics)
-        except MetricsError as exc:  # the gatherer rejects it, naming rank and field
-            reported = RejectedMetrics(exc.field, exc.reason)
         await run.bus.publish(
             Report(
                 run_id=run.run_id,
                 rank=self.rank,
                 world_size=self.world_size,
                 index=index,
-                metrics=reported,
-                checkpoint=checkpoint,
+                metrics=frozen,
+                checkpoint=location,
             )
         )
 
@@ -73,13 +80,17 @@ class Reporter:
         What a data-parallel step does anyway (ranks meet at every gradient
         all-reduce): a worker that syncs after each report reads
         ``should_stop`` exactly as of its latest round, so when a run stops no
-        longer depends on how its tasks were scheduled.
+        longer depends on how its tasks were scheduled. It never waits for a
+        report that cannot come: once the worker of a rank the round lacks has
+        ended (returned, or failed), ``sync`` returns.
         """
         run = self.run
         while True:
             await run.bus.wait_idle()
             attachment = run.attachment
             if attachment is None or not attachment.reports.waiting_from(self.rank):
+                return
+            if any(run.has_ended(rank) for rank in attachment.reports.lacking()):
                 return
             await run.rounds_moved.wait()
 
@@ -97,9 +108,21 @@ class Reporter:
         return self.run.should_stop
 
 
+def _location(rank: int, checkpoint: object) -> str:
+    """A reported checkpoint as the path string events carry (``Path``s are welcome)."""
+    try:
+        location = os.fsdecode(os.fspath(checkpoint))  # type: ignore[call-overload]
+    except TypeError:
+        location = None
+    if not location:
+        raise ReportError(rank, "checkpoint", f"{checkpoint!r} is not a checkpoint location")
+    return location
+
+
 class RoundsMoved:
-    """Wakes ``Reporter.sync`` when a round is gathered, the group restarts or the run
-    ends; subscribed to the bus at the first wait, so runs that never sync pay nothing."""
+    """Wakes ``Reporter.sync`` when a round is gathered, the group restarts, a worker
+    ends or the run ends; subscribed to the bus at the first wait, so runs that never
+    sync pay nothing."""
 
     def __init__(self, bus: EventBus) -> None:
         self._bus = bus
@@ -113,6 +136,10 @@ class RoundsMoved:
         await self._event.wait()
 
     def _moved(self, event: object) -> None:
-        assert self._event is not None
-        self._event.set()
-        self._event = anyio.Event()
+        self.wake()
+
+    def wake(self) -> None:
+        """Let the waiters look again (a round moved, or a worker ended)."""
+        if self._event is not None:
+            self._event.set()
+            self._event = anyio.Event()

@@ -41,14 +41,11 @@ from eventbus.events import RoundGathered, RunPosition, TrainRunContext
 from ._interfaces import ReportCallback
 from ._metric_values import FrozenDict, MetricsError, freeze_metrics
 from ._metrics import mean_metrics
+from .options import MAX_WORLD_SIZE
 
 __all__ = ["ReportCallbackHandler"]
 
 ContextFor = Callable[[Event], TrainRunContext]
-
-#: Largest world size a run may have: the gatherer keeps a slot per rank, and a
-#: report claiming a billion ranks must not make it allocate a billion.
-MAX_WORLD_SIZE = 1 << 17
 
 #: The run's id before its first report: equal to no report's, so the first report
 #: takes the slow path, which learns the run's id (and begins the run).
@@ -403,6 +400,11 @@ class ReportCallbackHandler:
         self.rejected, self.mismatches = position.rejected, position.mismatches
         self.last_checkpoint = checkpoint
 
+    def lacking(self) -> list[int]:
+        """The required ranks the oldest open round still lacks a report from."""
+        slots = self._slots
+        return [rank for rank in self.required_ranks if slots[rank] is None]
+
     def waiting_from(self, rank: int) -> bool:
         """Whether a report of ``rank`` waits for its round."""
         queued = (self._slots[rank], self._following[rank]) if rank < len(self._slots) else ()
@@ -439,19 +441,24 @@ class ReportCallbackHandler:
                 self._configure(self.world_size, self.required_ranks)
 
     def _reject(self, event: Any, field: str, reason: str) -> None:
-        """Count and announce a rejection; the rejected event's own fields may be of
+        """Count and announce a rejection, and say so on the console at the 1st, 2nd,
+        4th, 8th... (heard, never a flood). The rejected event's own fields may be of
         any type, so only well-typed ones are copied into the announcement."""
         self.rejected += 1
+        reason = reason if len(reason) <= 1000 else f"{reason[:997]}..."
+        rank = getattr(event, "rank", -1)
+        rank = rank if type(rank) is int else -1
+        count = self.rejected
+        if count & (count - 1) == 0:
+            _log.warning(
+                f"report of rank {rank} rejected ({field}): {reason}",
+                rejected_so_far=count,
+                next_warning_at=2 * count,
+            )
         if self._bus is not None:
             run_id = event.run_id if type(event.run_id) is str else (self.run_id or "")
-            rank = getattr(event, "rank", -1)
             self._bus.emit(
-                ReportRejected(
-                    run_id=run_id,
-                    rank=rank if type(rank) is int else -1,
-                    field=field,
-                    reason=reason if len(reason) <= 1000 else f"{reason[:997]}...",
-                ),
+                ReportRejected(run_id=run_id, rank=rank, field=field, reason=reason),
                 derived=True,
             )
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from eventbus import BudgetReport, EventBus, get_logger
 from eventbus.events import RunPosition, RunResumed
 from eventbus.log import LogTail
-from eventbus.state import StateFormatError, StateStore
+from eventbus.state import STATE_FILENAME, StateError, StateFormatError, StateStore
 
 from ._attach import CallbackAttachment
-from ._reports import MAX_WORLD_SIZE
+from .options import MAX_WORLD_SIZE
 
-__all__ = ["Resume", "refuse_overwrite"]
+__all__ = ["Resume", "latest_checkpoint", "refuse_overwrite", "resume_point"]
 
 _log = get_logger("handlers.resume")
 
@@ -88,6 +88,7 @@ class Resume:
             return
         gathering.resume_at(position, self.checkpoint)
         attachment.failures.failures = position.failures
+        attachment.failures.resume_pending(position.pending_failures)
         attachment.restarts = position.restarts
 
     def event(self, run_id: str) -> RunResumed | None:
@@ -127,3 +128,48 @@ def refuse_overwrite(log: str | os.PathLike[str], *, resuming: bool) -> bool:
             "of that run, whose history the log then continues)"
         )
     return present
+
+
+def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
+    """The latest complete checkpoint directly inside ``run_dir``, or ``None``.
+
+    Complete: its snapshot of the callbacks' states (``callback_state.json``) is
+    there and reads back whole. A run writes that last, atomically, once the
+    checkpoint's round was gathered, so a checkpoint a kill cut short has none
+    (``ls | tail -1`` may pick that one). Latest: the snapshot written last,
+    then the one further on in the run's history. For trainers of one's own:
+    ``open_run(resume_from=run_dir)`` does this itself.
+    """
+    root = Path(run_dir)
+    store = StateStore(root)
+    found: tuple[tuple[int, int], Path] | None = None
+    try:
+        children = sorted(root.iterdir())
+    except (NotADirectoryError, FileNotFoundError):
+        return None
+    for child in children:
+        if child.is_symlink() or not child.is_dir() or not (child / STATE_FILENAME).exists():
+            continue
+        try:
+            snapshot = store.load(child)
+            written = (child / STATE_FILENAME).stat().st_mtime_ns
+        except (OSError, StateError):
+            continue
+        seq = snapshot.run.checkpoint_seq if snapshot.run is not None else -1
+        if found is None or (written, seq) > found[0]:
+            found = ((written, seq), child)
+    return found[1] if found is not None else None
+
+
+def resume_point(resume_from: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """What ``resume_from`` names: a checkpoint (one with its own snapshot, or one
+    that is no run directory), or a run directory, whose latest complete
+    checkpoint it then is, said on the console."""
+    given = Path(resume_from)
+    if (given / STATE_FILENAME).exists() or not given.is_dir():
+        return resume_from
+    latest = latest_checkpoint(given)
+    if latest is None:
+        return resume_from  # the resume says what is missing
+    _log.info(f"resuming from {latest}: the latest complete checkpoint in {given}")
+    return latest

@@ -9,6 +9,7 @@ inside (``_ending`` says how that is reported).
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -36,15 +37,18 @@ from eventbus import (
 )
 from eventbus.events import RunPosition, RunResult, RunStatus, TrainRunContext
 from eventbus.log import LogRecorder
+from eventbus.options import checked
 from eventbus.state import StateStore
 
 from ._attach import CallbackAttachment, attach_user_callbacks
 from ._callback import UserCallback
-from ._ending import interrupt_in, only_cancellations, status_of, stop_of
+from ._ending import interrupt_in, log_run_end, only_cancellations, status_of, stop_of
 from ._errors import WorkerGroupError
 from ._reporter import Reporter, RoundsMoved
-from ._resume import Resume, refuse_overwrite
+from ._resume import Resume, refuse_overwrite, resume_point
+from ._user import training_callbacks
 from ._workers import WorkerTasks
+from .options import Restarts, RunOptions
 
 __all__ = ["Run", "WorkerFn"]
 
@@ -59,44 +63,32 @@ class Run:
     def __init__(
         self,
         *,
-        world_size: int,
+        options: RunOptions,
         callbacks: Iterable[UserCallback | Any],
         name: str,
         run_id: str | None,
-        period: float,
-        timeout: float,
-        budget: float,
-        buffer: int,
-        storage: str | Path | None,
+        storage: str | os.PathLike[str] | None,
         config: dict[str, Any] | None,
         clock: Clock | None,
-        required_ranks: Iterable[int] | None,
-        drain_timeout: float,
-        log: str | Path | None = None,
-        state_dir: str | Path | None = None,
-        resume_from: str | Path | None = None,
+        log: str | os.PathLike[str] | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
         strict_state: bool = False,
         allow_fresh_state: bool = False,
     ) -> None:
-        if world_size < 1:
-            raise ValueError(f"world_size must be at least 1, got {world_size}")
         if resume_from is not None and state_dir is None:
             raise ValueError("resume_from= needs state_dir=, where the callback states were saved")
-        self.world_size = world_size
+        #: The run's options, checked (``RunOptions``).
+        self.options = options
+        self.world_size = options.world_size
+        self.required_ranks = options.required_ranks
         self.name = name
-        self.storage = str(storage) if storage is not None else None
+        if storage is None and state_dir is not None:
+            storage = Path(state_dir).resolve()  # the run's storage root, for its callbacks
+        self.storage = os.fspath(storage) if storage is not None else None
         self.config = dict(config or {})
-        self.callbacks = list(callbacks)
-        self.required_ranks = tuple(required_ranks) if required_ranks is not None else None
-        self.bus = EventBus(
-            buffer=buffer,
-            timeout=timeout,
-            clock=clock,
-            period=period,
-            budget=budget,
-            drain_timeout=drain_timeout,
-            on_failure=self._end_from_inside,
-        )
+        self.callbacks = training_callbacks(callbacks)
+        self.bus = EventBus(options, clock=clock, on_failure=self._end_from_inside)
         # Callback states: snapshotted at every checkpoint with where the run stood,
         # restored into the callbacks given (order kept) before any runs when resuming.
         self.state_store: StateStore | None = None
@@ -105,6 +97,7 @@ class Run:
         if state_dir is not None:
             self.state_store = StateStore(state_dir, strict=strict_state)
             if resume_from is not None:
+                resume_from = resume_point(resume_from)
                 # The position first: a bad one refuses the resume before any callback changed.
                 self.resume = Resume.load(self.state_store, resume_from)
                 self.callbacks, self.restored = self.state_store.restore(
@@ -139,6 +132,7 @@ class Run:
         self._ended_by: BaseException | None = None
         self._workers = WorkerTasks()
         self._cut_period: BudgetReport | None = None
+        self._entered = 0.0
         #: What ``Reporter.sync`` waits on: a round gathered, a restart, the end.
         self.rounds_moved = RoundsMoved(self.bus)
 
@@ -182,6 +176,12 @@ class Run:
         if self._stop_requested:
             return "Run.request_stop", self._stop_reason
         return stop_of(self.callbacks) or (None, None)
+
+    def has_ended(self, rank: int) -> bool:
+        """Whether ``rank``'s worker ran and ended (returned or failed): no report of
+        it comes until the group restarts."""
+        reporter = self._reporters.get(rank)
+        return reporter is not None and reporter.ended
 
     def reporter(self, rank: int) -> Reporter:
         """The reporter of ``rank`` (one per rank, kept across restarts)."""
@@ -231,15 +231,31 @@ class Run:
         ``WorkerGroupRestarted`` (workers resume from
         ``reporter.latest_checkpoint``); otherwise ``WorkerGroupError``.
         """
+        max_restarts = checked("max_restarts", max_restarts, Restarts)
         group = sorted(range(self.world_size) if ranks is None else set(ranks))
+        outside = [rank for rank in group if not 0 <= rank < self.world_size]
+        if outside:
+            raise ValueError(f"ranks {outside} are outside world size {self.world_size}")
         attempt = 0
         while True:
             failures = await self._run_group(fn, group, attempt)
             if not failures:
                 return
+            failed = ", ".join(str(rank) for rank in sorted(failures))
             if attempt >= max_restarts:
+                _log.error(
+                    f"worker group failed: rank(s) {failed}; no restart left "
+                    f"({attempt} of max_restarts={max_restarts} used)",
+                    run_id=self.run_id,
+                )
                 raise WorkerGroupError(failures)
             attempt += 1
+            _log.warning(
+                f"restarting the worker group after rank(s) {failed} failed: "
+                f"restart {attempt} of {max_restarts}",
+                run_id=self.run_id,
+                resume_from=self.latest_checkpoint,
+            )
             self.restarts += 1
             if self.attachment is not None:
                 self.attachment.restarts = self.restarts
@@ -270,9 +286,16 @@ class Run:
         group: tuple[anyio.CancelScope, dict[int, BaseException]] | None,
     ) -> None:
         with self._workers.running():
+            reporter.ended = False
             try:
                 await fn(reporter)
             except Exception as exc:
+                said = describe_exception(exc)
+                _log.warning(
+                    f"worker rank {reporter.rank} failed: {said[:1000]}",
+                    run_id=self.run_id,
+                    attempt=reporter.attempt,
+                )
                 failure = WorkerFailure.from_exception(self.run_id, reporter.rank, exc)
                 if self.attachment is not None:
                     self.attachment.keep_original(failure, exc)
@@ -283,6 +306,9 @@ class Run:
                     group_scope.cancel()
             except (KeyboardInterrupt, SystemExit) as exc:
                 self._end_from_inside(exc)  # not a worker failure: the run ends
+            finally:
+                reporter.ended = True
+                self.rounds_moved.wake()  # a sync waiting for this rank's report stops
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -296,9 +322,10 @@ class Run:
             self._tg.cancel_scope.cancel()
 
     async def __aenter__(self) -> Self:
+        self._entered = time.monotonic()
         if self._log_path is not None:
             self.recorder = LogRecorder(
-                self._log_path, run_id=self.run_id, append=self._append_log
+                self._log_path, run_id=self.run_id, append=self._append_log, overwrite=False
             ).attach(self.bus)
         if self.resume is not None:
             tail = self.recorder.appended if self.recorder else None
@@ -448,5 +475,7 @@ class Run:
                 )
             )
             await self._drain()
+            if self.result is not None:
+                log_run_end(self.result, time.monotonic() - self._entered)
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))

@@ -14,7 +14,16 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from eventbus import Event, EventBus, Stage, Subscription, WorkerFailure
+from eventbus import (
+    DeliveryMode,
+    ErrorPolicy,
+    Event,
+    EventBus,
+    OverBudgetPolicy,
+    Stage,
+    Subscription,
+    WorkerFailure,
+)
 from eventbus.events import (
     FailuresGathered,
     RoundGathered,
@@ -22,13 +31,15 @@ from eventbus.events import (
     RunEnded,
     TrainRunContext,
 )
+from eventbus.options import Faults, OptionError, OptionTypeError, Seconds, Share, checked
+from eventbus.state import callback_name, is_stateful
 
 from ._errors import WorkerError
 
 if TYPE_CHECKING:
     from ._callback import UserCallback
 
-__all__ = ["UserCallbackHandler", "base_hook", "implemented_hooks"]
+__all__ = ["UserCallbackHandler", "base_hook", "implemented_hooks", "training_callbacks"]
 
 #: Marks the base class's no-op hooks: a callback implements only the others.
 _BASE_HOOK = "__eventbus_base_hook__"
@@ -99,7 +110,7 @@ class UserCallbackHandler:
         context_of: ContextOf | None = None,
         exception_of: ExceptionOf | None = None,
     ) -> None:
-        self.callbacks = list(callbacks)
+        self.callbacks = training_callbacks(callbacks)
         self._context_of = context_of or TrainRunContext.from_event
         self._exception_of = exception_of
         self.subscriptions: list[Subscription] = []
@@ -144,7 +155,11 @@ class UserCallbackHandler:
                 if inspect.iscoroutinefunction(method):
                     kwargs.pop("blocking", None)  # blocking is for sync methods only
                 handler = _calling(method, args_of)
-                own.append(bus.subscribe(types, handler, name=name, order=order, **kwargs))
+                try:
+                    sub = bus.subscribe(types, handler, name=name, order=order, **kwargs)
+                except (OptionError, OptionTypeError) as exc:  # its own timeout, budget...
+                    raise type(exc)(exc.option, f"{name}: {exc}") from None
+                own.append(sub)
             self.subscriptions.extend(own)
         return self.subscriptions
 
@@ -184,6 +199,69 @@ def implemented_hooks(callback: Any) -> dict[str, Callable[..., Any]]:
     """
     hooks = {hook: _overridden(callback, hook) for hook in _HOOKS}
     return {hook: method for hook, method in hooks.items() if method is not None}
+
+
+def training_callbacks(callbacks: Iterable[Any]) -> list[Any]:
+    """``callbacks`` as a list, each a training callback, or ``TypeError`` naming the first
+    that is not (a class instead of an instance, a function, a number): at the call that
+    passed it, not as a failure at every round."""
+    if isinstance(callbacks, str | bytes) or not isinstance(callbacks, Iterable):
+        raise TypeError(f"callbacks must be a list of training callbacks, got {callbacks!r}")
+    found = list(callbacks)
+    for index, callback in enumerate(found):
+        if isinstance(callback, type):
+            why = f"is a class: pass an instance, {callback.__name__}(...)"
+        elif implemented_hooks(callback) or _attaches(callback) or is_stateful(callback):
+            _check_options(callback)
+            continue  # a UserCallback, an object with its hooks, or one with state only
+        elif callable(callback):
+            why = (
+                "is a function, not a training callback: subclass handlers.UserCallback, "
+                "or subscribe the function to events with run.bus.subscribe"
+            )
+        else:
+            why = (
+                "is not a training callback: expected a handlers.UserCallback (or an "
+                "object with before_run, after_report, after_exception or after_run)"
+            )
+        raise TypeError(f"callbacks[{index}]: {_shown(callback)} {why}")
+    return found
+
+
+#: What a callback's class may set for its subscriptions, and the range of each.
+_CALLBACK_OPTIONS: dict[str, Any] = {
+    "timeout": Seconds,
+    "budget": Share,
+    "max_faults": Faults,
+    "on_error": ErrorPolicy,
+    "over_budget": OverBudgetPolicy,
+    "delivery": DeliveryMode,
+}
+
+
+def _check_options(callback: object) -> None:
+    """Its own deadline, budget, ... (class attributes) in range, or the error names it."""
+    for attribute, annotation in _CALLBACK_OPTIONS.items():
+        value = getattr(callback, attribute, None)
+        if value is None:
+            continue
+        try:
+            checked(attribute, value, annotation)
+        except (OptionError, OptionTypeError) as exc:
+            raise type(exc)(exc.option, f"{callback_name(callback)}: {exc}") from None
+
+
+def _attaches(obj: object) -> bool:
+    """A ``UserCallback`` (its class says how it attaches to a bus), hooks or not."""
+    return getattr(type(obj), "__eventbus_attach__", None) is not None
+
+
+def _shown(obj: object) -> str:
+    try:
+        text = repr(obj)
+    except Exception:
+        text = f"<{type(obj).__qualname__}>"
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _overridden(callback: Any, hook: str) -> Callable[..., Any] | None:

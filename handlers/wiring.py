@@ -6,14 +6,16 @@ a run's end the way ``open_run`` does (``status_of``).
 """
 
 from ._attach import CallbackAttachment, attach_user_callbacks
-from ._ending import status_of, stop_of
-from ._user import UserCallbackHandler, implemented_hooks
+from ._ending import log_run_end, status_of, stop_of
+from ._user import UserCallbackHandler, implemented_hooks, training_callbacks
 
 __all__ = [
     "CallbackAttachment",
     "UserCallbackHandler",
     "attach_user_callbacks",
     "implemented_hooks",
+    "log_run_end",
     "status_of",
     "stop_of",
+    "training_callbacks",
 ]

@@ -124,10 +124,11 @@ def test_every_public_module_has_a_page_and_no_private_one(reference: Path) -> N
 def test_open_run_documents_its_parameters(reference: Path) -> None:
     handlers = page(reference, "handlers")
     signature = handlers.signature["open_run"]
-    for parameter in ("world_size", "callbacks", "period", "log", "state_dir", "resume_from"):
+    for parameter in ("callbacks", "log", "state_dir", "resume_from", "options", "RunKeywords"):
         assert re.search(rf"\b{parameter}\b", signature), parameter
-    for explained in ("period", "state_dir", "resume_from", "strict_state"):
-        assert explained in handlers.docstring["open_run"], explained
+    explained = ("world_size", "period", "timeout", "state_dir", "resume_from", "strict_state")
+    for name in explained:
+        assert name in handlers.docstring["open_run"], name
 
 
 def test_run_reporter_and_builtins_are_documented(reference: Path) -> None:

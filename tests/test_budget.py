@@ -79,15 +79,19 @@ async def test_over_budget_warning_names_the_worst_handlers_once_per_period() ->
     assert warnings[0]["worst"] == {"hog": pytest.approx(0.2)}
 
 
-async def test_periods_roll_once_each_even_when_time_jumps() -> None:
+async def test_a_jump_in_time_closes_the_period_then_the_idle_stretch_as_one() -> None:
     clock = VirtualClock()
     ticks: list[HealthCheckTick] = []
     async with EventBus(clock=clock, period=2.0) as bus:
         bus.subscribe(HealthCheckTick, ticks.append)
         clock.set(7.0)
         await bus.wait_idle()
+        clock.set(7.5)  # within the period that began at 6
+        await bus.wait_idle()
+        clock.set(8.0)
+        await bus.wait_idle()
     periods = [(t.period, t.start, t.end) for t in ticks]
-    assert periods == [(0, 0.0, 2.0), (1, 2.0, 4.0), (2, 4.0, 6.0)]
+    assert periods == [(0, 0.0, 2.0), (1, 2.0, 6.0), (2, 6.0, 8.0)]
 
 
 async def test_coalescing_delivers_only_the_newest_of_each_type_and_counts_the_rest() -> None:

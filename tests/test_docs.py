@@ -190,8 +190,9 @@ SHOWS: dict[str, list[str]] = {
         r"^replayed \d+ events",
         r"YourCallback\.after_report\s+\d+",
     ],
-    ".venv/bin/eventbus demo --resume runs/a/checkpoint_000040 --steps 150": [
-        r"resumed from .*checkpoint_000040: restored EarlyStopping, BestCheckpoints, FinalLoss",
+    ".venv/bin/eventbus demo --resume runs/a --steps 150": [
+        r"resuming from runs/a/checkpoint_\d+: the latest complete checkpoint in runs/a",
+        r"resumed from runs/a/checkpoint_\d+: restored EarlyStopping, BestCheckpoints, FinalLoss",
         r"^run finished",
     ],
     ".venv/bin/eventbus bench noop early-stopping best-checkpoints --world-size 64 --rate 5": [

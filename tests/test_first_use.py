@@ -36,6 +36,11 @@ pytestmark = pytest.mark.anyio
 CTX = TrainRunContext(run_id="r", name="t", world_size=2)
 
 
+def stored(root: Path) -> TrainRunContext:
+    """A run whose storage is ``root``: checkpoints inside it may be pruned."""
+    return TrainRunContext(run_id="r", name="t", world_size=2, storage=str(root))
+
+
 class LossTrend(UserCallback, StatefulCallback):
     """A training callback as users write it: one import, hooks and state."""
 
@@ -279,7 +284,7 @@ def test_best_checkpoints_deletes_what_leaves_the_top_but_never_the_latest(
     for name, loss in losses.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "weights").write_text("w")
-        best.after_report(CTX, [{"loss": loss}], str(tmp_path / name))
+        best.after_report(stored(tmp_path), [{"loss": loss}], str(tmp_path / name))
         kept = sorted(p.name for p in tmp_path.iterdir())
         assert best.latest is not None and Path(best.latest).exists()  # a resume needs it
         assert all(Path(c).exists() for c in best.checkpoints)
@@ -301,7 +306,7 @@ def test_best_checkpoints_deletes_nothing_by_default_and_never_a_root(
     monkeypatch.chdir(tmp_path)
     with structlog.testing.capture_logs() as logs:  # each checkpoint better than the last
         for loss, location in enumerate(["ck1", "ck0", "missing", "..", ".", "/"][::-1]):
-            hostile.after_report(CTX, [{"loss": -float(loss)}], location)
+            hostile.after_report(stored(tmp_path), [{"loss": -float(loss)}], location)
     assert hostile.deleted == ["ck0"]  # the only real checkpoint that left the top
     assert (tmp_path / "ck1").exists() and (tmp_path / "ck2").exists()
     refused = [log for log in logs if log["event"].startswith("not deleting")]
@@ -360,10 +365,13 @@ async def test_a_hostile_should_stop_cannot_break_the_end_of_a_run() -> None:
     assert result.stop_reason is not None and len(result.stop_reason) == 1000
 
 
-def test_best_checkpoints_survives_a_location_no_path_can_be(tmp_path: Path) -> None:
+def test_best_checkpoints_survives_a_location_no_path_can_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     best = BestCheckpoints("loss", k=1, delete_worse=True)
     with structlog.testing.capture_logs() as logs:
-        best.after_report(CTX, [{"loss": 1.0}], "bad\0name")
-        best.after_report(CTX, [{"loss": 0.5}], str(tmp_path / "ck"))
+        best.after_report(stored(tmp_path), [{"loss": 1.0}], "bad\0name")
+        best.after_report(stored(tmp_path), [{"loss": 0.5}], str(tmp_path / "ck"))
     assert best.deleted == [] and best.checkpoints == [str(tmp_path / "ck")]
     assert [log["event"] for log in logs] == ["could not delete a checkpoint"]

@@ -1,4 +1,4 @@
-"""The layout rules, checked on the source: what may import what, sizes, the public surface.
+"""The layout rules, checked on the source: what may import what, the public surface.
 
 - ``eventbus`` (the runtime: events, bus, log, state) imports nothing of
   ours; ``handlers`` (training semantics) only ``eventbus``; ``adapters``
@@ -7,8 +7,9 @@
 - Across packages only public modules and names are used; inside a package,
   no module reads another's private names (``_name``) and no object
   another's private attributes (``x._attr``).
-- No module over 500 lines, no class over 400; the ``eventbus`` root at
-  most 40 names; pipeline order by ``Stage``, never a number.
+- The ``eventbus`` root at most 40 names; pipeline order by ``Stage``,
+  never a number. (Sizes are not checked: a long module is a smell to look
+  at, not a number to squeeze under.)
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ FORBIDDEN = {
     "handlers": {"adapters"} | PICKLE | HEAVY,
     "adapters": PICKLE,
 }
-MAX_MODULE_LINES = 500
-MAX_CLASS_LINES = 400
 MAX_ROOT_NAMES = 40
 #: Private names of the standard library that typing needs.
 STDLIB_PRIVATES = {"_SubParsersAction"}
@@ -111,22 +110,6 @@ def test_no_private_names_are_read_across_modules(package: str) -> None:
             ):
                 offenders.append(f"{relative}:{node.lineno}: reads .{node.attr}")
     assert offenders == []
-
-
-@pytest.mark.parametrize("package", PACKAGES)
-def test_modules_and_classes_stay_small(package: str) -> None:
-    too_big = []
-    for relative, tree in sources(package):
-        lines = (ROOT / relative).read_text().count("\n")
-        if lines > MAX_MODULE_LINES:
-            too_big.append(f"{relative}: {lines} lines")
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                assert node.end_lineno is not None
-                length = node.end_lineno - node.lineno + 1
-                if length > MAX_CLASS_LINES:
-                    too_big.append(f"{relative}: class {node.name}, {length} lines")
-    assert too_big == []
 
 
 @pytest.mark.parametrize("package", PACKAGES)

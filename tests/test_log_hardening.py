@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 import pytest
 from _builders import nested_dict, record_spans
+from msgspec.structs import replace
 
 import eventbus.log._format
 import eventbus.log._reader
@@ -367,7 +368,7 @@ def test_nan_and_infinity_round_trip_unchanged(tmp_path: Path, name: str) -> Non
     path = tmp_path / name
     events: list[Event] = [
         report(0, NONFINITE),
-        HealthCheckTick(period=1, start=math.inf, end=-math.inf, seq=1, time=math.nan),
+        HealthCheckTick(period=1, start=1.0, end=3.0, seq=1, time=3.0),
         report(2, {"fine": 1.0}, checkpoint=None),
     ]
     with LogRecorder(path) as recorder:
@@ -381,13 +382,33 @@ def test_nan_and_infinity_round_trip_unchanged(tmp_path: Path, name: str) -> Non
     assert first.metrics["low"] == -math.inf and first.metrics["text"] == NONFINITE["text"]
     assert math.isnan(first.metrics["nested"][0]) and first.metrics["nested"][1] == {"x": -math.inf}
     assert first.metrics["nested"][2] == [1.5, math.inf]
-    assert (tick.start, tick.end) == (math.inf, -math.inf) and math.isnan(tick.time)
-    assert same(last, events[2])
+    assert same(tick, events[1]) and same(last, events[2])
     if name.endswith(".jsonl"):
         line = path.read_bytes().splitlines()[1]
         assert b'"loss":NaN' in line and b'"grad":Infinity' in line and b'"low":-Infinity' in line
         assert line.count(b"null") == 1 and line.endswith(b'"checkpoint":null}')
         assert math.isnan(json.loads(line)["metrics"]["loss"])  # Python's json reads it
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("time", math.nan), ("time", math.inf), ("start", -math.inf), ("end", 1e13)],
+)
+def test_a_record_whose_bus_time_is_not_finite_is_damaged(
+    tmp_path: Path, name: str, field: str, value: float
+) -> None:
+    """A bus time is finite: a NaN or infinite one would stall periods and comparisons."""
+    path = tmp_path / name
+    tick = HealthCheckTick(period=1, start=1.0, end=3.0, seq=1, time=3.0)
+    events: list[Event] = [report(0, {"loss": 1.0}), replace(tick, **{field: value})]
+    with LogRecorder(path) as recorder:
+        recorder.write_many(events)
+    back = read_log(path)
+    assert back.placeholders == 1
+    damaged = back.events[1]
+    assert isinstance(damaged, EventPlaceholder) and damaged.event_type == "HealthCheckTick"
+    assert f"$.{field}" in damaged.reason and damaged.time == (3.0 if field != "time" else 0.0)
 
 
 def test_encode_json_and_decode_json_keep_nan() -> None:

@@ -76,13 +76,15 @@ def test_write_log_keeps_what_is_stamped_and_stamps_the_rest(tmp_path: Path) -> 
     given[1200] = report(1200)  # the second batch holds one unstamped event
     given[1300] = report(1300, seq=77)  # a seq but no time
     given[1400] = report(1400, time=-0.0)  # no time (a zero): stamped, as before
-    given[1450] = report(1450, time=math.nan)  # NaN is a time (truthy): kept
+    given[1450] = report(1450, time=math.nan)  # truthy, so kept: a damaged record
     events = read_log(write_log(tmp_path / "log.evlog", given, start=2.0)).events
     assert len(events) == 1500
     assert (events[1200].seq, events[1200].time) == (1200, 2.0 + 1200 * 0.1)
     assert (events[1300].seq, events[1300].time) == (77, 2.0 + 1300 * 0.1)
     assert events[1400].time == 2.0 + 1400 * 0.1
-    assert math.isnan(events[1450].time) and events[1450].seq == 1450
+    damaged = events[1450]
+    assert isinstance(damaged, EventPlaceholder) and damaged.seq == 1450
+    assert "$.time" in damaged.reason
     assert all(a == b for a, b in zip(events[:1200], given[:1200], strict=True))
 
 

@@ -22,7 +22,7 @@ from eventbus.events import RoundGathered, RunResumed
 from eventbus.log import LogRecorder, RunIdMismatch, read_log, rollbacks
 from eventbus.state import StateFormatError, StateRestoreError
 from eventbus.testing import replay_log
-from handlers import Reporter, TrainRunContext, UserCallback, WorkerError, open_run
+from handlers import Reporter, ReportError, TrainRunContext, UserCallback, WorkerError, open_run
 
 pytestmark = pytest.mark.anyio
 
@@ -336,10 +336,11 @@ async def test_resuming_into_another_runs_log_is_refused_and_leaves_it(here: Pat
     assert read_bytes("other.evlog") == before
 
 
-async def test_sync_returns_for_a_report_that_was_rejected(here: Path) -> None:
+async def test_sync_returns_for_a_report_that_was_refused(here: Path) -> None:
     async with open_run(world_size=2, callbacks=[Seen()]) as run:
         reporter = run.reporter(0)
-        await reporter.report({"loss": object()})  # rejected: nothing waits for a round
+        with pytest.raises(ReportError):
+            await reporter.report({"loss": object()})  # refused: nothing waits for a round
         with anyio.fail_after(5):
             await reporter.sync()
         await reporter.report({"loss": 1.0, "step": 1})
@@ -349,6 +350,23 @@ async def test_sync_returns_for_a_report_that_was_rejected(here: Path) -> None:
         await run.reporter(1).report({"loss": 1.0, "step": 1})
         with anyio.fail_after(5):
             await reporter.sync()
+
+
+async def test_sync_never_waits_for_a_rank_whose_worker_ended(here: Path) -> None:
+    """Rank 1 stops after one report; rank 0's later rounds cannot complete, and its
+    ``sync`` says so by returning instead of waiting forever."""
+    seen = Seen()
+
+    async def worker(reporter: Reporter) -> None:
+        steps = 1 if reporter.rank == 1 else 4
+        for step in range(steps):
+            await reporter.report({"loss": 1.0, "step": step})
+            await reporter.sync()
+
+    with anyio.fail_after(10):
+        async with open_run(world_size=2, callbacks=[seen]) as run:
+            await run.workers(worker)
+    assert run.result is not None and run.result.rounds == 1 and run.result.status == "finished"
 
 
 async def test_the_period_a_crash_cut_is_reported_partial_when_the_run_resumes(

@@ -2,7 +2,7 @@
 
 ``after_run`` exactly once, ``RunFinished`` recorded, the exception that
 ended the run raised as itself; reports either delivered as they were
-reported or rejected and counted.
+reported or refused where they were made.
 """
 
 from __future__ import annotations
@@ -19,10 +19,19 @@ from typing import Any, ClassVar, Literal
 import anyio
 import pytest
 from _builders import nested_dict
+from structlog.testing import capture_logs
 
 from eventbus import Report, ReportRejected, RunFinished
 from eventbus.log import read_log
-from handlers import Reporter, RunResult, TrainRunContext, UserCallback, open_run
+from handlers import (
+    Reporter,
+    ReportError,
+    RunResult,
+    TrainRunContext,
+    UserCallback,
+    WorkerGroupError,
+    open_run,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -348,40 +357,95 @@ async def test_no_callback_can_change_what_another_sees() -> None:
         ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, None),
     ],
 )
-async def test_a_report_the_log_cannot_hold_is_rejected_and_the_run_goes_on(
+async def test_a_report_the_log_cannot_hold_is_refused_at_the_report_naming_the_field(
     tmp_path: Path, metrics: dict[Any, Any], field: str | None
 ) -> None:
+    """The worker hears of it where it reported; nothing is reported, so its turn in the
+    round is still its own: the next report fills it."""
     watcher = Watcher()
-    rejected: list[ReportRejected] = []
+    refused: list[ReportError] = []
 
     async def worker(reporter: Reporter) -> None:
         await reporter.report({"step": 0})
-        await reporter.report(metrics)
+        try:
+            await reporter.report(metrics)
+        except ReportError as exc:
+            refused.append(exc)
         await reporter.report({"step": 2})
 
     log = tmp_path / "run.evlog"
     async with open_run(world_size=1, callbacks=[watcher], log=log) as run:
-        run.bus.subscribe(ReportRejected, rejected.append)
         await run.workers(worker)
     assert [r[0]["step"] for r in watcher.rounds] == [0, 2]
-    assert [r.rank for r in rejected] == [0]
+    assert [e.rank for e in refused] == [0] and isinstance(refused[0], ValueError)
     if field is not None:
-        assert rejected[0].field == field
-    assert watcher.after[0].rejected == 1 and watcher.after[0].rounds == 2
+        assert refused[0].field == field and field in str(refused[0])
+    assert watcher.after[0].rounds == 2 and watcher.after[0].reports == 2
     assert [f.status for f in finished_in_log(tmp_path)] == ["finished"]
 
 
-async def test_a_dict_nested_far_too_deep_is_rejected_not_a_crash(tmp_path: Path) -> None:
-    deep = nested_dict(100_000)
+async def test_a_refused_report_not_caught_fails_its_worker_loudly(tmp_path: Path) -> None:
+    """Uncaught, the refusal is the worker's failure: the other ranks never wait for it."""
     watcher = Watcher()
 
     async def worker(reporter: Reporter) -> None:
-        await reporter.report(deep)
+        metrics: dict[str, Any] = {"loss": object()} if reporter.rank == 1 else {"loss": 1.0}
+        for _ in range(3):
+            await reporter.report(metrics, checkpoint=None)
+            await reporter.sync()
+
+    with capture_logs() as logs, anyio.fail_after(10), pytest.raises(WorkerGroupError) as info:
+        async with open_run(world_size=2, callbacks=[watcher]) as run:
+            await run.workers(worker)
+    assert isinstance(info.value.failures[1], ReportError)
+    assert watcher.after[0].status == "failed" and watcher.rounds == []
+    said = logs[0]["event"]
+    assert said.startswith("worker rank 1 failed: ReportError: rank 1: report refused: metrics")
+
+
+async def test_a_path_is_a_checkpoint_location_and_other_objects_are_refused(
+    tmp_path: Path,
+) -> None:
+    watcher = Watcher()
+    seen: list[str | None] = []
+
+    class Checkpoints(UserCallback):
+        def after_report(
+            self,
+            run_context: TrainRunContext,
+            metrics: list[dict[str, Any]],
+            checkpoint: str | None,
+        ) -> None:
+            seen.append(checkpoint)
+
+    async def worker(reporter: Reporter) -> None:
+        (tmp_path / "ck").mkdir()
+        await reporter.report({"step": 0}, checkpoint=tmp_path / "ck")
+        with pytest.raises(ReportError, match=r"checkpoint: 7 is not a checkpoint location"):
+            await reporter.report({"step": 1}, checkpoint=7)  # type: ignore[arg-type]
+        with pytest.raises(ReportError, match=r"checkpoint: '' is not"):
+            await reporter.report({"step": 1}, checkpoint="")
+
+    async with open_run(world_size=1, callbacks=[watcher, Checkpoints()]) as run:
+        await run.workers(worker)
+    assert seen == [str(tmp_path / "ck")] and watcher.after[0].rejected == 0
+
+
+async def test_a_dict_nested_far_too_deep_is_refused_not_a_crash(tmp_path: Path) -> None:
+    deep = nested_dict(100_000)
+    watcher = Watcher()
+    refused: list[ReportError] = []
+
+    async def worker(reporter: Reporter) -> None:
+        try:
+            await reporter.report(deep)
+        except ReportError as exc:
+            refused.append(exc)
         await reporter.report({"step": 1})
 
     async with open_run(world_size=1, callbacks=[watcher], log=tmp_path / "run.evlog") as run:
         await run.workers(worker)
-    assert watcher.after[0].rejected == 1 and watcher.after[0].rounds == 1
+    assert len(refused) == 1 and watcher.after[0].rounds == 1
     assert [f.status for f in finished_in_log(tmp_path)] == ["finished"]
 
 

@@ -29,10 +29,11 @@ from typing import Any
 
 import eventbus
 from eventbus import configure_logging
+from eventbus.options import OptionError, OptionTypeError
 
 from ._bench_figures import BenchResult, CallbackFigures, Spread
 from ._bench_runner import Workload, run_bench, synthetic_events
-from ._common import CliError
+from ._common import STDOUT, CliError, as_cli_error
 
 __all__ = [
     "BenchResult",
@@ -78,21 +79,41 @@ EXIT_STDOUT_CLOSED = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("INFO")  # before anything can log: diagnostics never reach stdout
+    # Linux names are bytes: one that is not UTF-8 is printed as its bytes, as given.
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="surrogateescape")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:  # --help, --version, a usage error: printed, and argparse exits
+        if (failed := _flush_stdout()) is not None:
+            print(f"eventbus: error: {STDOUT}: cannot write: {failed}", file=sys.stderr)
+            return 2
+        raise
     func = getattr(args, "func", None)
+    command = f"eventbus {args.command}" if args.command else "eventbus"
     try:
         if func is None:
             parser.print_help()
             code = 0
         else:
             code = func(args)
-        sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at exit
-    except CliError as exc:
-        print(f"eventbus {args.command}: error: {exc}", file=sys.stderr)
+        sys.stdout.flush()  # a closed pipe or a full disk shows here, not at exit
+    except (CliError, OptionError, OptionTypeError) as exc:
+        _flush_stdout()  # what was printed before the error goes out first (or nowhere)
+        print(f"{command}: error: {as_cli_error(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return _stdout_closed()
+    except OSError as exc:
+        # Commands name the files they read and write in their own errors (``CliError``):
+        # what is left is their writes to stdout (a full disk, /dev/full), never the log's.
+        _silence_stdout()
+        reason = exc.strerror or str(exc)
+        where = f"{STDOUT}: cannot write" if exc.filename is None else os.fsdecode(exc.filename)
+        print(f"{command}: error: {where}: {reason}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return code
@@ -101,10 +122,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _stdout_closed() -> int:
     """``eventbus show LOG | head``: stop without a word, as Unix tools do, and point
     stdout at /dev/null so that Python's last flush at exit does not complain."""
-    with contextlib.suppress(OSError, ValueError):
+    _silence_stdout()
+    return EXIT_STDOUT_CLOSED
+
+
+def _flush_stdout() -> str | None:
+    """Flush stdout: ``None``, or why it cannot take what it holds (a full disk). A
+    stdout that failed, or closed (``| head``: no failure, quiet), is silenced, so
+    that Python's last flush at exit adds nothing to the one line the user gets."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    except (OSError, ValueError) as exc:
+        _silence_stdout()
+        return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: what it still buffers goes nowhere, quietly, at exit."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-    return EXIT_STDOUT_CLOSED
 
 
 if __name__ == "__main__":

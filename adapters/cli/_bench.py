@@ -13,13 +13,23 @@ from typing import Any
 import msgspec
 
 from adapters.report import bench_report
-from eventbus import Event, configure_logging
+from eventbus import BusOptions, Event, configure_logging
 from eventbus.log import LogError, log_timing
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, UserCallback
 
 from ._bench_figures import BenchResult, Spread
 from ._bench_runner import Workload, run_bench, synthetic_events
-from ._common import CliError, check_log_tail, load_object, reading_log
+from ._common import (
+    STDOUT,
+    CliError,
+    as_cli_error,
+    check_log_tail,
+    check_output,
+    load_object,
+    local_log,
+    reading_log,
+    writing,
+)
 from ._report import write_page
 
 __all__ = ["register"]
@@ -82,21 +92,27 @@ def register(subparsers: Any) -> None:
         help="another callback (repeatable)",
     )
     workload = parser.add_argument_group("synthetic workload")
-    workload.add_argument("--world-size", type=int, default=8)
-    workload.add_argument("--rate", type=float, default=10.0, help="reports per second per rank")
-    workload.add_argument("--metrics", type=int, default=8, help="metrics per report")
-    workload.add_argument("--checkpoint-every", type=int, default=10, help="rounds per checkpoint")
+    workload.add_argument("--world-size", type=int, default=None, help="ranks (default 8)")
+    workload.add_argument(
+        "--rate", type=float, default=None, help="reports per second per rank (default 10)"
+    )
+    workload.add_argument(
+        "--metrics", type=int, default=None, help="metrics per report (default 8)"
+    )
+    workload.add_argument(
+        "--checkpoint-every", type=int, default=None, help="rounds per checkpoint (default 10)"
+    )
     workload.add_argument(
         "--failure-rate",
         type=float,
-        default=0.0,
-        help="chance that a report comes with a worker failure",
+        default=None,
+        help="chance that a report comes with a worker failure (default 0)",
     )
     workload.add_argument(
-        "--duration", type=float, default=60.0, help="seconds of (simulated) run time"
+        "--duration", type=float, default=None, help="seconds of simulated run (default 60)"
     )
     workload.add_argument("--events", type=int, default=None, help="number of reports instead")
-    workload.add_argument("--seed", type=int, default=0)
+    workload.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--log",
         type=Path,
@@ -108,7 +124,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help="health-check period, seconds (default: the log's, else 2)",
     )
-    parser.add_argument("--budget", type=float, default=0.05, help="share of the period")
+    parser.add_argument(
+        "--budget", type=float, default=None, help="share of the period (default 0.05)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="deadline per call, seconds (default 30)"
+    )
     parser.add_argument(
         "--repeat",
         type=int,
@@ -143,8 +164,7 @@ BUS_BUDGET_WARNING = "callbacks over budget"
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.repeat < 1 or (args.period is not None and args.period <= 0):
-        raise CliError("--repeat must be at least 1 and --period positive")
+    outputs = _outputs(args)  # checked now: a missing directory is said before the bench
     # Warnings and errors only: a callback's info lines would repeat at every pass.
     configure_logging("WARNING", quiet=[BUS_BUDGET_WARNING])
     specs = [*args.callbacks, *args.more_callbacks] or ["noop"]
@@ -152,37 +172,85 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _require_matplotlib()
     events, start, period = _events(args)
+    options = BusOptions.build(None, period=period, **_given(args, "budget", "timeout"))
     progress = _progress_bar() if sys.stderr.isatty() else None
     try:
         result = run_bench(
             make_callbacks,
             events,
-            period=period,
-            budget=args.budget,
+            options=options,
             start=start,
             repeats=args.repeat,
             progress=progress,
         )
     except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if args.json is not None:
-        payload = json.dumps(msgspec.to_builtins(result), indent=2)
-        if str(args.json) == "-":
-            print(payload)
-        else:
-            args.json.write_text(payload + "\n")
-    if args.json is None or str(args.json) != "-":
-        print(format_table(result))
-    if args.plot is not None:
-        _plot(result, args.plot)
-        print(f"plot written to {args.plot}", file=sys.stderr)
-    if args.html is not None:
-        write_page(html_page(result, specs), args.html)
-        print(f"page written to {args.html}", file=sys.stderr)
+        raise as_cli_error(exc) from None
+    _write_outputs(args, result, specs, outputs)
+    return 0
+
+
+def _outputs(args: argparse.Namespace) -> dict[str, Path]:
+    """The files the bench writes, by option, each refused now if it cannot be written
+    or is the log the bench reads (by identity: a hard link is the log)."""
+    inputs = () if args.log is None else (args.log,)
+    outputs = {
+        option: path
+        for option, path in (("--json", args.json), ("--plot", args.plot), ("--html", args.html))
+        if path is not None
+    }
+    for option, path in outputs.items():
+        check_output(path, inputs=inputs, option=option)
+    return outputs
+
+
+#: What each file option writes, as its note on stderr says.
+WRITTEN = {"--plot": "plot", "--html": "page"}
+
+
+def _write_outputs(
+    args: argparse.Namespace, result: BenchResult, specs: list[str], outputs: dict[str, Path]
+) -> None:
+    """Each file, then stdout (the table, or the JSON for ``--json -``). What fails is
+    said in one line at the end, after everything else was written: a bench's results
+    are never lost to one bad destination."""
+    failed: list[str] = []
+    inputs = () if args.log is None else (args.log,)
+    for option, path in outputs.items():
+        if str(path) == "-":
+            continue
+        try:
+            check_output(path, inputs=inputs, option=option)  # again: the bench took a while
+            if option == "--json":
+                with writing(path):
+                    path.write_text(json.dumps(msgspec.to_builtins(result), indent=2) + "\n")
+            elif option == "--plot":
+                try:
+                    _plot(result, path)
+                except (OSError, ValueError) as exc:  # ValueError: a format it cannot write
+                    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                    raise CliError(f"{path}: cannot write: {reason}") from None
+            else:
+                write_page(html_page(result, specs), path, inputs=inputs, option=option)
+        except CliError as exc:
+            failed.append(str(exc))
+            continue
+        if option in WRITTEN:
+            print(f"{WRITTEN[option]} written to {path}", file=sys.stderr)
+    as_json = str(outputs.get("--json")) == "-"
+    try:
+        with writing(STDOUT):
+            print(
+                json.dumps(msgspec.to_builtins(result), indent=2)
+                if as_json
+                else format_table(result)
+            )
+    except CliError as exc:
+        failed.append(str(exc))
     warning = over_budget_warning(result)
     if warning:
         print(f"eventbus bench: warning: {warning}", file=sys.stderr)
-    return 0
+    if failed:
+        raise CliError("; ".join(failed))
 
 
 def html_page(result: BenchResult, specs: list[str]) -> str:
@@ -253,23 +321,26 @@ def _events(args: argparse.Namespace) -> tuple[list[Event], float | None, float]
     """The workload, when its first period starts, and the period: a log's own
     (where and how long its recorded bus's periods were), unless ``--period``."""
     if args.log is not None:
-        with reading_log(args.log) as reader:
-            events = list(reader)
-        check_log_tail(reader)
-        try:
-            timing = log_timing(args.log)
-        except (LogError, OSError) as exc:
-            raise CliError(f"{args.log}: {exc}") from None
-        return events, timing.start, args.period or timing.period or DEFAULT_PERIOD
-    # The workload's options are named as its fields.
-    workload = Workload(**{name: getattr(args, name) for name in Workload.__struct_fields__})
-    try:
-        return synthetic_events(workload), None, args.period or DEFAULT_PERIOD
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+        with local_log(args.log) as log:  # read twice: a pipe is copied first
+            with reading_log(log) as reader:
+                events = list(reader)
+            check_log_tail(reader, args.log)
+            try:
+                timing = log_timing(log)
+            except (LogError, OSError) as exc:
+                raise CliError(f"{args.log}: {exc}") from None
+        period = timing.period or BusOptions().period
+        return events, timing.start, args.period if args.period is not None else period
+    # The workload's options are named as its fields; those not given keep its defaults.
+    workload = Workload(**_given(args, *Workload.__struct_fields__))
+    period = args.period if args.period is not None else BusOptions().period
+    return synthetic_events(workload), None, period
 
 
-DEFAULT_PERIOD = 2.0
+def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The options among ``names`` given on the command line (the rest keep the
+    defaults their options struct declares: written once, there)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def format_table(result: BenchResult) -> str:

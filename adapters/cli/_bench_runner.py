@@ -19,13 +19,15 @@ import inspect
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, Unpack
 
 import anyio
 import msgspec
+from msgspec import Meta
 
 from eventbus import (
     BudgetReport,
+    BusOptions,
     CheckpointSaved,
     Event,
     EventBus,
@@ -38,7 +40,9 @@ from eventbus import (
 )
 from eventbus.events import EventPlaceholder
 from eventbus.log import BUS_DIAGNOSTICS
+from eventbus.options import BusKeywords, OptionError, Options, Seconds, checked
 from handlers import TrainRunContext, WorkerError
+from handlers.options import WorldSize
 from handlers.wiring import attach_user_callbacks, implemented_hooks
 
 from ._bench_figures import BenchResult, Timings, bench_result
@@ -49,23 +53,47 @@ __all__ = ["Workload", "run_bench", "synthetic_events"]
 Progress = Callable[[float], None]
 
 
-class Workload(msgspec.Struct, frozen=True, kw_only=True):
-    """A synthetic run: ``world_size`` ranks reporting ``rate`` times a second each."""
+#: The most reports a synthetic workload makes: its events are built in memory.
+MAX_REPORTS = 2_000_000
 
-    world_size: int = 8
-    rate: float = 10.0
-    metrics: int = 8
-    checkpoint_every: int = 10
-    failure_rate: float = 0.0
-    duration: float = 20.0
-    events: int | None = None
+
+class Workload(Options, frozen=True, kw_only=True):
+    """A synthetic run: ``world_size`` ranks reporting ``rate`` times a second each,
+    each field checked against its range when made (as every option is).
+
+    Attributes:
+        world_size: ranks reporting.
+        rate: reports per second of each rank.
+        metrics: metrics per report.
+        checkpoint_every: rounds between checkpoints (0: none).
+        failure_rate: the chance that a report comes with a worker failure.
+        duration: seconds of the run (``events`` instead: that many reports).
+        seed: of the random metrics and times.
+    """
+
+    world_size: WorldSize = 8
+    rate: Annotated[float, Meta(gt=0, le=1e6, description="number of reports a second")] = 10.0
+    metrics: Annotated[int, Meta(ge=0, le=1000, description="whole number of metrics")] = 8
+    checkpoint_every: Annotated[int, Meta(ge=0, le=MAX_REPORTS)] = 10
+    failure_rate: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    duration: Seconds = 60.0
+    events: Annotated[int, Meta(ge=1, le=MAX_REPORTS)] | None = None
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        reports = self.events or self.world_size * max(1, int(self.duration * self.rate))
+        if reports > MAX_REPORTS:
+            raise OptionError(
+                "duration",
+                f"the workload would make {reports:,} reports (world_size {self.world_size} "
+                f"x rate {self.rate:g}/s x duration {self.duration:g} s), more than "
+                f"{MAX_REPORTS:,}: lower one of them, or give events",
+            )
 
 
 def synthetic_events(workload: Workload) -> list[Event]:
     """The events of a synthetic run, in time order, with their times set."""
-    if workload.world_size < 1 or workload.rate <= 0:
-        raise ValueError("world size must be >= 1 and rate > 0")
     rng = random.Random(workload.seed)
     run_id = f"bench-{workload.seed}"
     names = [f"metric_{i}" for i in range(workload.metrics)]
@@ -129,28 +157,28 @@ def run_bench(
     make_callbacks: Callable[[], list[Any]],
     events: Sequence[Event],
     *,
-    period: float = 2.0,
-    budget: float = 0.05,
-    timeout: float = 30.0,
+    options: BusOptions | None = None,
     start: float | None = None,
     repeats: int = 5,
     progress: Progress | None = None,
+    **keywords: Unpack[BusKeywords],
 ) -> BenchResult:
     """Benchmark fresh callbacks from ``make_callbacks`` on ``events`` (see the module doc).
 
+    ``options`` (or its keywords: ``period``, ``budget``, ``timeout``, ...) are the
+    bench bus's, checked before anything runs.
     ``start``: when the first period starts (a recorded log's bus start, so that
     periods fall where the run's did); the first event's time by default.
     ``repeats``: how many times each timing is taken, interleaved.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    bus_options = BusOptions.build(options, **keywords)
+    repeats = checked("repeats", repeats, Annotated[int, Meta(ge=1, le=1000)])
     # What a bus makes itself (ticks, budget reports, faults) is not workload: the
     # bench bus makes its own, and a recorded one would be counted as ours.
     workload = [e for e in events if not isinstance(e, (*BUS_DIAGNOSTICS, EventPlaceholder))]
     if not workload:
         raise ValueError("the workload has no events")
     begin = workload[0].time if start is None else min(start, workload[0].time)
-    bus_options = {"period": period, "budget": budget, "timeout": timeout}
     passes = 3 * repeats + 1  # for the progress bar: the first pass, then one step each
     done = 1
 
@@ -188,8 +216,8 @@ def run_bench(
         rounds=len(measured.rounds),
         reports=measured.reports,
         start=begin,
-        period=period,
-        budget=budget,
+        period=bus_options.period,
+        budget=bus_options.budget,
         timings=timings,
         per_call=per_call,
     )
@@ -208,7 +236,7 @@ class _Pass(NamedTuple):
 async def _through_bus(
     callbacks: list[Any],
     events: list[Event],
-    bus_options: dict[str, Any],
+    bus_options: BusOptions,
     start: float,
     progress: Progress | None,
 ) -> _Pass:
@@ -221,7 +249,7 @@ async def _through_bus(
     clock = _StartClock(start)
     reports: list[BudgetReport] = []
     rounds: Rounds = []
-    async with EventBus(clock=clock, **bus_options) as bus:
+    async with EventBus(bus_options, clock=clock) as bus:
         clock.go()
         bus.subscribe(
             BudgetReport, reports.append, name="bench.budget_reports", order=Stage.OBSERVE

@@ -1,4 +1,12 @@
-"""Shared pieces of the command-line modules: errors, loading callbacks, opening logs."""
+"""Shared pieces of the command-line modules: errors, loading callbacks, opening logs,
+checking and writing outputs.
+
+Inputs and outputs are told apart in every error: a log that cannot be read
+is named as the input, an output that cannot be written (a missing
+directory, a full disk, stdout on ``/dev/full``) as the output, and a file is
+never written while it is read (compared by identity, device and inode:
+a hard link or ``/dev/stdout`` is the same file under another name).
+"""
 
 from __future__ import annotations
 
@@ -6,32 +14,188 @@ import contextlib
 import importlib
 import inspect
 import os
+import shutil
+import stat
 import sys
-from collections.abc import Callable, Iterable, Iterator
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from eventbus.log import LogError, LogReader
+from eventbus.options import OptionError, OptionTypeError
 from handlers.wiring import implemented_hooks
 
 __all__ = [
+    "STDOUT",
     "CliError",
+    "as_cli_error",
     "callback_name",
+    "cannot_write",
     "check_log_tail",
+    "check_output",
     "is_training_callback",
     "load_object",
+    "local_log",
     "reading_log",
+    "same_file",
     "split_callbacks",
+    "stdout_writer",
+    "writing",
 ]
+
+#: How messages name a command's standard output.
+STDOUT = "standard output"
 
 
 class CliError(Exception):
     """A user's mistake (bad file, bad argument): shown as one line, exit code 2."""
 
 
+#: Options whose flag is not their name with dashes.
+FLAGS = {"repeats": "--repeat"}
+
+
+def as_cli_error(exc: Exception) -> CliError:
+    """A library error as the command's one line; an option out of its range names the
+    flag the user typed (``--period must be ...``), not the library's name for it."""
+    if isinstance(exc, OptionError | OptionTypeError):
+        option = exc.option
+        flag = FLAGS.get(option, "--" + option.replace("_", "-"))
+        text = str(exc)
+        return CliError(flag + text[len(option) :] if text.startswith(option) else text)
+    return CliError(str(exc))
+
+
+def cannot_write(output: str | Path, exc: OSError) -> CliError:
+    """The one line for an output that failed: named, with the system's reason."""
+    return CliError(f"{output}: cannot write: {exc.strerror or exc}")
+
+
+@contextlib.contextmanager
+def writing(output: str | Path) -> Iterator[None]:
+    """Writes to ``output`` inside: an ``OSError`` is the output's, one line naming it.
+    A closed stdout (``| head``) stays a ``BrokenPipeError``: ``main`` ends quietly."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise cannot_write(output, exc) from None
+
+
+def stdout_writer() -> Callable[[str], None]:
+    """``sys.stdout.write`` whose failures are stdout's (a full disk), not the log's being
+    read between two writes (``writing`` around a loop would take both for its own)."""
+    write = sys.stdout.write
+
+    def write_checked(text: str) -> None:
+        try:
+            write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise cannot_write(STDOUT, exc) from None
+
+    return write_checked
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two names are one file (device and inode: a hard link, a symlink,
+    ``/dev/stdin`` or a bind mount are caught, which comparing paths misses)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # either is missing: not one file
+        return False
+
+
+def _stdout_is(path: str | Path) -> bool:
+    """Whether our stdout is ``path`` itself (``eventbus show LOG >> LOG``)."""
+    try:
+        out = os.fstat(sys.stdout.fileno())
+        source = os.stat(path)
+    except (OSError, ValueError, AttributeError):  # no descriptor (captured), no file
+        return False
+    return stat.S_ISREG(out.st_mode) and (out.st_dev, out.st_ino) == (
+        source.st_dev,
+        source.st_ino,
+    )
+
+
+def _check_stdout(inputs: Sequence[Path]) -> None:
+    for source in inputs:
+        if _stdout_is(source):
+            raise CliError(f"{STDOUT}: is the log being read ({source}); write it elsewhere")
+
+
+def check_output(
+    output: Path, *, inputs: Sequence[Path] = (), option: str = "-o", make_parents: bool = False
+) -> None:
+    """Refuse, before any work, an output that cannot be written or is an input:
+    ``-`` (stdout) onto a log read, a directory, a missing (or not a) directory to
+    put it in (``make_parents``: one that cannot be made), no permission.
+    ``option`` names the option that gave it, for the hint."""
+    if str(output) == "-":
+        _check_stdout(inputs)
+        return
+    for source in inputs:
+        if same_file(output, source):
+            same = "" if str(output) == str(source) else f" ({source})"
+            raise CliError(f"{output}: is the log being read{same}; choose another {option}")
+    if output.is_dir():
+        raise CliError(f"{output}: is a directory; give a file name")
+    parent = output.parent
+    if make_parents:
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent  # the nearest directory that exists, to make the rest in
+    if not parent.is_dir():
+        reason = "is not a directory" if parent.exists() else "no such directory"
+        raise CliError(f"{output}: cannot write: {parent}: {reason}")
+    if not os.access(output if output.exists() else parent, os.W_OK):
+        raise CliError(f"{output}: cannot write: permission denied")
+
+
+@contextlib.contextmanager
+def local_log(path: Path) -> Iterator[Path]:
+    """The log at ``path`` as a file that can be read more than once: ``path`` itself,
+    or, for a pipe, a FIFO or a device (``cat LOG | eventbus stats /dev/stdin``), a
+    temporary copy made in one pass and deleted afterwards. Errors raised inside
+    name ``path``, not the copy. A missing file or a directory is left to the reader."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = stat.S_IFREG
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        yield path
+        return
+    try:
+        fd, name = tempfile.mkstemp(prefix="eventbus-", suffix=".log")
+    except OSError as exc:
+        raise _cannot_copy(path, exc) from None
+    copy = Path(name)
+    try:
+        try:
+            with open(fd, "wb") as target, path.open("rb") as source:
+                shutil.copyfileobj(source, target, 1 << 20)
+        except OSError as exc:
+            raise _cannot_copy(path, exc) from None
+        try:
+            yield copy
+        except CliError as exc:
+            raise CliError(str(exc).replace(str(copy), str(path))) from None
+    finally:
+        copy.unlink(missing_ok=True)
+
+
+def _cannot_copy(path: Path, exc: OSError) -> CliError:
+    return CliError(f"{path}: cannot copy it to a temporary file to read: {exc.strerror or exc}")
+
+
 @contextlib.contextmanager
 def reading_log(path: Path, *, skip_corrupt: bool = False) -> Iterator[LogReader]:
-    """Open a log; every way a user's file can be bad becomes a one-line ``CliError``."""
+    """Open a log; every way a user's file can be bad becomes a one-line ``CliError``,
+    and so does our stdout being the log itself (what is written would be read)."""
+    _check_stdout((path,))
     try:
         reader = LogReader(path, skip_corrupt=skip_corrupt)
     except FileNotFoundError:
@@ -53,9 +217,10 @@ def reading_log(path: Path, *, skip_corrupt: bool = False) -> Iterator[LogReader
         raise CliError(f"{path}: not enough memory to read this log") from None
 
 
-def check_log_tail(reader: LogReader) -> None:
+def check_log_tail(reader: LogReader, name: Path | None = None) -> None:
     """After the output: a torn tail or skipped records are an error the user sees;
-    placeholders (records that did not decode as their type) are a note on stderr."""
+    placeholders (records that did not decode as their type) are a note on stderr.
+    ``name``: the log as the user gave it, when the reader read a copy (``local_log``)."""
     note = (
         f"{reader.placeholders} record(s) shown as EventPlaceholder (not decodable as "
         "their type; see their reason)"
@@ -70,7 +235,7 @@ def check_log_tail(reader: LogReader) -> None:
             + (f"; {note}" if note else "")
         )
     if note:
-        print(f"{reader.path}: note: {note}", file=sys.stderr)
+        print(f"{name or reader.path}: note: {note}", file=sys.stderr)
 
 
 def load_object(spec: str) -> Any:

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from eventbus.state import StateError
+from handlers import latest_checkpoint
 
-from ._common import CliError
-from ._demo_trainer import main_sync
+from ._common import CliError, as_cli_error, cannot_write, check_output, same_file
+from ._demo_trainer import DemoOptions, DemoSummary, main_sync
 from ._report import report_path
 
 __all__ = ["register"]
@@ -24,10 +25,12 @@ def register(subparsers: Any) -> None:
         description="Train a linear regression with N async workers reporting every step; "
         "gather the reports into rounds for the built-in callbacks; print a summary.",
     )
-    parser.add_argument("--workers", type=int, default=4, help="number of ranks (default 4)")
-    parser.add_argument("--steps", type=int, default=100, help="SGD steps per worker (default 100)")
+    parser.add_argument("--workers", type=int, default=None, help="number of ranks (default 4)")
     parser.add_argument(
-        "--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)"
+        "--steps", type=int, default=None, help="SGD steps per worker (default 100)"
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=None, help="steps between checkpoints (default 10)"
     )
     parser.add_argument(
         "--fail-rank", type=int, default=None, help="this rank fails once, halfway (restarts)"
@@ -35,25 +38,26 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--out", type=Path, default=None, help="checkpoint directory (default: temp)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="data and sampling seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help="data and sampling seed (default 0)")
     parser.add_argument(
-        "--period", type=float, default=0.5, help="health-check period, seconds (default 0.5)"
+        "--period", type=float, default=None, help="health-check period, seconds (default 0.5)"
     )
     parser.add_argument(
-        "--step-time", type=float, default=0.01, help="seconds per step of rank 0 (default 0.01)"
+        "--step-time", type=float, default=None, help="seconds per step of rank 0 (default 0.01)"
     )
     parser.add_argument(
         "--resume",
         type=Path,
         default=None,
         metavar="CHECKPOINT",
-        help="continue from a checkpoint of an earlier demo run: weights and callback state",
+        help="continue from a checkpoint of an earlier demo run, or from the latest complete "
+        "one in its directory: weights and callback state",
     )
     parser.add_argument(
         "--no-log", action="store_true", help="do not record the event log (<out>/<run id>.evlog)"
     )
     parser.add_argument(
-        "--patience", type=int, default=20, help="early stopping's patience, rounds (default 20)"
+        "--patience", type=int, default=None, help="early stopping's patience, rounds (default 20)"
     )
     parser.add_argument(
         "--summary",
@@ -74,35 +78,44 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Logging is configured (to stderr) by `main`: the summary below is the only stdout.
+    if args.summary is not None:  # before the run: a destination that cannot be is said now
+        check_output(args.summary, option="--summary", make_parents=True)
+    given = {name: getattr(args, name, None) for name in DemoOptions.__struct_fields__}
+    options = DemoOptions.build(None, **{k: v for k, v in given.items() if v is not None})
     try:
         summary = main_sync(
-            workers=args.workers,
-            steps=args.steps,
-            checkpoint_every=args.checkpoint_every,
-            fail_rank=args.fail_rank,
+            options=options,
             out=args.out,
-            seed=args.seed,
-            period=args.period,
-            step_time=args.step_time,
             resume=args.resume,
             log=not args.no_log,
             sync=not args.async_ranks,
-            patience=args.patience,
         )
     except (ValueError, OSError, StateError) as exc:
-        raise CliError(str(exc)) from None
-    if args.summary is not None:
-        args.summary.parent.mkdir(parents=True, exist_ok=True)
-        args.summary.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+        raise as_cli_error(exc) from None
     for line in summary.lines():
         print(line)
     if summary.log is not None:
-        latest = max(summary.out.glob("checkpoint_*"), default=None)
+        latest = latest_checkpoint(summary.out)
         log = shlex.quote(str(summary.log))  # commands to paste: a path may hold a space
         page = shlex.quote(str(report_path(summary.log)))
         print(f"report: eventbus report {log}  (then open {page})")
         print(f"next: eventbus show {log} | eventbus stats {log}")
         if latest is not None and not summary.stopped_early:  # early stopping would hold
             resume = shlex.quote(str(latest))
-            print(f"      eventbus demo --resume {resume} --steps {args.steps + 50}")
+            print(f"      eventbus demo --resume {resume} --steps {options.steps + 50}")
+    if args.summary is not None:  # after the lines above: a failure here loses none of them
+        _write_summary(args.summary, summary)
     return 0
+
+
+def _write_summary(path: Path, summary: DemoSummary) -> None:
+    """The summary as JSON at ``path`` (its directories made), never over the run's log
+    (a resumed run appends to it: the summary would erase the run's history)."""
+    if summary.log is not None and same_file(path, summary.log):
+        raise CliError(f"{path}: is the run's event log; choose another --summary")
+    check_output(path, option="--summary", make_parents=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+    except OSError as exc:
+        raise cannot_write(path, exc) from None

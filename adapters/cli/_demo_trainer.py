@@ -25,11 +25,13 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO
 
 import anyio
+from msgspec import Meta
 
-from eventbus import BudgetReport, CheckpointSaved
+from eventbus import BudgetReport, CheckpointSaved, get_logger
+from eventbus.options import OptionError, Options, PeriodSeconds
 from eventbus.state import StateError, StateStore, is_stateful, state_key_of
 from handlers import (
     BestCheckpoints,
@@ -40,10 +42,13 @@ from handlers import (
     StatefulCallback,
     TrainRunContext,
     UserCallback,
+    latest_checkpoint,
     open_run,
 )
 
-__all__ = ["DemoSummary", "FinalLoss", "LinearModel", "make_shard", "run_demo"]
+__all__ = ["DemoOptions", "DemoSummary", "FinalLoss", "LinearModel", "make_shard", "run_demo"]
+
+_log = get_logger("adapters.demo")
 
 FEATURES = 4
 
@@ -179,45 +184,80 @@ def _class_names(keys: tuple[str, ...]) -> str:
 
 def _demo_checkpoint(path: Path, workers: int) -> Path:
     """``path`` as given (checkpoint locations keep the form the run gave them), once
-    it is known to hold a checkpoint of every rank."""
+    it is known to hold a checkpoint of every rank; for a run directory, its latest
+    complete checkpoint (said on the console)."""
+    if not (path / "rank_0.json").is_file():
+        latest = latest_checkpoint(path)
+        if latest is not None:
+            _log.info(f"resuming from {latest}: the latest complete checkpoint in {path}")
+            path = latest
     missing = [r for r in range(workers) if not (path / f"rank_{r}.json").is_file()]
     if missing:
         raise ValueError(
-            f"{path}: not a demo checkpoint of {workers} ranks (no rank_{missing[0]}.json)"
+            f"{path}: not a demo checkpoint of {workers} ranks (no rank_{missing[0]}.json), "
+            "nor a run directory holding one"
         )
     return path
 
 
+class DemoOptions(Options, frozen=True, kw_only=True):
+    """The demo's own options, checked as every option is (``eventbus demo --help``).
+
+    Attributes:
+        workers: ranks (async tasks) training.
+        steps: SGD steps per worker.
+        checkpoint_every: steps between checkpoints.
+        fail_rank: this rank fails once, halfway (the group restarts).
+        seed: of the data and of the minibatches.
+        period: the health-check period, seconds.
+        step_time: seconds per step of rank 0 (the others are slower).
+        lr: the learning rate.
+        patience: early stopping's patience, rounds.
+    """
+
+    workers: Annotated[int, Meta(ge=1, le=1024, description="whole number of ranks")] = 4
+    steps: Annotated[int, Meta(ge=1, le=1_000_000, description="whole number of steps")] = 100
+    checkpoint_every: Annotated[int, Meta(ge=1, le=1_000_000)] = 10
+    fail_rank: Annotated[int, Meta(ge=0, le=1023)] | None = None
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] = 0
+    period: PeriodSeconds = 0.5
+    step_time: Annotated[float, Meta(ge=0, le=60, description="number of seconds")] = 0.01
+    lr: Annotated[float, Meta(gt=0, le=10)] = 0.05
+    patience: Annotated[int, Meta(ge=1, le=1_000_000, description="whole number of rounds")] = 20
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fail_rank is not None and self.fail_rank >= self.workers:
+            raise OptionError(
+                "fail_rank", f"fail_rank {self.fail_rank} is outside 0..{self.workers - 1}"
+            )
+
+
 async def run_demo(
     *,
-    workers: int = 4,
-    steps: int = 100,
-    checkpoint_every: int = 10,
-    fail_rank: int | None = None,
+    options: DemoOptions | None = None,
     out: Path | None = None,
-    seed: int = 0,
-    period: float = 0.5,
-    step_time: float = 0.01,
-    lr: float = 0.05,
     progress: TextIO | None = None,
     resume: Path | None = None,
     log: bool = True,
     sync: bool = True,
-    patience: int = 20,
+    **keywords: Any,
 ) -> DemoSummary:
     """Train, and return what happened (see the module docstring).
 
-    ``resume``: a checkpoint of an earlier demo run; the run continues from
-    it (weights, callbacks, rounds, its log), in the same run directory
-    (unless ``out`` says otherwise). ``log``: record the run's events to
+    ``options`` (or its keywords: ``workers``, ``steps``, ...), checked first.
+    ``resume``: a checkpoint of an earlier demo run, or its run directory (its
+    latest complete checkpoint); the run continues from it (weights,
+    callbacks, rounds, its log), in the same run directory (unless ``out``
+    says otherwise). ``log``: record the run's events to
     ``<out>/<run id>.evlog``. ``sync=False``: ranks run ahead of each other
     (reports are still gathered in order; when a stop is seen then depends
     on scheduling).
     """
-    if workers < 1 or steps < 1 or checkpoint_every < 1:
-        raise ValueError("workers, steps and checkpoint_every must be at least 1")
-    if fail_rank is not None and not 0 <= fail_rank < workers:
-        raise ValueError(f"--fail-rank {fail_rank} is outside 0..{workers - 1}")
+    opts = DemoOptions.build(options, **keywords)
+    workers, steps, checkpoint_every = opts.workers, opts.steps, opts.checkpoint_every
+    fail_rank, seed, period, step_time = opts.fail_rank, opts.seed, opts.period, opts.step_time
+    lr, patience = opts.lr, opts.patience
     if resume is not None:
         resume = _demo_checkpoint(resume, workers)
         out = out if out is not None else resume.parent
@@ -309,7 +349,7 @@ async def run_demo(
     )
     summary.best_checkpoint = best.best
     summary.last_checkpoint = result.last_checkpoint
-    summary.states = {state_key_of(c): c.state() for c in run.callbacks if is_stateful(c)}  # type: ignore[union-attr]
+    summary.states = {state_key_of(c): c.state() for c in run.callbacks if is_stateful(c)}
     summary.final_loss = final.loss
     return summary
 

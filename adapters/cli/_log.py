@@ -2,7 +2,11 @@
 
 A user's bad file (missing, not a log, truncated, corrupt) is a ``CliError``:
 one line naming the file and the place, exit code 2, never a traceback.
-Output already printed (the records before a torn tail) stays valid.
+Output already printed (the records before a torn tail) stays valid. An
+output that cannot be written (stdout on a full disk, ``convert``'s file) is
+the output's one-line error, never the log's; no command writes onto the log
+it reads. A log that can be read only once (a pipe, ``/dev/stdin``) is copied
+to a temporary file first by the commands that read it twice.
 
 A log of a resumed run holds events its resumes rolled back: ``show``
 marks them, ``stats`` counts them and lists the resumes, ``replay`` leaves
@@ -12,6 +16,7 @@ them out and says how many.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections import Counter
@@ -23,6 +28,7 @@ import anyio
 import msgspec
 
 from eventbus import (
+    BusOptions,
     Event,
     EventBus,
     EventFilter,
@@ -38,12 +44,27 @@ from eventbus.log import (
     LogRecorder,
     ReplaySummary,
     Rollbacks,
+    Speed,
     replay_file,
     rollbacks,
 )
+from eventbus.options import OptionError, checked
 from handlers.wiring import attach_user_callbacks
 
-from ._common import CliError, check_log_tail, is_training_callback, load_object, reading_log
+from ._common import (
+    STDOUT,
+    CliError,
+    as_cli_error,
+    cannot_write,
+    check_log_tail,
+    check_output,
+    is_training_callback,
+    load_object,
+    local_log,
+    reading_log,
+    stdout_writer,
+    writing,
+)
 
 __all__ = ["register"]
 _SUMMARY_WIDTH = 80
@@ -57,7 +78,9 @@ def register(subparsers: Any) -> None:
     )
     show.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
     show.add_argument("--json", action="store_true", help="one JSON object per line")
-    show.add_argument("--limit", type=int, default=None, help="print at most N events")
+    show.add_argument(
+        "--limit", type=_count, default=None, metavar="N", help="print at most N events"
+    )
     _add_filters(show)
     show.set_defaults(func=_show)
 
@@ -84,7 +107,9 @@ def register(subparsers: Any) -> None:
         "--speed", type=float, default=None, help="real time at this pace (1 = as recorded)"
     )
     replay.add_argument("--period", type=float, default=None, help="health-check period (s)")
-    replay.add_argument("--timeout", type=float, default=30.0, help="deadline per call (s)")
+    replay.add_argument(
+        "--timeout", type=float, default=None, help="deadline per call, seconds (default 30)"
+    )
     _add_filters(replay)
     replay.set_defaults(func=_replay)
 
@@ -106,6 +131,17 @@ def register(subparsers: Any) -> None:
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.add_argument("--skip-corrupt", action="store_true", help="count corrupt records")
     stats.set_defaults(func=_stats)
+
+
+def _count(text: str) -> int:
+    """A count of events: a whole number, 0 or more (argparse says so in one line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {text!r}")
+    return value
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
@@ -133,14 +169,16 @@ def _filter(args: argparse.Namespace) -> EventFilter:
 def _summary(event: Event) -> str:
     """``field=value`` of the fields that say what happened, cut to one line."""
     parts = []
-    for field in msgspec.structs.fields(event):
-        if field.name in _COMMON_FIELDS:
+    # The names alone: ``msgspec.structs.fields`` evaluates every annotation on each
+    # call (a hundred µs an event: a table took 14 times a ``--json``).
+    for name in event.__struct_fields__:
+        if name in _COMMON_FIELDS:
             continue
-        value = getattr(event, field.name)
-        if value in (None, "", (), {}) or field.name == "traceback":
+        value = getattr(event, name)
+        if value in (None, "", (), {}) or name == "traceback":
             continue
         text = value if isinstance(value, str) else _json_value(value)
-        parts.append(f"{field.name}={text}")
+        parts.append(f"{name}={text}")
     line = " ".join(parts).replace("\n", " ")
     return line if len(line) <= _SUMMARY_WIDTH else line[: _SUMMARY_WIDTH - 1] + "…"
 
@@ -159,13 +197,16 @@ def _json_value(value: object) -> str:
 def _show(args: argparse.Namespace) -> int:
     keep = _filter(args)
     shown = 0
-    out = sys.stdout
+    write = stdout_writer()  # a full stdout is its own error, not the log's
     encode = encode_json  # NaN and ±inf kept, as in a JSON Lines log
     # A closed stdout (`| head`) raises BrokenPipeError through here: `main` ends quietly.
-    with reading_log(args.log, skip_corrupt=args.skip_corrupt) as reader:
-        plan = rollbacks(args.log)
+    with (
+        local_log(args.log) as log,
+        reading_log(log, skip_corrupt=args.skip_corrupt) as reader,
+    ):
+        plan = rollbacks(log)
         if not args.json:
-            out.write(f"{'seq':>8}  {'time':>14}  {'type':<20} {'rank':>4}  summary\n")
+            write(f"{'seq':>8}  {'time':>14}  {'type':<20} {'rank':>4}  summary\n")
         for event in reader:
             if args.limit is not None and shown >= args.limit:
                 break
@@ -177,17 +218,17 @@ def _show(args: argparse.Namespace) -> int:
                 line = encode(event)
                 if rolled_back:  # one more key on the event's object
                     line = line[:-1] + _ROLLED_BACK_JSON
-                out.write(line.decode())
-                out.write("\n")
+                write(f"{line.decode()}\n")
             else:
                 rank = getattr(event, "rank", None)
-                out.write(
+                write(
                     f"{event.seq:>8}  {event.time:>14.6f}  {type(event).__name__:<20} "
                     f"{'-' if rank is None else rank:>4}  {_summary(event)}"
                     f"{' (rolled back)' if rolled_back else ''}\n"
                 )
-        out.flush()
-        check_log_tail(reader)
+        with writing(STDOUT):
+            sys.stdout.flush()
+        check_log_tail(reader, args.log)
     return 0
 
 
@@ -195,8 +236,9 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    if args.input.resolve() == args.output.resolve():
-        raise CliError(f"{args.output}: the output must be a different file from the input")
+    # The same file by any name (a hard link, /dev/stdout onto it): it would be truncated.
+    # Its directories are made as needed (the recorder makes them).
+    check_output(args.output, inputs=(args.input,), option="output", make_parents=True)
     written = 0
     with reading_log(args.input, skip_corrupt=args.skip_corrupt) as reader:
         try:
@@ -209,17 +251,30 @@ def _convert(args: argparse.Namespace) -> int:
                 event_types=reader.header.event_types,
             )
         except OSError as exc:
-            raise CliError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
-        with recorder:
+            raise cannot_write(args.output, exc) from None
+        write = recorder.write
+        try:
             for event in reader:
-                recorder.write(event)
+                try:  # the output's failures apart from the input's (read by the loop)
+                    write(event)
+                except BrokenPipeError:
+                    raise
+                except OSError as exc:
+                    raise cannot_write(args.output, exc) from None
                 written += 1
+        except BaseException:
+            with contextlib.suppress(OSError):  # what failed is being reported
+                recorder.close()
+            raise
+        with writing(args.output):
+            recorder.close()
     unencodable = (
         f", {recorder.placeholders} not encodable as {recorder.format} (written as placeholders)"
         if recorder.placeholders
         else ""
     )
-    print(f"{args.output}: {written} events ({recorder.format}){unencodable}")
+    with writing(STDOUT):
+        print(f"{args.output}: {written} events ({recorder.format}){unencodable}")
     check_log_tail(reader)
     return 0
 
@@ -320,8 +375,16 @@ def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats
 
 
 def _stats(args: argparse.Namespace) -> int:
-    with reading_log(args.log, skip_corrupt=args.skip_corrupt) as reader:
-        stats = _collect_stats(reader, rollbacks(args.log))
+    with local_log(args.log) as log:
+        with reading_log(log, skip_corrupt=args.skip_corrupt) as reader:
+            stats = _collect_stats(reader, rollbacks(log))
+        with writing(STDOUT):
+            _print_stats(stats, args)
+        check_log_tail(reader, args.log)
+    return 0
+
+
+def _print_stats(stats: LogStats, args: argparse.Namespace) -> None:
     if args.json:
         print(msgspec.json.encode(stats).decode())
     else:
@@ -359,8 +422,6 @@ def _stats(args: argparse.Namespace) -> int:
             print("by rank:")
             for rank, count in stats.by_rank.items():
                 print(f"  {rank:<22} {count:>10}")
-    check_log_tail(reader)
-    return 0
 
 
 def _pairs(counts: dict[int, int]) -> str:
@@ -393,33 +454,41 @@ def _wire(specs: list[str]) -> Callable[[EventBus], None]:
     return setup
 
 
+def _numbers(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The options among ``names`` given on the command line; the rest keep their
+    options struct's defaults."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 def _replay(args: argparse.Namespace) -> int:
     if not args.callbacks:
         raise CliError("nothing to replay against: give --callbacks MODULE:NAME ...")
-    if args.speed is not None and args.speed <= 0:
-        raise CliError(f"--speed must be positive, got {args.speed}")
-    if args.timeout <= 0 or (args.period is not None and args.period <= 0):
-        raise CliError("--timeout and --period must be positive")
+    # Every number checked before the log is read (each named as its flag).
+    options = BusOptions.build(None, **_numbers(args, "period", "timeout"))
+    if args.speed is not None:
+        checked("speed", args.speed, Speed)
     keep = _filter(args)
     setup = _wire(args.callbacks)
-    with reading_log(args.log, skip_corrupt=args.skip_corrupt):
-        pass  # a bad file is reported before any bus starts
-    try:
-        summary = anyio.run(
-            lambda: replay_file(
-                args.log,
-                setup,
-                speed=args.speed,
-                period=args.period,
-                filter=keep,
-                skip_corrupt=args.skip_corrupt,
-                real_time=True,
-                timeout=args.timeout,
+    with local_log(args.log) as log:  # read three times: a pipe is copied first
+        with reading_log(log, skip_corrupt=args.skip_corrupt):
+            pass  # a bad file is reported before any bus starts
+        try:
+            summary = anyio.run(
+                lambda: replay_file(
+                    log,
+                    setup,
+                    speed=args.speed,
+                    period=args.period,
+                    filter=keep,
+                    skip_corrupt=args.skip_corrupt,
+                    real_time=True,
+                    timeout=options.timeout,
+                )
             )
-        )
-    except LogError as exc:
-        raise CliError(str(exc)) from None
-    _print_replay(summary)
+        except (LogError, OptionError) as exc:
+            raise as_cli_error(exc) from None
+    with writing(STDOUT):
+        _print_replay(summary)
     if summary.truncated is not None:
         raise CliError(summary.truncated.describe(args.log))
     return 1 if summary.failed or summary.timed_out else 0

@@ -3,7 +3,9 @@
 The page is written beside the log unless ``-o`` says where (``-`` for
 stdout), and whole: to a temporary file renamed into place, so an
 interrupted report never leaves half a page, and never over one of the
-logs it reads. A damaged log
+logs it reads (by any name: a hard link is the same file). Where it goes
+is checked before the log is read; a log on a pipe (``/dev/stdin``) is
+copied to a temporary file first and needs ``-o``. A damaged log
 still gives its page (with a banner saying what was lost) and a one-line
 warning; a file that is not a log is a one-line error, exit code 2.
 """
@@ -11,15 +13,19 @@ warning; a file that is not a log is a one-line error, exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from adapters.report import RunDigest, comparison_report, digest_log, run_report
 from eventbus.log import LogError
 from eventbus.state import StateError, atomic_write
 
-from ._common import CliError
+from ._common import STDOUT, CliError, check_output, local_log, writing
 
 __all__ = ["register", "report_path", "write_page"]
 
@@ -57,18 +63,26 @@ def report_path(log: Path, other: Path | None = None) -> Path:
     return log.with_name(f"{log.stem}-vs-{other.stem}.html")
 
 
-def _digest(path: Path) -> RunDigest:
+def _digest(path: Path, name: Path) -> RunDigest:
+    """The digest of the log at ``path``, which the user named ``name`` (``path`` may be
+    a copy of a pipe, see ``local_log``): the page and the messages say ``name``."""
     try:
         digest = digest_log(path)
     except FileNotFoundError:
-        raise CliError(f"{path}: no such file") from None
+        raise CliError(f"{name}: no such file") from None
     except IsADirectoryError:
-        raise CliError(f"{path}: is a directory, not an event log") from None
+        raise CliError(f"{name}: is a directory, not an event log") from None
     except LogError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
-        raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise CliError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    # A name that is not UTF-8 (Linux names are bytes) shows its bytes escaped: the
+    # page is UTF-8 text.
+    digest.path = Path(os.fsencode(name).decode("utf-8", "backslashreplace"))
     damage = digest.damage
+    if damage.first_error:
+        first = damage.first_error.replace(str(path), str(digest.path))
+        digest.damage = damage = msgspec.structs.replace(damage, first_error=first)
     if damage.any:
         lost = []
         if damage.truncated is not None:
@@ -78,33 +92,33 @@ def _digest(path: Path) -> RunDigest:
         if damage.placeholders:
             lost.append(f"{damage.placeholders} record(s) not decodable")
         print(
-            f"eventbus report: warning: {path} is damaged ({', '.join(lost)}); the report "
+            f"eventbus report: warning: {name} is damaged ({', '.join(lost)}); the report "
             "shows what could be read",
             file=sys.stderr,
         )
     return digest
 
 
-def write_page(page: str, output: Path, *, inputs: tuple[Path, ...] = ()) -> None:
+def write_page(
+    page: str, output: Path, *, inputs: tuple[Path, ...] = (), option: str = "-o"
+) -> None:
     """Write ``page`` to ``output``: a file is replaced whole (``atomic_write``: a
     temporary file renamed into place, with the mode a new file gets); ``-`` is
-    stdout, and a device or a pipe (``/dev/stdout``) is written into, never replaced."""
+    stdout, and a device or a pipe (``/dev/stdout``) is written into, never replaced.
+    Never onto one of ``inputs`` (by identity: a hard link is the same file); any
+    failure is one line naming ``output``."""
+    check_output(output, inputs=inputs, option=option)
     if str(output) == "-":
-        sys.stdout.write(page)
+        with writing(STDOUT):
+            sys.stdout.write(page)
         return
-    for source in inputs:
-        if output.exists() and source.exists() and output.samefile(source):
-            raise CliError(f"{output}: is the log being read; choose another -o")
-    if output.is_dir():
-        raise CliError(f"{output}: is a directory; give a file name (-o FILE.html)")
-    if not output.parent.is_dir():
-        raise CliError(f"{output.parent}: no such directory")
+    data = page.encode("utf-8", "backslashreplace")  # never a traceback for a stray name
     try:
         if output.exists() and not output.is_file():
-            with output.open("w", encoding="utf-8") as stream:
-                stream.write(page)
+            with output.open("wb") as stream:
+                stream.write(data)
         else:
-            atomic_write(output, page.encode())
+            atomic_write(output, data)
     except (OSError, StateError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise CliError(f"{output}: cannot write: {reason}") from None
@@ -113,10 +127,28 @@ def write_page(page: str, output: Path, *, inputs: tuple[Path, ...] = ()) -> Non
 def _report(args: argparse.Namespace) -> int:
     log: Path = args.log
     other: Path | None = args.other
-    digest = _digest(log)
-    page = run_report(digest) if other is None else comparison_report(digest, _digest(other))
+    inputs = (log,) if other is None else (log, other)
+    if args.output is None:
+        for source in inputs:
+            if source.exists() and not (source.is_file() or source.is_dir()):
+                raise CliError(
+                    f"{source}: is not a regular file (a pipe?), so the page cannot go "
+                    "beside it: give -o FILE.html"
+                )
     output: Path = args.output or report_path(log, other)
-    write_page(page, output, inputs=(log,) if other is None else (log, other))
-    note = f"report written to {output} ({len(page.encode()) / 1024:.0f} KB): open it in a browser"
-    print(note, file=sys.stderr if str(output) == "-" else sys.stdout)  # stdout: the page
+    check_output(output, inputs=inputs)  # before reading: a missing directory is said now
+    with contextlib.ExitStack() as copies:  # a pipe is read once, into a temporary file
+        digest = _digest(copies.enter_context(local_log(log)), log)
+        if other is None:
+            page = run_report(digest)
+        else:
+            page = comparison_report(digest, _digest(copies.enter_context(local_log(other)), other))
+    write_page(page, output, inputs=inputs)
+    size = len(page.encode("utf-8", "backslashreplace")) / 1024
+    note = f"report written to {output} ({size:.0f} KB): open it in a browser"
+    if str(output) == "-":  # stdout is the page
+        print(note, file=sys.stderr)
+    else:
+        with writing(STDOUT):
+            print(note)
     return 0

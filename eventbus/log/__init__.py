@@ -20,13 +20,14 @@ from ._format import (
     TruncatedTail,
 )
 from ._history import LogTail, Rollbacks, rollbacks
-from ._reader import LogContents, LogReader, read_log
-from ._recorder import FsyncPolicy, LogRecorder, RunIdMismatch
+from ._reader import LogContents, LogReader, LogStreamError, read_log
+from ._recorder import FsyncPolicy, LogInUse, LogRecorder, RunIdMismatch
 from ._replay import (
     BUS_DIAGNOSTICS,
     HandlerSummary,
     LogTiming,
     ReplaySummary,
+    Speed,
     log_timing,
     replay,
     replay_file,
@@ -44,13 +45,16 @@ __all__ = [
     "LogFormat",
     "LogFormatError",
     "LogHeader",
+    "LogInUse",
     "LogReader",
     "LogRecorder",
+    "LogStreamError",
     "LogTail",
     "LogTiming",
     "ReplaySummary",
     "Rollbacks",
     "RunIdMismatch",
+    "Speed",
     "TruncatedTail",
     "log_timing",
     "read_log",

@@ -10,11 +10,12 @@ never an exception, so one bad value never costs the rest of a log.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
 
-from .._events import EventPlaceholder, tag_of
+from .._events import MAX_TIME, EventPlaceholder, tag_of
 from .._text import clip, describe
 
 __all__ = [
@@ -125,14 +126,15 @@ def plain_int(value: object) -> int:
 
 
 def plain_float(value: object) -> float:
-    """A time any encoder can write (``0.0`` if ``value`` is not a number)."""
-    if type(value) is float:
-        return value
+    """A time any encoder can write and any reader takes (``0.0`` if ``value`` is no
+    finite bus time: a NaN or an infinity is why a record was damaged)."""
     if type(value) is int:
         try:
-            return float(value)
+            value = float(value)
         except OverflowError:
             return 0.0
+    if type(value) is float and math.isfinite(value) and abs(value) <= MAX_TIME:
+        return value
     return 0.0
 
 

@@ -13,11 +13,18 @@ A record that is intact (its checksum holds, or, in JSON Lines, it is a
 well-formed object) but does not decode as its type is yielded as an
 ``EventPlaceholder`` and counted in ``placeholders`` (``_salvage`` has that
 slow path): a log the recorder wrote is always readable to its end.
+
+A pipe, a FIFO or ``/dev/stdin`` is read as a file is. Its size is unknown,
+so a read is bounded by what a record may be (``MAX_RECORD`` and a header)
+instead of by what the file still holds: a damaged length never makes the
+reader allocate what it claims. What reads a log twice (``rollbacks``)
+refuses a stream with ``LogStreamError`` (``require_file``).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +45,7 @@ from ._format import (
     RECORD_MARK,
     RECORD_MARK_VALUE,
     CorruptLogError,
+    LogError,
     LogFormat,
     LogFormatError,
     LogHeader,
@@ -48,7 +56,7 @@ from ._format import (
 )
 from ._salvage import Salvage
 
-__all__ = ["LogContents", "LogReader", "read_log"]
+__all__ = ["LogContents", "LogReader", "LogStreamError", "read_log", "require_file"]
 
 #: Corrupt records kept (as errors) when skipping; the rest are only counted.
 KEEP_ERRORS = 100
@@ -59,6 +67,42 @@ KEEP_ERRORS = 100
 #: expensive still costs linear time. Damage that happens never gets there.
 WASTE_ALLOWANCE = MAX_RECORD
 WASTE_FACTOR = 8
+#: The most one read of a stream (a pipe: no size to bound it by) may ask for: a whole
+#: record of the longest length a record may have, and its header.
+STREAM_READ = MAX_RECORD + RECORD_HEADER.size
+
+
+class LogStreamError(LogError):
+    """A log that can be read only once (a pipe, a FIFO, a device) given to what reads it twice."""
+
+
+def require_file(path: str | os.PathLike[str], purpose: str) -> None:
+    """Refuse a log that can be read only once before opening it (opening a FIFO would
+    wait for a writer), naming it, what it is and what to do; ``purpose`` says what
+    reads it twice. A missing file or a directory is left to opening it to report."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    raise LogStreamError(
+        f"{os.fsdecode(path)}: is {_file_kind(mode)}, which can be read only once, and "
+        f"{purpose} reads a log twice: copy it to a file first"
+    )
+
+
+def _file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for messages."""
+    if stat.S_ISFIFO(mode):
+        return "a pipe"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "not a regular file"
 
 
 class LogReader:
@@ -92,6 +136,8 @@ class LogReader:
         self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115 (closed by close())
         self._iterated = False
         try:
+            #: Not a regular file (a pipe...): no size, reads bounded by ``STREAM_READ``.
+            self.stream = not stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
             self.format, self.header, self.data_offset = self._read_header()
         except BaseException:
             self._file.close()
@@ -191,8 +237,8 @@ class LogReader:
             while True:
                 have = len(data) - pos
                 if have < want and not eof:
-                    # Never more than the file still holds: a damaged length must not
-                    # allocate what it claims.
+                    # Never more than the file still holds (a stream: than a record may
+                    # be): a damaged length must not allocate what it claims.
                     size = min(max(self.chunk_size, want - have), self._remaining(base + len(data)))
                     chunk = read(size) if size > 0 else b""
                     if chunk:
@@ -381,7 +427,8 @@ class LogReader:
             if not chunk:
                 break
             # A record longer than a chunk: read it whole, but never more than the
-            # file still holds (a damaged length must not allocate what it claims).
+            # file still holds or a record may be (a damaged length must not allocate
+            # what it claims).
             need = min(size + 4, self._remaining(base + end)) if pos + 4 <= end else 0
         self.count = index - self.skipped
         if pos < len(data):
@@ -438,6 +485,10 @@ class LogReader:
     # --- the file ------------------------------------------------------------------------
 
     def _remaining(self, offset: int) -> int:
+        """The most a read at ``offset`` may ask for: what the file still holds (it may
+        grow while read), or, for a stream, what one record may be."""
+        if self.stream:
+            return STREAM_READ
         return max(0, os.fstat(self._file.fileno()).st_size - offset)
 
     def close(self) -> None:

@@ -22,12 +22,19 @@ header. The bus continues the sequence numbers and periods from there.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO, Literal, Self
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
 
 import msgspec
 
@@ -36,6 +43,7 @@ from .._codec import encode_json, encode_json_nonfinite, event_modules, has_nonf
 from .._events import SCHEMA_VERSION, CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
 from .._logging import get_logger
 from .._stages import Stage
+from ..options import Count, WaitSeconds, checked
 from ._format import (
     LOG_FORMAT_VERSION,
     MAX_LINE,
@@ -52,7 +60,7 @@ from ._history import LogTail, scan_tail
 from ._placeholders import placeholder_for
 from ._reader import LogReader
 
-__all__ = ["FsyncPolicy", "LogRecorder", "RunIdMismatch"]
+__all__ = ["FsyncPolicy", "LogInUse", "LogRecorder", "RunIdMismatch"]
 
 FsyncPolicy = Literal["never", "checkpoint", "batch"]
 
@@ -71,6 +79,42 @@ class RunIdMismatch(ValueError):
     """
 
 
+class LogInUse(OSError):
+    """Another recorder (in this process or another) is writing the log: two writers
+    would interleave their records, so the second is refused."""
+
+
+def _open_locked(path: Path, *, new: bool) -> BinaryIO:
+    """``path`` opened for writing, not truncated, and locked against other recorders.
+
+    ``new``: create it, or ``FileExistsError`` if anything is there (one step, so two
+    runs cannot both find the name free and then write over each other). The lock
+    (``flock``) is taken before anything is read or cut, and goes with the file.
+    """
+    flags = os.O_RDWR | os.O_CREAT | (os.O_EXCL if new else 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except FileExistsError:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{path}: a file is already there, and this log is never written over: give "
+            "another path, or resume the run it records (whose history it then continues)",
+            str(path),
+        ) from None
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LogInUse(
+            errno.EBUSY, f"{path}: another recorder is writing this log right now", str(path)
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "r+b")
+
+
 class LogRecorder:
     """Writes events to ``path`` (msgpack, or JSON Lines for a ``.jsonl`` name).
 
@@ -81,7 +125,10 @@ class LogRecorder:
     health-check period of an attached bus), and on ``close``. ``fsync``:
     ``never``, ``checkpoint`` (at every ``CheckpointSaved``) or ``batch``
     (every flush). The file is replaced if it exists, unless ``append`` (see
-    below). ``run_id`` and
+    below) or ``overwrite=False`` (then a file already there is a
+    ``FileExistsError``, found as the log is created: one step, no race). A
+    log is written by one recorder at a time: another recorder writing it,
+    here or in another process, makes this one ``LogInUse``. ``run_id`` and
     ``created`` (wall time; now by default) go to the header, with the module
     of every event type defined so far (plus ``event_types``, tag -> module,
     say those of a log being converted), so a reader can name what it lacks.
@@ -111,11 +158,12 @@ class LogRecorder:
         flush_interval: float = 1.0,
         event_types: Mapping[str, str] | None = None,
         append: bool = False,
+        overwrite: bool = True,
     ) -> None:
         if fsync not in ("never", "checkpoint", "batch"):
             raise ValueError(f"fsync must be 'never', 'checkpoint' or 'batch', got {fsync!r}")
-        if batch_bytes < 1 or flush_interval < 0:
-            raise ValueError("batch_bytes must be positive and flush_interval not negative")
+        self.batch_bytes = checked("batch_bytes", batch_bytes, Count)
+        self.flush_interval = checked("flush_interval", flush_interval, WaitSeconds)
         self.path = Path(path)
         self.format: LogFormat = format or format_for_path(self.path)
         if self.format not in ("msgpack", "jsonl"):
@@ -123,8 +171,6 @@ class LogRecorder:
         #: What an appended-to log held (``append=True`` on an existing log), else None.
         self.appended: LogTail | None = None
         self.fsync: FsyncPolicy = fsync
-        self.batch_bytes = batch_bytes
-        self.flush_interval = flush_interval
         self.placeholders = 0
         modules = {**(event_types or {}), **event_modules()}
         self.header = LogHeader(
@@ -133,14 +179,17 @@ class LogRecorder:
             event_types=modules,
         )
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        continued = self._continue(run_id, format) if append else None
-        self._file: BinaryIO
-        if continued is None:
-            self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
-            self._buffer = bytearray(encode_header(self.header, self.format))
-        else:
-            self._file, start = continued
-            self._buffer = bytearray(start)
+        self._file: BinaryIO = _open_locked(self.path, new=not (append or overwrite))
+        try:
+            start = self._continue(run_id, format) if append else None
+            if start is None:
+                if stat.S_ISREG(os.fstat(self._file.fileno()).st_mode):
+                    self._file.truncate(0)
+                start = encode_header(self.header, self.format)
+        except BaseException:
+            self._file.close()
+            raise
+        self._buffer = bytearray(start)
         self._last_flush = time.monotonic()
         self._detach: list[Callable[[], None]] = []
         #: Framed records into the buffer: what an attached bus's tap calls per batch.
@@ -151,17 +200,17 @@ class LogRecorder:
 
     # --- appending ----------------------------------------------------------------
 
-    def _continue(self, run_id: str, format: LogFormat | None) -> tuple[BinaryIO, bytes] | None:
-        """Open the existing log to append to it: the file, positioned at its end, and
-        the bytes to write first; ``None`` if there is no log (missing or empty file).
+    def _continue(self, run_id: str, format: LogFormat | None) -> bytes | None:
+        """Continue the existing log, open (and locked) in ``_file``: its end is where
+        records go next; returns the bytes to write first, or ``None`` if there is no
+        log to continue (an empty file).
 
-        Everything is checked before the file is opened for writing, so a refused
-        file is left as it was.
+        Everything is checked before anything is written, so a refused file is left
+        as it was.
         """
-        try:
-            if self.path.stat().st_size == 0:
-                return None
-        except FileNotFoundError:
+        file = self._file
+        end = file.seek(0, os.SEEK_END)
+        if end == 0:
             return None
         try:
             reader = LogReader(self.path, skip_corrupt=True)
@@ -187,32 +236,26 @@ class LogRecorder:
                 )
             tail = scan_tail(reader)
             torn = reader.truncated
-        file = open(self.path, "r+b")  # noqa: SIM115 (closed by close())
-        try:
-            end = file.seek(0, os.SEEK_END)
-            if torn is not None:
-                file.truncate(torn.offset)
-                tail = msgspec.structs.replace(tail, dropped_bytes=end - torn.offset)
-                end = file.seek(torn.offset)
-                _log.warning(
-                    "torn last record cut off before appending to the log",
-                    path=str(self.path),
-                    offset=torn.offset,
-                    dropped_bytes=tail.dropped_bytes,
-                )
-            start = b""
-            if reader.format == "jsonl" and end > reader.data_offset:
-                file.seek(end - 1)
-                if file.read(1) != b"\n":  # a last line kept without its newline
-                    start = b"\n"
-                file.seek(end)
-        except BaseException:
-            file.close()
-            raise
+        if torn is not None:
+            file.truncate(torn.offset)
+            tail = msgspec.structs.replace(tail, dropped_bytes=end - torn.offset)
+            end = file.seek(torn.offset)
+            _log.warning(
+                "torn last record cut off before appending to the log",
+                path=str(self.path),
+                offset=torn.offset,
+                dropped_bytes=tail.dropped_bytes,
+            )
+        start = b""
+        if reader.format == "jsonl" and end > reader.data_offset:
+            file.seek(end - 1)
+            if file.read(1) != b"\n":  # a last line kept without its newline
+                start = b"\n"
+            file.seek(end)
         self.format = reader.format
         self.header = found
         self.appended = tail
-        return file, start
+        return start
 
     # --- recording ------------------------------------------------------------
 

@@ -25,11 +25,10 @@ other log is the same as without it.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import msgspec
@@ -47,15 +46,17 @@ from .._events import (
     HandlerTimedOut,
     HealthCheckTick,
 )
+from ..options import BusOptions, OptionError, checked
 from ._format import TruncatedTail
 from ._history import Rollbacks, rollbacks
-from ._reader import LogReader
+from ._reader import LogReader, require_file
 
 __all__ = [
     "BUS_DIAGNOSTICS",
     "HandlerSummary",
     "LogTiming",
     "ReplaySummary",
+    "Speed",
     "log_timing",
     "replay",
     "replay_file",
@@ -71,6 +72,9 @@ BUS_DIAGNOSTICS: tuple[type[Event], ...] = (
 )
 
 Source = str | os.PathLike[str] | Iterable[Event]
+
+#: How fast a replay at recorded pace goes: 1 is as recorded, 2 twice as fast.
+Speed = Annotated[float, msgspec.Meta(gt=0, le=1e6, description="multiple of recorded speed")]
 
 
 class HandlerSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,8 +144,8 @@ async def replay(
     instant = speed is None
     if instant and not isinstance(bus.clock, VirtualClock):
         raise ValueError("an instant replay needs a bus with a VirtualClock (or give speed=)")
-    if speed is not None and not (speed > 0 and math.isfinite(speed)):
-        raise ValueError(f"speed must be a positive number, got {speed}")
+    if speed is not None:
+        speed = checked("speed", speed, Speed)
     reader: LogReader | None = None
     events: Iterable[Event]
     plan: Rollbacks | None = None
@@ -315,7 +319,11 @@ def log_timing(path: str | os.PathLike[str], *, skip_corrupt: bool = False) -> L
                 continue
             if first is None:
                 first = event.time
-            if isinstance(event, HealthCheckTick | BudgetReport) and event.end > event.start:
+            if (
+                isinstance(event, HealthCheckTick | BudgetReport)
+                and event.end > event.start
+                and not getattr(event, "partial", False)  # a closing bus's cut period
+            ):
                 return LogTiming(start=event.start, period=event.end - event.start)
     return LogTiming(start=first or 0.0, period=None)
 
@@ -341,6 +349,7 @@ async def replay_file(
     handlers are timed in real time, as the command line's replay reports
     them. ``bus_options`` go to ``EventBus``.
     """
+    require_file(path, "a replay")
     if speed is None:
         timing = log_timing(path, skip_corrupt=skip_corrupt)
         clock: VirtualClock | MonotonicClock = (
@@ -349,9 +358,18 @@ async def replay_file(
         period = period or timing.period
     else:
         clock = MonotonicClock()
+    recorded = speed is None and bus_options.get("period") is None and period == timing.period
     if period is not None:
         bus_options["period"] = period
-    async with EventBus(clock=clock, **bus_options) as bus:
+    try:
+        options = BusOptions.build(None, **bus_options)
+    except OptionError as exc:
+        if not (recorded and exc.option == "period"):
+            raise
+        raise OptionError(
+            "period", f"{path}: its recorded health-check period: {exc}; give period="
+        ) from None
+    async with EventBus(options, clock=clock) as bus:
         setup(bus)
         summary = await replay(
             bus,

@@ -86,10 +86,23 @@ class StatefulCallback:
     the store), so a tampered snapshot cannot set ``__dict__`` or replace a
     hook. Override ``state``/``from_state`` for anything else; an overridden
     ``from_state`` gets the saved state unfiltered and must validate it.
+
+    At a restore the saved args win over the ones the live callback was given
+    (a resume continues the saved run, as Hugging Face and Lightning restore
+    it), with a warning naming each that differs from one given now (an arg
+    left at its default asked for nothing and is not warned about).
+    ``state_live_args`` names the exceptions, whose live value always wins:
+    options a snapshot, which anyone who can write the checkpoint can edit,
+    must not switch on (``BestCheckpoints``' ``delete_worse``). They are
+    still saved, so the snapshot format does not depend on them.
     """
 
     state_args: tuple[str, ...] = ()
     state_attributes: tuple[str, ...] = ()
+    state_live_args: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return callback_name(self)
 
     def state(self) -> CallbackState:
         return {
@@ -109,6 +122,22 @@ def is_stateful(callback: object) -> bool:
     """Whether ``callback`` has a ``state()`` method (looked up on its class, so a
     plain data attribute named ``state`` does not count)."""
     return callable(getattr(type(callback), "state", None))
+
+
+def callback_name(callback: object) -> str:
+    """How messages and logs name a callback: its class name with its ``state_key``
+    (``EarlyStopping(metric='loss', mode='min')`` as is, a key not starting with the
+    class name as ``Trend[acc]``), or the class name alone. Never raises, so a
+    ``state_key`` that fails costs only the suffix, not the message naming it."""
+    cls = type(callback)
+    try:
+        extra = getattr(callback, "state_key", None)
+    except Exception:
+        extra = None
+    if not isinstance(extra, str) or not extra:
+        return cls.__qualname__
+    extra = clip(extra, 200)
+    return extra if extra.startswith(cls.__name__) else f"{cls.__qualname__}[{extra}]"
 
 
 def state_key_of(callback: object) -> str:
@@ -135,7 +164,8 @@ def stateful_keys(callbacks: Sequence[object]) -> dict[str, object]:
         key = state_key_of(callback)
         if key in keyed:
             raise StateKeyConflict(
-                f"callbacks #{positions[key]} {keyed[key]!r} and #{position} {callback!r} "
+                f"callbacks #{positions[key]} {callback_name(keyed[key])} and "
+                f"#{position} {callback_name(callback)} "
                 f"share the state key {key!r}; give each a distinct `state_key` attribute"
             )
         keyed[key] = callback

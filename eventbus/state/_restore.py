@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from .._text import clip, describe, safe_str
+from ._args import settle_args
 from ._model import (
     MALFORMED,
     MAX_REASON_CHARS,
@@ -287,12 +288,14 @@ class VettedState(msgspec.Struct, frozen=True, kw_only=True):
     (``args.x``, ``attributes.__dict__``), left out. ``wrong_types``: declared
     names whose saved JSON kind differs from the live value's. ``own_from_state``:
     the class restores itself (``from_state``), so the state is passed whole.
+    ``args_note``: which args differed between saved and live, and which were used.
     """
 
     state: CallbackState
     ignored: tuple[str, ...] = ()
     wrong_types: tuple[str, ...] = ()
     own_from_state: bool = False
+    args_note: str | None = None
 
     def problems(self, key: str) -> tuple[str, ...]:
         """One line per kind of problem, naming the callback (``key``)."""
@@ -368,14 +371,20 @@ def vet_state(callback: object, state: CallbackState) -> VettedState:
     Only the names the callback declares as its state are kept (see
     ``_declared_names``): a tampered snapshot cannot set ``__dict__`` or
     replace a method. A class with its own ``from_state`` gets the state
-    whole and must validate it itself. ``ValueError`` if the saved state is
-    not shaped like one or the live callback's declared names cannot be
-    read (its ``state()`` raised).
+    whole and must validate it itself. The saved args win over the live ones
+    but for a ``StatefulCallback``'s ``state_live_args`` (``settle_args``).
+    ``ValueError`` if the saved state is not shaped like one or the live
+    callback's declared names cannot be read (its ``state()`` raised).
     """
     if not _is_state(state):
         raise ValueError("the saved state is not {'args': {...}, 'attributes': {...}}")
     if _own_from_state(type(callback)) is not None:
-        return VettedState(state=state, own_from_state=True)
+        if not isinstance(callback, StatefulCallback):
+            return VettedState(state=state, own_from_state=True)
+        live = {name: getattr(callback, name, None) for name in type(callback).state_args}
+        args, note = settle_args(callback, state["args"], live)
+        whole: CallbackState = {"args": args, "attributes": state["attributes"]}
+        return VettedState(state=whole, own_from_state=True, args_note=note)
     try:
         live_args, live_attributes = _declared_names(callback)
     except Exception as exc:
@@ -383,6 +392,7 @@ def vet_state(callback: object, state: CallbackState) -> VettedState:
             f"reading its declared state failed ({type(exc).__name__}: {clip(safe_str(exc), 200)})"
         ) from exc
     kept, ignored = declared_only(state, list(live_args), list(live_attributes))
+    kept["args"], note = settle_args(callback, kept["args"], live_args)
     wrong: list[str] = []
     for part, live in (("args", live_args), ("attributes", live_attributes)):
         for name, value in kept[part].items():  # type: ignore[literal-required]
@@ -392,7 +402,7 @@ def vet_state(callback: object, state: CallbackState) -> VettedState:
                     f"{member(part, name)} is {saved_kind} in the snapshot, "
                     f"the live value is {live_kind}"
                 )
-    return VettedState(state=kept, ignored=tuple(ignored), wrong_types=tuple(wrong))
+    return VettedState(state=kept, ignored=tuple(ignored), wrong_types=tuple(wrong), args_note=note)
 
 
 def rebuild_vetted(callback: object, vetted: VettedState) -> object:

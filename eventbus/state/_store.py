@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from .._bus import EventBus
 from .._events import CheckpointSaved, RunPosition, StateRestored, StateSnapshotted
@@ -25,6 +27,7 @@ from .._logging import get_logger
 from .._stages import Stage
 from .._subscription import Subscription
 from .._text import clip, describe
+from ..options import checked
 from ._files import (
     DEFAULT_MAX_BYTES,
     atomic_write,
@@ -38,6 +41,7 @@ from ._model import (
     Snapshot,
     StateFormatError,
     StateRestoreError,
+    callback_name,
     state_key_of,
     stateful_keys,
     take_states,
@@ -64,10 +68,13 @@ class StateStore:
     """
 
     def __init__(
-        self, root: str | Path, *, strict: bool = False, max_bytes: int = DEFAULT_MAX_BYTES
+        self,
+        root: str | os.PathLike[str],
+        *,
+        strict: bool = False,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
-        if max_bytes < 1:
-            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+        max_bytes = checked("max_bytes", max_bytes, Annotated[int, Meta(ge=1, le=1 << 40)])
         self.root = Path(root).resolve()
         self.strict = strict
         self.max_bytes = max_bytes
@@ -204,6 +211,13 @@ class StateStore:
         fresh. ``restored`` lists live keys: a state saved under
         ``__main__.Name`` restored into ``pkg.mod.Name`` (or the reverse) is
         listed under the live key, and logged at info level.
+
+        The saved args win over those the live callbacks were given (a resume
+        continues the saved run), except a ``StatefulCallback``'s
+        ``state_live_args``, whose live value wins (options a snapshot must
+        not switch on). Each callback whose saved and live args differ gets one
+        warning naming it and each such arg with both values and the one used;
+        it is not a strict error, since which one wins is the rule.
         """
         notes: tuple[str, ...] = ()
         if isinstance(checkpoint, Snapshot):
@@ -220,7 +234,8 @@ class StateStore:
                     raise StateRestoreError(
                         f"no callback state snapshot at {path}: resume from a checkpoint "
                         "that has callback states, or allow starting them fresh "
-                        "(require_snapshot=False)"
+                        "(open_run(allow_fresh_state=True); "
+                        "StateStore.restore(require_snapshot=False))"
                     ) from exc
                 # A checkpoint written before the store was in use: every callback starts fresh.
                 snapshot = Snapshot(checkpoint=os.fspath(checkpoint))
@@ -251,6 +266,9 @@ class StateStore:
             )
         restored = list(callbacks)
         restored_keys: list[str] = []
+        # Saved args that differ from the live ones: never silent, never a strict error
+        # (which value wins is the rule, not a mismatch), and only for states restored.
+        changed: list[str] = []
         for position, checked in vetted.items():
             live_key = state_key_of(callbacks[position])
             try:
@@ -265,6 +283,8 @@ class StateStore:
                 failures.append(problem)
             else:
                 restored_keys.append(live_key)
+                if checked.args_note is not None:
+                    changed.append(f"{callback_name(callbacks[position])}: {checked.args_note}")
         if in_place:
             # Only once every rebuild is done and the keys are known unique: a strict
             # failure or a key conflict must leave the caller's objects untouched.
@@ -272,7 +292,7 @@ class StateStore:
             for position in vetted:
                 if restored[position] is not callbacks[position]:
                     failures.extend(self._adopt(restored, position, callbacks[position]))
-        warnings = notes + plan.warnings + tuple(problems) + tuple(failures)
+        warnings = notes + plan.warnings + tuple(problems) + tuple(changed) + tuple(failures)
         # Checks the rebuilt callbacks' keys too (a from_state may change them).
         self.register(restored)
         if warnings:

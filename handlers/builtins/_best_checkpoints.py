@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
 from eventbus import StatefulCallback, get_logger
 from eventbus.events import TrainRunContext
+from eventbus.options import Count, checked
 
 from .._callback import UserCallback
 from .._metrics import mean_of
@@ -28,14 +30,24 @@ class BestCheckpoints(UserCallback, StatefulCallback):
     ``delete_worse=True`` is Ray's ``num_to_keep`` and Lightning's
     ``save_top_k``: a checkpoint that leaves the top ``k`` is deleted from
     disk, except the latest one, which a resume needs (it goes once a newer
-    checkpoint arrives, if it is not among the best by then). Off by default:
-    it tracks only. A location that is a filesystem root, the current
-    directory or one of its parents is never deleted; a deletion that fails
-    is a warning, not a failure of the run.
+    checkpoint arrives, if it is not among the best by then), with an info
+    line naming it and why. Off by default: it tracks only.
+
+    Locations come from workers' reports and from snapshots anyone who can
+    write a checkpoint can edit, so only one strictly inside the run's
+    storage root (``run_context.storage``: ``open_run``'s ``storage``, by
+    default its ``state_dir``) is deleted: never the root itself, a
+    filesystem root, the current directory or one of its parents, nor
+    anything a symlink leads to (a symlink is unlinked; one among the parent
+    directories that leads out makes the location outside). Without a
+    storage root nothing is deleted, with one warning. A resume keeps the
+    ``delete_worse`` given now over the snapshot's (``state_live_args``). A
+    deletion that fails is a warning, not a failure of the run.
     """
 
     state_args = ("metric", "k", "mode", "delete_worse")
     state_attributes = ("top", "latest")
+    state_live_args = ("delete_worse",)
 
     def __init__(
         self,
@@ -46,10 +58,8 @@ class BestCheckpoints(UserCallback, StatefulCallback):
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if k < 1:
-            raise ValueError(f"k must be at least 1, got {k}")
         self.metric = metric
-        self.k = k
+        self.k: int = checked("k", k, Count)
         self.mode = mode
         self.delete_worse = delete_worse
         self.top: list[list[Any]] = []
@@ -57,6 +67,7 @@ class BestCheckpoints(UserCallback, StatefulCallback):
         self.latest: str | None = None
         #: Checkpoints this callback deleted (this process only).
         self.deleted: list[str] = []
+        self._warned_no_storage = False
 
     @property
     def state_key(self) -> str:
@@ -75,7 +86,8 @@ class BestCheckpoints(UserCallback, StatefulCallback):
     ) -> None:
         if checkpoint is None:
             return
-        kept_before = {*self.checkpoints, self.latest}
+        # A restored ``latest`` of another JSON kind (an edited snapshot) is no location.
+        kept_before = {*self.checkpoints, self.latest if isinstance(self.latest, str) else None}
         value = mean_of(metrics, self.metric)
         if value is not None:
             sign = 1.0 if self.mode == "min" else -1.0
@@ -86,22 +98,63 @@ class BestCheckpoints(UserCallback, StatefulCallback):
         if self.delete_worse:
             for location in kept_before - {*self.checkpoints, checkpoint, None}:
                 assert location is not None
-                self._delete(location)
+                self._delete(location, run_context.storage)
 
-    def _delete(self, location: str) -> None:
-        path = Path(location)
+    def _delete(self, location: str, storage: str | None) -> None:
+        """Delete ``location`` if it lies strictly inside ``storage`` (see the class doc)."""
+        if storage is None:
+            if not self._warned_no_storage:
+                self._warned_no_storage = True
+                _log.warning(
+                    "delete_worse deletes nothing: the run's storage root is unknown",
+                    callback=repr(self),
+                    hint="only checkpoints inside the run's storage are deleted: "
+                    "give open_run storage= or state_dir=",
+                )
+            return
         try:
-            resolved = path.resolve()
-            if resolved == Path(resolved.anchor) or resolved in (Path.cwd(), *Path.cwd().parents):
-                _log.warning("not deleting a checkpoint at a root or above", checkpoint=location)
+            root = Path(storage).resolve()
+            target = _inside(Path(location), root)
+            if target is None:
+                _log.warning(
+                    "not deleting a checkpoint outside the run's storage, or the storage itself",
+                    callback=repr(self),
+                    checkpoint=location,
+                    storage=str(root),
+                )
                 return
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                os.unlink(path)
+            try:
+                kind = os.lstat(target).st_mode  # lstat: a symlink is unlinked, not followed
+            except FileNotFoundError:
+                return  # gone already: nothing deleted
+            if stat.S_ISDIR(kind):
+                shutil.rmtree(target)
             else:
-                return
+                os.unlink(target)
         except (OSError, ValueError) as exc:  # ValueError: a location no path can be
-            _log.warning("could not delete a checkpoint", checkpoint=location, error=str(exc))
+            _log.warning(
+                "could not delete a checkpoint",
+                callback=repr(self),
+                checkpoint=location,
+                error=str(exc),
+            )
             return
         self.deleted.append(location)
+        _log.info(
+            "deleted a checkpoint",
+            callback=repr(self),
+            checkpoint=location,
+            reason=f"it left the top {self.k} by {self.metric} ({self.mode})",
+        )
+
+
+def _inside(path: Path, root: Path) -> Path | None:
+    """Where ``path`` is, its last component not followed, if that is strictly inside
+    ``root`` and neither a filesystem root nor the current directory or one of its
+    parents; else ``None``."""
+    last = path.name
+    where = path.resolve() if last in ("", ".", "..") else path.parent.resolve() / last
+    cwd = Path.cwd()
+    if where == root or not where.is_relative_to(root) or where in (cwd, *cwd.parents):
+        return None
+    return None if where == Path(where.anchor) else where

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta
 
 from eventbus import StatefulCallback, get_logger
 from eventbus.events import TrainRunContext
+from eventbus.options import Count, checked
 
 from .._callback import UserCallback
 from .._metrics import mean_of
@@ -14,6 +16,9 @@ from .._metrics import mean_of
 __all__ = ["EarlyStopping"]
 
 _log = get_logger("handlers.early_stopping")
+
+#: How much a value must beat the best by to improve: finite, not negative.
+Threshold = Annotated[float, Meta(ge=0, le=1e300)]
 
 
 class EarlyStopping(UserCallback, StatefulCallback):
@@ -37,13 +42,9 @@ class EarlyStopping(UserCallback, StatefulCallback):
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if patience < 1:
-            raise ValueError(f"patience must be at least 1, got {patience}")
-        if threshold < 0 or not math.isfinite(threshold):
-            raise ValueError(f"threshold must be a finite number >= 0, got {threshold}")
         self.metric = metric
-        self.patience = patience
-        self.threshold = threshold
+        self.patience: int = checked("patience", patience, Count)
+        self.threshold: float = checked("threshold", threshold, Threshold)
         self.mode = mode
         self.best: float | None = None
         self.wait = 0

@@ -6,6 +6,7 @@ from typing import Any
 
 from eventbus import get_logger
 from eventbus.events import RunResult, TrainRunContext
+from eventbus.options import Count, checked
 
 from .._callback import UserCallback
 from .._metrics import mean_metrics
@@ -17,9 +18,7 @@ class MetricsLogger(UserCallback):
     """Logs every ``every``-th round at info level: the mean of each numeric metric over ranks."""
 
     def __init__(self, every: int = 1, logger: Any = None) -> None:
-        if every < 1:
-            raise ValueError(f"every must be at least 1, got {every}")
-        self.every = every
+        self.every: int = checked("every", every, Count)
         self.log = logger if logger is not None else get_logger("handlers.metrics")
         self.rounds = 0
 

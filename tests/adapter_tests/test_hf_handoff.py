@@ -18,7 +18,9 @@ from typing import Any, ClassVar
 import pytest
 from structlog.testing import capture_logs
 
-from adapters._bus_thread import Backend, BusThread
+from adapters import AdapterOptions
+from adapters._bus_thread import BusThread
+from adapters._options import Backend
 from adapters._threaded_run import ThreadedRun
 from adapters.transformers import merge_stateful_callbacks
 from eventbus import (
@@ -65,7 +67,7 @@ def test_events_arrive_in_order_and_close_drains(backend: Backend) -> None:
     thread = BusThread(
         lambda bus: bus.subscribe(Report, lambda e: seen.append(e.index)),
         backend=backend,
-        capacity=64,
+        buffer=64,
     )
     thread.start()
     accepted = [thread.handoff(report(i)) for i in range(500)]
@@ -79,7 +81,7 @@ def test_events_arrive_in_order_and_close_drains(backend: Backend) -> None:
 def test_a_full_hand_off_waits_a_bounded_time_then_counts_and_warns(backend: Backend) -> None:
     gate = Gate()
     thread = BusThread(
-        lambda bus: bus.subscribe(Report, gate), backend=backend, capacity=4, handoff_timeout=0.05
+        lambda bus: bus.subscribe(Report, gate), backend=backend, buffer=4, handoff_timeout=0.05
     )
     thread.start()
     try:
@@ -175,8 +177,8 @@ def test_handoff_needs_a_running_bus() -> None:
     with pytest.raises(BusClosed):
         thread.handoff(event)
     assert thread.close() is None
-    with pytest.raises(ValueError, match="capacity"):
-        BusThread(lambda bus: None, capacity=0)
+    with pytest.raises(ValueError, match="buffer"):
+        BusThread(lambda bus: None, buffer=0)
 
 
 # --- a callback's failure of the run reaches the trainer's thread ---------------------------
@@ -215,7 +217,7 @@ class FailsTheRun(UserCallback):
 
 
 def start_run(callbacks: list[Any], log: Path, backend: Backend = "asyncio") -> ThreadedRun:
-    run = ThreadedRun("eventbus-test", {"backend": backend, "period": 0.5})
+    run = ThreadedRun("eventbus-test", AdapterOptions(backend=backend, period=0.5))
     run.start(
         lambda bus: attach_user_callbacks(bus, callbacks, world_size=1), run_id="run", log=log
     )

@@ -21,7 +21,9 @@ from typing import Any, ClassVar
 import pytest
 from structlog.testing import capture_logs
 
-from adapters._bus_thread import Backend, BusThread
+from adapters import AdapterOptions
+from adapters._bus_thread import BusThread
+from adapters._options import Backend
 from adapters._threaded_run import ThreadedRun
 from eventbus import CheckpointSaved, ErrorPolicy, Event, EventBus, Report, RunStarted, Stage
 from handlers import RunResult, TrainRunContext, UserCallback
@@ -57,7 +59,7 @@ def test_a_burst_wakes_the_bus_thread_at_most_once_per_poll_interval(
     thread = BusThread(
         lambda bus: bus.subscribe(Report, lambda e: seen.append(e.index)),
         backend=backend,
-        capacity=capacity,
+        buffer=capacity,
         poll_interval=interval,
     )
     thread.start()
@@ -130,7 +132,7 @@ def test_a_callback_failing_the_run_reaches_the_trainer_without_waiting_for_a_po
             self.results.append(result)
 
     callback = FailsTheRun()
-    run = ThreadedRun("eventbus-test", {"poll_interval": NEVER})
+    run = ThreadedRun("eventbus-test", AdapterOptions(poll_interval=NEVER))
     run.start(
         lambda bus: attach_user_callbacks(bus, [callback], world_size=1), run_id="run", log=None
     )
@@ -186,7 +188,7 @@ def test_runs_of_events_go_to_the_bus_in_batches_in_order_around_control_items()
     def make(index: int, metrics: dict[str, Any]) -> Report:
         return Report(run_id="run", rank=0, world_size=1, index=index, metrics=metrics)
 
-    thread = BusThread(setup, poll_interval=NEVER, capacity=10_000)
+    thread = BusThread(setup, poll_interval=NEVER, buffer=10_000)
     thread.start()
     for i in range(600):
         assert thread.offer(report(i) if i % 2 else (make, i, {"i": i}))

@@ -12,7 +12,8 @@ flood the bus with emitted events, or call back into it. Whatever happens:
   ``failed``), raising that exception as itself;
 - the log reads back whole, with exactly one ``RunFinished``, matching the
   run's status, and every event in sequence;
-- every report is either gathered or rejected, and counted (``reports +
+- every report is either refused where it is made (``ReportError``: a log
+  cannot hold it), or gathered or rejected, and counted (``reports +
   rejected`` is what the workers sent), and callbacks saw what was reported;
 - what the bus held stayed bounded.
 """
@@ -38,7 +39,7 @@ from eventbus._bus import EMIT_HEADROOM
 from eventbus._lanes import MAX_BATCH
 from eventbus.events import EventPlaceholder
 from eventbus.log import read_log
-from handlers import Reporter, RunResult, TrainRunContext, UserCallback, open_run
+from handlers import Reporter, ReportError, RunResult, TrainRunContext, UserCallback, open_run
 from handlers._metric_values import MetricsError, freeze_metrics
 
 from ._figures import FIGURES
@@ -233,8 +234,9 @@ async def adversarial_run(
     run = open_run(world_size=world_size, callbacks=callbacks, period=0.02, timeout=1.0, log=log)
     for callback in callbacks:
         callback.bus = run.bus
-    #: What each rank reported, as it was when reported.
+    #: What each rank reported, as it was when reported; what ``report`` refused.
     sent: list[list[Any]] = [[] for _ in range(world_size)]
+    refused = [0] * world_size
 
     async def worker(reporter: Reporter) -> None:
         shared: dict[str, Any] = {}  # reused, and changed after each report
@@ -244,8 +246,15 @@ async def adversarial_run(
                 shared.clear()
                 shared.update(value)
                 value = shared
-            sent[reporter.rank].append("deep" if planned == "deep" else copy.deepcopy(value))
-            await reporter.report(value)
+            kept = "deep" if planned == "deep" else copy.deepcopy(value)
+            try:
+                await reporter.report(value)
+            except ReportError:  # what a log cannot hold is refused where it is reported
+                assert not _acceptable(kept)
+                refused[reporter.rank] += 1
+            else:
+                assert _acceptable(kept)
+                sent[reporter.rank].append(kept)
             if value is shared:
                 shared["changed after the report"] = 1.0
             await anyio.lowlevel.checkpoint()
@@ -286,16 +295,16 @@ async def adversarial_run(
         if isinstance(e, Report) or (isinstance(e, EventPlaceholder) and e.event_type == "Report")
     )
     # Every report published was either gathered or rejected, and counted; without an
-    # interrupt, that is every report the workers made.
+    # interrupt, that is every report the workers made but those refused at once.
     assert result.reports + result.rejected == published
     if raised is None:
         assert published == sum(len(s) for s in sent)
+        assert published + sum(refused) == world_size * len(reports)
     # Callbacks saw what was reported: each round is the ranks' reports, as sent.
-    accepted = [[v for v in per_rank if _acceptable(v)] for per_rank in sent]
     for callback in callbacks:
         for index, round_seen in enumerate(callback.seen):
             for rank, metrics_seen in enumerate(round_seen):
-                assert _same(metrics_seen, accepted[rank][index])
+                assert _same(metrics_seen, sent[rank][index])
     assert run.bus.stats().queued <= run.bus.buffer + EMIT_HEADROOM + 2 * MAX_BATCH
     return {"events_checked": len(events), "reports": sum(len(s) for s in sent)}
 

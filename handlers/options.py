@@ -1,0 +1,75 @@
+"""A run's options: the bus's, plus its ranks, in one frozen struct checked when built."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated
+
+from msgspec import Meta
+
+from eventbus import BusOptions
+from eventbus.options import MAX_SECONDS, BusKeywords, OptionError
+
+__all__ = [
+    "MAX_WORLD_SIZE",
+    "EndSeconds",
+    "Rank",
+    "Restarts",
+    "RunKeywords",
+    "RunOptions",
+    "WorldSize",
+]
+
+#: Largest world size a run may have: the gathering keeps a slot per rank, and a
+#: report claiming a billion ranks must not make it allocate a billion.
+MAX_WORLD_SIZE = 1 << 17
+
+WorldSize = Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE, description="whole number of ranks")]
+Rank = Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE, description="rank")]
+#: How long a run's end waits for what is still to be handled: at least 0.1 s, so that
+#: its end (``RunFinished``, ``after_run``) is delivered behind a short backlog.
+EndSeconds = Annotated[float, Meta(ge=0.1, le=MAX_SECONDS, description="number of seconds")]
+#: How often a worker group may restart (``Run.workers(max_restarts=...)``).
+Restarts = Annotated[int, Meta(ge=0, le=1_000_000, description="whole number of restarts")]
+
+
+class RunOptions(BusOptions, frozen=True, kw_only=True):
+    """How a run runs: its bus's options (``BusOptions``) and its ranks.
+
+    ``open_run(world_size=4, period=5)`` builds one from keywords; every
+    field is checked against its range there, before anything starts.
+
+    Attributes:
+        world_size: how many ranks report.
+        required_ranks: the ranks a round waits for (all of them by default),
+            each below ``world_size``.
+        drain_timeout: how long the run's end waits for what was reported to be
+            handled, seconds; past it, what is left is not delivered (counted and
+            said). At least 0.1 s, so the run's end itself is delivered.
+    """
+
+    world_size: WorldSize
+    required_ranks: tuple[Rank, ...] | None = None
+    drain_timeout: EndSeconds = 10.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        ranks = self.required_ranks
+        if ranks is None:
+            return
+        if not ranks:
+            raise OptionError("required_ranks", "required_ranks must name at least one rank")
+        outside = sorted({rank for rank in ranks if rank >= self.world_size})
+        if outside:
+            raise OptionError(
+                "required_ranks",
+                f"required_ranks must be ranks of the run, from 0 to {self.world_size - 1} "
+                f"(world_size={self.world_size}), got {list(ranks)}: {outside} outside",
+            )
+
+
+class RunKeywords(BusKeywords, total=False):
+    """``RunOptions`` as keyword arguments (``required_ranks`` may be any iterable)."""
+
+    world_size: int
+    required_ranks: Iterable[int] | None
