@@ -108,21 +108,16 @@ def _words(info: mi.Type) -> str:
             kind = "a number" if isinstance(info, mi.FloatType) else "an integer"
         if info.ge is not None and info.le is not None:
             return f"{kind} from {_number(info.ge)} to {_number(info.le)}"
-        low = (
-            f"at least {_number(info.ge)}"
-            if info.ge is not None
-            else f"more than {_number(info.gt)}"
-            if info.gt is not None
-            else ""
-        )
-        high = (
-            f"at most {_number(info.le)}"
-            if info.le is not None
-            else f"below {_number(info.lt)}"
-            if info.lt is not None
-            else ""
-        )
-        return " ".join([kind, ", ".join(part for part in (low, high) if part)]).rstrip()
+        bounds = []
+        if info.ge is not None:
+            bounds.append(f"at least {_number(info.ge)}")
+        elif info.gt is not None:
+            bounds.append(f"more than {_number(info.gt)}")
+        if info.le is not None:
+            bounds.append(f"at most {_number(info.le)}")
+        elif info.lt is not None:
+            bounds.append(f"below {_number(info.lt)}")
+        return " ".join([kind, ", ".join(bounds)]).rstrip()
     if isinstance(info, mi.LiteralType):
         return "one of " + ", ".join(repr(value) for value in info.values)
     if isinstance(info, mi.BoolType):

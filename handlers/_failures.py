@@ -66,7 +66,7 @@ class ExceptionCallbackHandler:
         if isinstance(event, WorkerFailure):
             self.failures += 1
             self._pending.append(event)
-        elif isinstance(event, HealthCheckTick):
+        elif isinstance(event, HealthCheckTick) and (self._pending or self._carried):
             end = event.end
             # ``not >=``: a failure whose time is no number (NaN) is due, never kept.
             due = [*self._carried, *(f for f in self._pending if not f.time >= end)]

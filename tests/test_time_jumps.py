@@ -195,3 +195,12 @@ async def test_a_replay_file_with_a_huge_recorded_period_is_refused_naming_it(
         )
     with pytest.raises(ValueError, match="period"):
         await replay_file(path, lambda bus: None)
+
+
+async def test_a_period_given_to_a_replay_is_checked_never_swapped_for_the_logs(
+    tmp_path: Path,
+) -> None:
+    """``period=0`` is a mistake to say, not a request for the recorded period."""
+    path = _log_with(tmp_path, [1.5, 2.5])
+    with pytest.raises(ValueError, match=r"^period must be a number of seconds"):
+        await replay_file(path, lambda bus: None, period=0.0)

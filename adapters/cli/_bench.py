@@ -25,6 +25,7 @@ from ._common import (
     as_cli_error,
     check_log_tail,
     check_output,
+    given,
     load_object,
     local_log,
     reading_log,
@@ -172,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _require_matplotlib()
     events, start, period = _events(args)
-    options = BusOptions.build(None, period=period, **_given(args, "budget", "timeout"))
+    options = BusOptions.build(None, period=period, **given(args, "budget", "timeout"))
     progress = _progress_bar() if sys.stderr.isatty() else None
     try:
         result = run_bench(
@@ -332,15 +333,9 @@ def _events(args: argparse.Namespace) -> tuple[list[Event], float | None, float]
         period = timing.period or BusOptions().period
         return events, timing.start, args.period if args.period is not None else period
     # The workload's options are named as its fields; those not given keep its defaults.
-    workload = Workload(**_given(args, *Workload.__struct_fields__))
+    workload = Workload(**given(args, *Workload.__struct_fields__))
     period = args.period if args.period is not None else BusOptions().period
     return synthetic_events(workload), None, period
-
-
-def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
-    """The options among ``names`` given on the command line (the rest keep the
-    defaults their options struct declares: written once, there)."""
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def format_table(result: BenchResult) -> str:

@@ -34,6 +34,7 @@ __all__ = [
     "cannot_write",
     "check_log_tail",
     "check_output",
+    "given",
     "is_training_callback",
     "load_object",
     "local_log",
@@ -65,6 +66,12 @@ def as_cli_error(exc: Exception) -> CliError:
         text = str(exc)
         return CliError(flag + text[len(option) :] if text.startswith(option) else text)
     return CliError(str(exc))
+
+
+def given(args: Any, *names: str) -> dict[str, Any]:
+    """The options among ``names`` given on the command line; the others keep the
+    defaults their options struct declares (written once, there)."""
+    return {name: value for name in names if (value := getattr(args, name, None)) is not None}
 
 
 def cannot_write(output: str | Path, exc: OSError) -> CliError:

@@ -11,7 +11,7 @@ from typing import Any
 from eventbus.state import StateError
 from handlers import latest_checkpoint
 
-from ._common import CliError, as_cli_error, cannot_write, check_output, same_file
+from ._common import CliError, as_cli_error, cannot_write, check_output, given, same_file
 from ._demo_trainer import DemoOptions, DemoSummary, main_sync
 from ._report import report_path
 
@@ -80,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
     # Logging is configured (to stderr) by `main`: the summary below is the only stdout.
     if args.summary is not None:  # before the run: a destination that cannot be is said now
         check_output(args.summary, option="--summary", make_parents=True)
-    given = {name: getattr(args, name, None) for name in DemoOptions.__struct_fields__}
-    options = DemoOptions.build(None, **{k: v for k, v in given.items() if v is not None})
+    options = DemoOptions.build(None, **given(args, *DemoOptions.__struct_fields__))
     try:
         summary = main_sync(
             options=options,

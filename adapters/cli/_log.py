@@ -58,6 +58,7 @@ from ._common import (
     cannot_write,
     check_log_tail,
     check_output,
+    given,
     is_training_callback,
     load_object,
     local_log,
@@ -454,17 +455,11 @@ def _wire(specs: list[str]) -> Callable[[EventBus], None]:
     return setup
 
 
-def _numbers(args: argparse.Namespace, *names: str) -> dict[str, Any]:
-    """The options among ``names`` given on the command line; the rest keep their
-    options struct's defaults."""
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-
-
 def _replay(args: argparse.Namespace) -> int:
     if not args.callbacks:
         raise CliError("nothing to replay against: give --callbacks MODULE:NAME ...")
     # Every number checked before the log is read (each named as its flag).
-    options = BusOptions.build(None, **_numbers(args, "period", "timeout"))
+    options = BusOptions.build(None, **given(args, "period", "timeout"))
     if args.speed is not None:
         checked("speed", args.speed, Speed)
     keep = _filter(args)

@@ -350,15 +350,16 @@ async def replay_file(
     them. ``bus_options`` go to ``EventBus``.
     """
     require_file(path, "a replay")
+    recorded = False  # the period is the log's, not one given here
     if speed is None:
         timing = log_timing(path, skip_corrupt=skip_corrupt)
         clock: VirtualClock | MonotonicClock = (
             FastForwardClock(timing.start) if real_time else VirtualClock(timing.start)
         )
-        period = period or timing.period
+        if period is None:
+            period, recorded = timing.period, timing.period is not None
     else:
         clock = MonotonicClock()
-    recorded = speed is None and bus_options.get("period") is None and period == timing.period
     if period is not None:
         bus_options["period"] = period
     try:
