@@ -1,9 +1,13 @@
 # The two quick-start commands set everything up themselves, in .venv:
 #   make demo   installs the project alone and runs the demo trainer;
 #   make test   installs it with every extra the tests exercise (the adapters
-#               are tested against the real transformers and ray), then runs
-#               ruff, mypy --strict, pytest and `make docs`. `.ci/run` runs
-#               `make test`.
+#               are tested against the real transformers and ray) and, when
+#               missing, Chromium for the browser tests (`make chromium`),
+#               then runs ruff, mypy --strict, the whole pytest suite and
+#               `make docs`. `.ci/run` runs `make test`.
+#   make check  the edit loop, in under a minute: ruff, mypy --strict and the
+#               tests not marked slow, browser, crash or adapters (the markers
+#               are given by path in tests/conftest.py).
 #   make docs   builds the API reference from the docstrings (pdoc, through
 #               docs/api/build.py) into build/api/index.html, git-ignored;
 #               any warning fails the build.
@@ -17,19 +21,39 @@ PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
 TORCH ?= torch==2.13.0
 # Where `make docs` writes the API reference (build/ is git-ignored).
 API_DIR ?= build/api
+# setuptools' default editable install is an import hook, which type checkers
+# cannot follow: mypy run on your own code, outside this folder, would not find
+# the packages. `strict` installs a tree of links to the packages' files
+# (build/__editable__.*, git-ignored) that a .pth puts on the path: the three
+# packages alone, not tests/, benchmarks/ or examples/ (`compat` would add this
+# whole folder). A file added to or removed from a package needs a reinstall:
+# the list of files ($(VENV)/.package-files) changes, and the installs follow.
+EDITABLE := --config-settings editable_mode=strict
+PACKAGES := eventbus handlers adapters
+# `make check`: what the edit loop leaves to `make test`.
+QUICK := not slow and not browser and not crash and not adapters
+# Debian's chromium and the names other systems give it (tests/_browser.py looks for the same).
+CHROMIUM_NAMES := chromium chromium-browser google-chrome
 
-.PHONY: demo test lint typecheck unit docs bench bench-quick clean
+.PHONY: demo test check lint typecheck unit docs chromium bench bench-quick clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
-	$(PIP) install -e .
+# The files the install links (modules, py.typed, the report's assets), rewritten
+# only when that list changes.
+$(VENV)/.package-files: FORCE | $(BIN)/python
+	@find $(PACKAGES) -type f \( -name '*.py' -o -name py.typed -o -path '*/_assets/*' \) \
+		| LC_ALL=C sort > $@.new
+	@if cmp -s $@.new $@; then rm -f $@.new; else mv $@.new $@; fi
+
+$(VENV)/.installed-base: pyproject.toml $(VENV)/.package-files | $(BIN)/python
+	$(PIP) install -e . $(EDITABLE)
 	touch $@
 
-$(VENV)/.installed-all: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-all: pyproject.toml $(VENV)/.package-files | $(BIN)/python
 	$(PIP) install $(TORCH)
-	$(PIP) install -e '.[test,dev,plot,transformers,ray,docs]'
+	$(PIP) install -e '.[test,dev,plot,transformers,ray,docs]' $(EDITABLE)
 	touch $@ $(VENV)/.installed-base
 
 demo: $(VENV)/.installed-base
@@ -45,11 +69,33 @@ typecheck: $(VENV)/.installed-all
 unit: $(VENV)/.installed-all
 	$(BIN)/python -m pytest
 
+# tests/adapter_tests is not even collected (importing torch, transformers and ray takes
+# seconds), and pytest may cache its rewritten test modules whatever PYTHONDONTWRITEBYTECODE
+# says (rewriting them all again takes seconds too).
+check: lint typecheck
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -m "$(QUICK)" --ignore=tests/adapter_tests
+
 docs: $(VENV)/.installed-all
 	rm -rf $(API_DIR)
 	$(BIN)/python docs/api/build.py $(API_DIR)
 
-test: lint typecheck unit docs
+test: chromium lint typecheck unit docs
+
+# The browser tests render pages in headless Chromium. Tests never install
+# system packages: this does, when none is on PATH and we may (root with
+# apt-get, as CI is); it says nothing when one is there. Without it the browser
+# tests skip, saying how to install it; under CI=true they fail instead.
+chromium:
+	@for name in $(CHROMIUM_NAMES); do command -v $$name >/dev/null && exit 0; done; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "make chromium: no Chromium, so the browser tests will skip;" \
+			"install it with 'apt-get install chromium' (as root)"; \
+		exit 0; \
+	fi; \
+	echo "make chromium: installing Debian's chromium for the browser tests (apt-get)"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get -qq -o DPkg::Lock::Timeout=300 update >/dev/null && \
+	apt-get -qq -o DPkg::Lock::Timeout=300 install -y chromium >/dev/null
 
 # Every performance target, measured now, in one table (about 4 minutes);
 # `make bench-quick` is the same in under a minute, for before a commit.
@@ -60,8 +106,8 @@ bench-quick: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/check.py --quick
 
 $(VENV)/.installed-bench: $(VENV)/.installed-all
-	$(PIP) install -e '.[bench]'
+	$(PIP) install -e '.[bench]' $(EDITABLE)
 	touch $@
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis $(API_DIR)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis $(API_DIR) build/__editable__.*

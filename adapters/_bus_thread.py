@@ -1,49 +1,14 @@
-"""A bus in its own thread, fed from another thread through a bounded hand-off.
+"""A bus in its own thread, fed from the trainer's thread through a bounded hand-off.
 
-Trainers call their callbacks synchronously: Hugging Face's Trainer on its
-training thread, Ray Train on its controller's event loop. Neither may wait
-for our callbacks. So the bus and our handlers run in a daemon thread with
-their own event loop, and the caller only appends the event to a deque.
-
-No wake-up per event, and at most one per poll interval. The pump on the
-bus's side looks at the deque once every ``poll_interval`` seconds (5 ms by
-default) and drains it in one batch; a hand-off never wakes it, however
-full the deque. Waking a sleeping loop from another thread costs the caller
-a syscall, and the woken thread then takes the GIL from the trainer's
-thread in the middle of its hook: measured here
-(``benchmarks/bench_hf_handoff.py``), a wake per event made one ``on_log``
-cost 20-50 us, an append alone well under 1 us. Only a caller that blocks
-until the bus is done anyway (``wait_idle``, ``close``) wakes it at once,
-since then there is no hook to interrupt. Wake-ups start at least one poll
-interval apart (``wakeups`` counts them), so over a burst of hooks lasting
-``T`` seconds the bus thread wakes at most ``T / poll_interval + 1`` times.
-The price: a delivery delay of up to ``poll_interval`` while events flow
-(small beside a training step). An idle bus thread backs off: each look
-that finds nothing doubles its pause, up to ``IDLE_POLL_INTERVAL`` (0.1 s),
-so the first event after a quiet spell waits up to that long, and an idle
-bus costs about 10 wake-ups a second (at about 60 us of CPU each), not 200.
-A burst faster than ``capacity / poll_interval`` (200,000 events a second by
-default) waits for the bus's next look when the deque is full.
-``BlockingPortal.call`` would cost hundreds of microseconds: it waits for
-the loop to run the call and reply.
-
-Bounded and never silent: the deque holds ``capacity`` events. When it is
-full the caller waits up to ``handoff_timeout`` for room; then the event is
-dropped, counted in ``dropped`` and a warning says how many so far. While the
-bus stays stuck, further events are dropped (and counted) at once instead of
-each waiting again, so a stuck callback costs the trainer one wait, not one
-per event.
-
-A daemon thread of our own rather than ``start_blocking_portal``: leaving the
-portal joins its thread, so a callback stuck forever in a plain sync call
-would hang the trainer's process. Here ``close`` waits up to its deadline,
-then abandons the thread and says so.
-
-A callback that fails the run (``on_error="raise"``, or ``KeyboardInterrupt``
-or ``SystemExit`` raised in it) does so in the bus's thread, where nothing
-can stop the trainer. The bus is told to go on (its ``on_failure``), so that
-the run's end can still be delivered, and the failure is kept (``failure``)
-for the trainer's thread: ``adapters._threaded_run`` raises it there.
+Trainers call their callbacks synchronously and must not wait for ours, so the
+bus runs in a daemon thread with its own loop. A hand-off only appends to a
+deque: waking the bus's thread would cost the trainer a syscall and the GIL in
+the middle of its hook, so that thread polls instead (``poll_interval``,
+backing off while idle). A full deque makes the caller wait up to
+``handoff_timeout``, then drops the event loudly. Our own daemon thread, not
+anyio's blocking portal, lets ``close`` abandon a callback stuck in a sync call
+rather than hang the trainer; a callback's failure of the run is kept
+(``failure``) for ``adapters._threaded_run`` to raise in the trainer's thread.
 """
 
 from __future__ import annotations
@@ -67,7 +32,7 @@ from ._options import AdapterKeywords, AdapterOptions, Backend
 __all__ = [
     "IDLE_POLL_INTERVAL",
     "BusThread",
-    "Recipe",
+    "DeferredEvent",
     "kind_of",
 ]
 
@@ -77,18 +42,19 @@ _log = get_logger("adapters.bus_thread")
 #: pause, up to this; the first look that finds events brings it back to the interval.
 IDLE_POLL_INTERVAL = 0.1
 
-#: An event made in the bus's thread: ``(make, a, b)`` is published as ``make(a, b)``.
+#: An event to make in the bus's thread: ``(make, a, b)`` is published as ``make(a, b)``,
+#: so the trainer's hook only builds a tuple.
 #: A trainer's hook hands off a tuple, cheaper to build than the event itself.
-Recipe = tuple[Callable[[Any, Any], Event], Any, Any]
+DeferredEvent = tuple[Callable[[Any, Any], Event], Any, Any]
 
 
-def kind_of(item: Event | Recipe) -> str:
-    """What a handed-off item is, for a warning: its event's class; for a recipe, the
+def kind_of(item: Event | DeferredEvent) -> str:
+    """What a handed-off item is, for a warning: its event's class; for a deferred, the
     class its maker names (an ``event_type`` attribute), else the maker's name."""
     if isinstance(item, tuple):
         maker = item[0]
         made = getattr(maker, "event_type", None)
-        return made.__name__ if isinstance(made, type) else getattr(maker, "__name__", "recipe")
+        return made.__name__ if isinstance(made, type) else getattr(maker, "__name__", "deferred")
     return type(item).__name__
 
 
@@ -235,7 +201,7 @@ class BusThread:
 
     # --- hand-off (the caller's thread) -------------------------------------------
 
-    def offer(self, item: Event | Recipe) -> bool:
+    def offer(self, item: Event | DeferredEvent) -> bool:
         """The trainer's fast path: append ``item`` if that needs no wait, else False.
 
         False (and nothing done) when the deque is full, the bus is not
@@ -248,7 +214,7 @@ class BusThread:
             return True
         return False
 
-    def handoff(self, item: Event | Recipe) -> bool:
+    def handoff(self, item: Event | DeferredEvent) -> bool:
         """Give ``item`` to the bus without waiting for it to be handled.
 
         False when it was dropped (the bus stayed full past ``handoff_timeout``;
@@ -262,7 +228,7 @@ class BusThread:
         Not a wake-up either: published at the bus's next look, in order."""
         return self._handoff(_AfterIdle(event))
 
-    def _handoff(self, item: Event | Recipe | _AfterIdle) -> bool:
+    def _handoff(self, item: Event | DeferredEvent | _AfterIdle) -> bool:
         if not self.running:
             raise BusClosed(f"{self.name}: the bus is not running")
         if len(self._queue) >= self.capacity and not self._wait_for_room():
@@ -317,7 +283,7 @@ class BusThread:
             self._room.wait(remaining)
         return True
 
-    def _drop(self, item: Event | Recipe) -> None:
+    def _drop(self, item: Event | DeferredEvent) -> None:
         self.dropped += 1
         dropped = self.dropped
         if dropped & (dropped - 1) == 0:  # 1, 2, 4, 8, ...: a warning, not a flood
@@ -434,10 +400,10 @@ class BusThread:
 _RUN = 256
 
 
-def _taken_events(first: Event | Recipe, queue: deque[object]) -> tuple[int, list[Event]]:
+def _taken_events(first: Event | DeferredEvent, queue: deque[object]) -> tuple[int, list[Event]]:
     """``first`` and the events (or recipes) right after it in ``queue``, taken off it,
     made into events: up to ``_RUN``, stopping at anything else (a barrier, a stop).
-    Returns how many were taken, and the events (a recipe that fails makes none)."""
+    Returns how many were taken, and the events (a deferred that fails makes none)."""
     items: list[Any] = [first]
     while queue and len(items) < _RUN and isinstance(queue[0], Event | tuple):
         items.append(queue.popleft())
@@ -452,14 +418,14 @@ def _taken_events(first: Event | Recipe, queue: deque[object]) -> tuple[int, lis
     return len(items), events
 
 
-def _made(recipe: Recipe) -> Event | None:
-    """The event a recipe stands for; a maker that fails is our bug: logged, skipped."""
+def _made(deferred: DeferredEvent) -> Event | None:
+    """The event a deferred stands for; a maker that fails is our bug: logged, skipped."""
     try:
-        return recipe[0](recipe[1], recipe[2])
+        return deferred[0](deferred[1], deferred[2])
     except Exception as exc:
         _log.error(
             "a handed-off event could not be made",
-            maker=kind_of(recipe),
+            maker=kind_of(deferred),
             error=describe_exception(exc),
         )
         return None

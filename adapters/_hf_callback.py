@@ -30,6 +30,7 @@ from eventbus import (
     EventBus,
     Report,
     RunStarted,
+    RunStatus,
     Stage,
     StateRestored,
     StateSnapshotted,
@@ -38,7 +39,6 @@ from eventbus import (
     get_logger,
 )
 from eventbus.state import Snapshot, StateError, StateStore, is_stateful
-from handlers import RunStatus
 from handlers.wiring import (
     CallbackAttachment,
     attach_user_callbacks,
@@ -182,7 +182,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         No lock, no wake-up of the bus (it takes the report at its next poll,
         see ``adapters._bus_thread``), one call in the common case
         (``BusThread.offer``), and the ``Report`` itself is made in the bus's
-        thread from a tuple (a ``Recipe``: cheaper here). The slow cases (a
+        thread from a tuple (a ``DeferredEvent``: cheaper here). The slow cases (a
         full hand-off, a callback's failure to raise here) go through
         ``ThreadedRun.handoff``.
         """
@@ -197,9 +197,9 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             index = self._index
             self._index = index + 1
             self._last_metrics = metrics
-            recipe = (self._make_report, index, metrics)
-            if not thread.offer(recipe):
-                run.handoff(recipe)  # also raises a callback's failure of the run
+            deferred = (self._make_report, index, metrics)
+            if not thread.offer(deferred):
+                run.handoff(deferred)  # also raises a callback's failure of the run
         if self._stop or (self._stoppers and self.stop_requested):
             control.should_training_stop = True
 

@@ -25,11 +25,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eventbus import BusClosed, CloseReport, Event, EventBus, RunFinished, get_logger
-from handlers import RunStatus
+from eventbus import BusClosed, CloseReport, Event, EventBus, RunFinished, RunStatus, get_logger
 from handlers.wiring import CallbackAttachment, log_run_end, status_of, stop_of
 
-from ._bus_thread import BusThread, Recipe, kind_of
+from ._bus_thread import BusThread, DeferredEvent, kind_of
 from ._options import AdapterOptions
 
 __all__ = [
@@ -136,8 +135,8 @@ class ThreadedRun:
         self.close_report = None
         self.raised = None
 
-    def handoff(self, event: Event | Recipe, *, after_idle: bool = False) -> None:
-        """Give ``event`` (or a ``Recipe`` for it) to the bus; ``after_idle``: publish it
+    def handoff(self, event: Event | DeferredEvent, *, after_idle: bool = False) -> None:
+        """Give ``event`` (or a ``DeferredEvent`` for it) to the bus; ``after_idle``: publish it
         only once everything handed off before it was handled (an ``Event`` then: see
         ``BusThread.handoff_after_idle``).
 
@@ -148,7 +147,7 @@ class ThreadedRun:
         if thread is not None and (after_idle or not thread.offer(event)):
             self._handoff(thread, event, after_idle)
 
-    def _handoff(self, thread: BusThread, event: Event | Recipe, after_idle: bool) -> None:
+    def _handoff(self, thread: BusThread, event: Event | DeferredEvent, after_idle: bool) -> None:
         """What ``BusThread.offer`` leaves: a failure, a full deque, a closed bus."""
         if thread.failure is not None:
             self._end_by_failure(thread)

@@ -1,37 +1,14 @@
 """Ray Train v2 adapter: our callbacks and bus behind a ``ray.train.UserCallback``.
 
-Where it runs. Ray pickles the callback and calls it in the ``TrainController``
-actor: a separate process on the driver's node, on that actor's asyncio loop
-thread. So our bus, our callbacks and the event log all live in the
-controller process; the object in the driver is never called. Results come
-back through files: the event log recorded to the run's storage path
-(``record=True``), which the driver reads or replays after ``fit()``.
-
-What it does. ``after_report(run_context, metrics, checkpoint)`` becomes one
-``Report`` per rank (rank ``i`` reported ``metrics[i]``) plus a
-``CheckpointSaved`` when Ray persisted a checkpoint; ``after_exception``
-becomes one ``WorkerFailure`` per failed rank. The events are handed to a bus
-in its own thread (``adapters._bus_thread``), so Ray's loop waits at most for
-a bounded hand-off, and every exception of ours is caught here: one raised
-into Ray would abort the run as a ``ControllerError``. Except one: a callback
-that fails the run (``on_error="raise"``, or an interrupt raised in it) ends
-our run, ``after_run`` included, and its exception is raised into Ray's next
-hook, which then fails the run as a ``ControllerError``, as asked.
-
-Run start and end. Ray's ``UserCallback`` has no such hooks up to Ray 2.60
-(ray-project/ray issue 64252 proposes ``before_run(run_context)`` and
-``after_run(run_context, result)``). Whether the installed Ray's has them is
-checked once, at import, with ``hasattr``. When it has them, Ray calls the
-callback's ``before_run`` and ``after_run``, which start and end our run:
-nothing else to register. When it has not, the callback comes with a
-companion, ``lifecycle`` (a Ray ``ControllerCallback``): pass both,
-``RunConfig(callbacks=[cb, cb.lifecycle])``. It starts the run when the
-controller starts and, when it finishes, publishes ``RunFinished``, drains
-the bus (up to ``drain_timeout``, on Ray's loop: the run is over) and closes
-the log. Without it the run starts at the first report and its end, with
-``after_run``, never comes; the log holds what was flushed. With the hooks,
-the companion leaves start and end to them and only ends an aborted run
-(``before_controller_abort``: as proposed, no ``after_run`` follows an abort).
+Ray calls the callback in its ``TrainController`` actor, so the bus, the
+callbacks and the event log live in that process, on a bus thread
+(``adapters._bus_thread``) that Ray's loop never waits for. Each
+``after_report`` becomes one ``Report`` per rank (and a ``CheckpointSaved``),
+each ``after_exception`` one ``WorkerFailure`` per failed rank. Our exceptions
+never reach Ray, which would abort the run, except a callback's deliberate
+failure of the run. Ray up to 2.60 has no run start and end hooks; there the
+companion ``cb.lifecycle`` (``RunConfig(callbacks=[cb, cb.lifecycle])``) starts
+and ends our run with the controller, or ``after_run`` never comes.
 """
 
 from __future__ import annotations
@@ -60,11 +37,11 @@ from eventbus import (
     EventBus,
     Report,
     RunStarted,
+    RunStatus,
     WorkerFailure,
     describe_exception,
     get_logger,
 )
-from handlers import RunStatus
 from handlers.wiring import CallbackAttachment, attach_user_callbacks, training_callbacks
 
 from ._options import AdapterKeywords, AdapterOptions

@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from eventbus import Event, EventBus
-from handlers import TrainRunContext, UserCallback
+from eventbus import Event, EventBus, TrainRunContext
+from handlers import UserCallback
 
 __all__ = [
     "CountRounds",

@@ -47,7 +47,7 @@ from typing import Any
 from _harness import figure, peak_rss_mb, print_targets, spread, target
 
 from adapters.report import digest_log, run_report
-from eventbus.events import (
+from eventbus import (
     BudgetReport,
     CheckpointSaved,
     Event,

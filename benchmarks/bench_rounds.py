@@ -8,7 +8,8 @@ half the ranks are always a report ahead):
   metrics by rank and calls the callbacks' ``after_report`` once per
   ``world_size`` reports (no rules, no copies: what a round costs at least);
 - ``gather``: ``ReportCallbackHandler.handle`` called directly for each
-  report (the gathering rules alone, no bus);
+  report, each ``RoundGathered`` it emits handed to the callbacks (the
+  gathering rules alone, no bus);
 - ``bus``: every report published on an ``EventBus`` with
   ``attach_user_callbacks`` (gathering, one derived ``RoundGathered`` per
   round, each callback its own subscription). The bus stamps what it
@@ -41,8 +42,8 @@ from typing import Any
 import anyio
 from _harness import CountRounds, target, time_publishing
 
-from eventbus import EventBus, Report
-from handlers import ReportCallbackHandler, TrainRunContext
+from eventbus import Event, EventBus, Report, RoundGathered, TrainRunContext
+from handlers import ReportCallbackHandler
 from handlers._metric_values import freeze_metrics  # what a Reporter does to metrics
 from handlers.wiring import attach_user_callbacks
 
@@ -103,7 +104,13 @@ def floor(world_size: int, events: list[Report]) -> float:
 
 def gather_only(world_size: int, events: list[Report]) -> float:
     callbacks = [CountRounds() for _ in range(CALLBACKS)]
-    handler = ReportCallbackHandler(callbacks, world_size=world_size)
+
+    def deliver(event: Event) -> None:  # what the bus does with a round, without the bus
+        if type(event) is RoundGathered:
+            for callback in callbacks:
+                callback.after_report(event.context, event.metrics, event.checkpoint)
+
+    handler = ReportCallbackHandler(world_size=world_size, emit=deliver)
     handle = handler.handle  # what the bus calls
     start = time.perf_counter()
     for event in events:

@@ -2,7 +2,7 @@
 
 What it is: the event vocabulary of a training run (what workers report,
 what the bus says about its handlers, what the gathering derives for
-callbacks; ``eventbus.events``), an ordered bus with deadlines, budgets per
+callbacks), an ordered bus with deadlines, budgets per
 health-check period and bounded buffers (``EventBus``), clocks, the event log
 (``eventbus.log``), the callback-state store (``eventbus.state``) and test
 helpers (``eventbus.testing``). What it is not: it does not gather ranks into
@@ -14,12 +14,18 @@ from importlib.metadata import PackageNotFoundError, version
 
 from ._bus import BusClosed, BusFull, BusStats, CloseReport, EventBus
 from ._clock import Clock, FastForwardClock, MonotonicClock, VirtualClock
+from ._codec import EventDecodeError, decode_json, decode_msgpack, encode_json, encode_msgpack
 from ._eventfilter import EventFilter
 from ._events import (
+    SCHEMA_VERSION,
+    AfterRun,
+    BeforeRun,
     BudgetReport,
     CheckpointMismatch,
     CheckpointSaved,
     Event,
+    EventPlaceholder,
+    FailuresGathered,
     HandlerFailed,
     HandlerStateChanged,
     HandlerTimedOut,
@@ -27,12 +33,20 @@ from ._events import (
     HealthCheckTick,
     Report,
     ReportRejected,
+    RoundGathered,
     RunFinished,
+    RunPosition,
+    RunResult,
+    RunResumed,
     RunStarted,
+    RunStatus,
     StateRestored,
     StateSnapshotted,
+    TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
+    event_types,
+    is_derived,
 )
 from ._logging import configure_logging, get_logger
 from ._stages import Stage
@@ -53,6 +67,9 @@ except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0"
 
 __all__ = [
+    "SCHEMA_VERSION",
+    "AfterRun",
+    "BeforeRun",
     "BudgetReport",
     "BusClosed",
     "BusFull",
@@ -66,7 +83,10 @@ __all__ = [
     "ErrorPolicy",
     "Event",
     "EventBus",
+    "EventDecodeError",
     "EventFilter",
+    "EventPlaceholder",
+    "FailuresGathered",
     "FastForwardClock",
     "HandlerFailed",
     "HandlerStateChanged",
@@ -77,8 +97,13 @@ __all__ = [
     "OverBudgetPolicy",
     "Report",
     "ReportRejected",
+    "RoundGathered",
     "RunFinished",
+    "RunPosition",
+    "RunResult",
+    "RunResumed",
     "RunStarted",
+    "RunStatus",
     "Stage",
     "StateRestored",
     "StateSnapshotted",
@@ -86,11 +111,18 @@ __all__ = [
     "StatefulCallback",
     "Subscription",
     "SubscriptionStats",
+    "TrainRunContext",
     "VirtualClock",
     "WorkerFailure",
     "WorkerGroupRestarted",
     "__version__",
     "configure_logging",
+    "decode_json",
+    "decode_msgpack",
     "describe_exception",
+    "encode_json",
+    "encode_msgpack",
+    "event_types",
     "get_logger",
+    "is_derived",
 ]

@@ -1,9 +1,10 @@
 """The event bus: ordered, bounded, deadline-guarded delivery to handlers.
 
 How it stays cheap. ``publish`` only appends to a bounded inbox; one
-dispatcher task (``_dispatch``) takes the inbox as a batch and hands it to
-each handler in turn, with one clock read per call, or one per batch for
-handlers that have proved to cost less than a clock read (``_runners``).
+dispatcher task (``_dispatch``) takes the inbox as a batch, stamps a copy of
+each event, and hands the batch to each handler in turn, timing each call,
+or each batch for handlers that have proved to cost less than a clock read
+(``_runners``).
 
 Deadlines without a scope per call. Plain sync handlers cannot be
 interrupted, so they are timed and an overrun is reported. Async handlers
@@ -13,23 +14,23 @@ within its deadline. Blocking sync handlers run in a worker thread and are
 abandoned at their deadline.
 
 The parts, each owning its state and using only the ones after it:
-``EventBus`` (lifecycle, subscribing, publishing, figures); its ``Tasks``;
+``EventBus`` (lifecycle, subscribing, publishing, stats); its ``Tasks``;
 the ``Dispatcher`` and its ``Inbox``; the ``Registry`` of subscriptions and
 lanes; the ``Periods`` and their budgets; the lanes and the ``Runner`` of
 each task that calls handlers; the ``Policy`` for faults and handler states;
-the ``Watchdog``; the subscriptions and their ``Figures``.
+the ``Watchdog``; the subscriptions and their ``Counters``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from types import TracebackType
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from typing import Any, Self, Unpack
 
 import anyio
 import anyio.abc
 
-from ._bus_results import BusClosed, BusFull, BusStats, CloseReport, is_fresh, refusal
+from ._bus_results import BusClosed, BusFull, BusStats, CloseReport, refusal
 from ._clock import Clock, MonotonicClock
 from ._dispatch import Dispatcher, Inbox
 from ._events import Event
@@ -44,7 +45,6 @@ from ._subscription import (
     ErrorPolicy,
     OverBudgetPolicy,
     Subscription,
-    as_event_types,
 )
 from ._tasks import Tasks
 from ._text import describe
@@ -61,34 +61,44 @@ _log = get_logger("eventbus")
 EMIT_HEADROOM = 4 * MAX_BATCH
 
 
-class EventBus:
-    """Carries events from publishers to handlers, in order, under deadlines.
+class EventBus(anyio.AsyncContextManagerMixin):
+    """Carries events from publishers to handlers, in order, each call under a deadline.
 
-    Use it as ``async with EventBus() as bus:``; leaving the block drains what
-    was published (within ``drain_timeout``) and stops the bus. A handler with
-    ``on_error="raise"`` that fails makes the exception propagate out of the
-    ``async with``.
+    A training run's callbacks must neither slow its workers down nor hang
+    them, and what they saw must be replayable. So publishing only queues
+    an event; one dispatcher task delivers it to each handler in publish
+    order; every handler call has a deadline; each handler's time is counted
+    per health-check period against a budget; and every event gets a
+    sequence number and a timestamp that a log keeps. Handlers get a copy of
+    each published event, stamped with its ``seq`` and ``time``; the object
+    published is left as it was.
 
-    ``options`` (a ``BusOptions``), or the same as keywords (``EventBus(period=5)``),
-    say how it runs, each checked against its range when the bus is made:
-    ``buffer`` bounds the inbox (and each lane, unless given its own), so
-    ``publish`` waits when it is full and ``publish_nowait`` raises ``BusFull``;
-    ``timeout`` is the default deadline of one handler call, in real seconds;
-    ``period`` the health-check period and ``budget`` the share of it handlers
-    may use together; ``drain_timeout`` bounds the drain on close. ``clock``
-    drives timestamps and health-check periods.
+    Use it as ``async with EventBus() as bus:``. Leaving the block delivers
+    what was published (for up to ``drain_timeout``) and stops the bus; the
+    exception of a handler with ``on_error="raise"`` that failed propagates
+    out of the block.
 
-    Publishing hands an event over: the bus stamps ``seq`` and ``time`` onto
-    that very object when it dispatches it (a stamped copy per event would
-    cost a third of the cheapest delivery). Publish a fresh event each time:
-    one handed over again is refused once dispatched, and delivered once,
-    with an error logged, if both hand-overs came before that.
-
-    ``on_failure``: when a handler with ``on_error="raise"`` fails, or any
-    raises ``KeyboardInterrupt`` or ``SystemExit``, the bus stops at once and
-    ``async with`` re-raises it; an owner that must still deliver events (a
-    run's ``RunFinished``) passes a function, called once with the exception
-    while the bus goes on, and ends things in order itself.
+    Args:
+        options: The bus's settings, a ``BusOptions``; keywords given as well
+            change it, and ``EventBus(period=5)`` alone builds one. Each
+            setting is checked against its range here.
+        clock: What timestamps and health-check periods follow (default: the
+            monotonic clock). A ``VirtualClock`` makes tests and replays
+            instant and deterministic; deadlines stay in real seconds.
+        on_failure: Called once with the exception when a handler with
+            ``on_error="raise"`` fails, or any handler raises
+            ``KeyboardInterrupt`` or ``SystemExit``; the bus goes on
+            delivering. Without it the bus stops at once and ``async with``
+            re-raises the exception. An owner that must still deliver events
+            (a run's ``RunFinished``) passes one and ends things in order.
+        buffer: How many events the inbox holds (and each lane that has no
+            ``buffer`` of its own). ``publish`` waits while it is full, and
+            ``publish_nowait`` raises ``BusFull``.
+        timeout: The default deadline of one handler call, in real seconds.
+        period: The length of a health-check period, in seconds of ``clock``.
+        budget: The share of a period that all handlers may use together.
+        drain_timeout: How long closing waits for accepted events to be
+            delivered, in seconds.
     """
 
     def __init__(
@@ -111,8 +121,8 @@ class EventBus:
 
         self._inbox = Inbox()
         self._watchdog = Watchdog()
-        self._policy = Policy(self._emit, self._failed_by, owner_ends_run=on_failure is not None)
-        self._derived: set[type[Event]] = set()
+        self._policy = Policy(self._emit, self._end_run, owner_ends_run=on_failure is not None)
+        self._gathering: Subscription | None = None
         self._registry = registry = Registry(self._policy)
         self._periods = Periods(
             self.clock,
@@ -124,11 +134,11 @@ class EventBus:
         )
         runner = Runner(self._now, self._policy, self._watchdog.guard())
         self._dispatcher = Dispatcher(
-            self._inbox, registry, self._periods, runner, self._now, fail=self._failed_by
+            self._inbox, registry, self._periods, runner, self._now, end_run=self._end_run
         )
 
         self._tg: anyio.abc.TaskGroup | None = None
-        self._tasks = Tasks(self._failed_by)
+        self._tasks = Tasks(self._end_run)
         self._open = False
         self._closing = False
         self._close_report: CloseReport | None = None
@@ -139,32 +149,65 @@ class EventBus:
 
     @property
     def buffer(self) -> int:
+        """How many events the inbox holds (``options.buffer``)."""
         return self.options.buffer
 
     @property
     def timeout(self) -> float:
+        """The default deadline of one handler call, in seconds (``options.timeout``)."""
         return self.options.timeout
 
     @property
     def period(self) -> float:
+        """The length of a health-check period, in seconds (``options.period``)."""
         return self.options.period
 
     @property
     def budget(self) -> float:
+        """The share of a period all handlers may use together (``options.budget``)."""
         return self.options.budget
 
     @property
     def drain_timeout(self) -> float:
+        """How long closing waits for delivery, in seconds (``options.drain_timeout``)."""
         return self.options.drain_timeout
 
     # --- lifecycle -----------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
+    @asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
+        """Start the bus's tasks in a task group of its own; on the way out, drain what
+        was accepted (unless the body was cancelled), stop them, and raise a handler's
+        failure (``on_error="raise"``) if one stopped the bus. The body's own exception
+        is never the task group's business: it leaves unwrapped."""
         if self._tg is not None:
-            raise RuntimeError("an EventBus can be started only once")
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._tasks.open(self._tg)
+            raise RuntimeError("an EventBus can be started only once: make a new one")
+        body: BaseException | None = None
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            self._start(tg)
+            try:
+                yield self
+            except BaseException as exc:
+                body = exc
+            cancelled = isinstance(body, anyio.get_cancelled_exc_class())
+            if self._failure is None and not self._closing:
+                await self.aclose(drain=not cancelled)
+            tg.cancel_scope.cancel()
+            if cancelled and body is not None:
+                raise body  # a cancellation is the task group's: it swallows its own
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening = None
+        if self._failure is not None:
+            # Counted now that every task has stopped and accounted for its calls.
+            self._abandoned += self._dispatcher.undelivered()
+            raise self._failure
+        if body is not None and not cancelled:
+            raise body
+
+    def _start(self, tg: anyio.abc.TaskGroup) -> None:
+        self._tasks.open(tg)
         self._periods.begin(self._now())
         self._open = True
         self._tasks.start(self._dispatcher.run)
@@ -176,39 +219,20 @@ class EventBus:
             self._tasks.start(self._periods.ticker)
         for lane in self._registry.lanes.values():
             self._tasks.start(lane.run)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        assert self._tg is not None
-        cancelled = exc is not None and isinstance(exc, anyio.get_cancelled_exc_class())
-        if self._failure is None and not self._closing:
-            await self.aclose(drain=not cancelled)
-        self._tg.cancel_scope.cancel()
-        # A cancellation goes to the task group, which swallows its own; any other
-        # exception of the body is not the task group's business: keep it unwrapped.
-        if cancelled:
-            swallowed = await self._tg.__aexit__(exc_type, exc, tb)
-        else:
-            swallowed = await self._tg.__aexit__(None, None, None)
-        if self._stop_listening is not None:
-            self._stop_listening()
-            self._stop_listening = None
-        if self._failure is not None:
-            # Counted now that every task has stopped and accounted for its calls.
-            self._abandoned += self._dispatcher.undelivered()
-            raise self._failure
-        return bool(swallowed) and cancelled
 
     async def aclose(
         self, *, drain: bool = True, drain_timeout: float | None = None
     ) -> CloseReport:
-        """Stop accepting events, deliver what was accepted (unless ``drain=False``,
-        or until ``drain_timeout``), stop the bus's tasks, and say what was not delivered."""
+        """Stop accepting events, deliver what was accepted, stop the bus's tasks,
+        and report what was not delivered.
+
+        Leaving ``async with`` calls it; calling it again returns the same report.
+
+        Args:
+            drain: Deliver what was accepted first; ``False`` abandons it.
+            drain_timeout: How long delivering may take, in seconds (default:
+                the bus's ``drain_timeout``); what is left then is abandoned.
+        """
         if self._close_report is not None:
             return self._close_report
         limit = (
@@ -216,7 +240,7 @@ class EventBus:
             if drain_timeout is None
             else checked("drain_timeout", drain_timeout, WaitSeconds)
         )
-        if self._tasks.in_one():
+        if self._tasks.in_bus_task():
             raise RuntimeError(
                 "aclose() called from a handler: it would wait for itself; "
                 "leave the `async with EventBus()` block (or cancel it) instead"
@@ -251,11 +275,11 @@ class EventBus:
             _log.warning("bus closed with undelivered events", abandoned=abandoned)
         return self._close_report
 
-    def _failed_by(self, exc: BaseException) -> None:
+    def _end_run(self, exc: BaseException) -> None:
         """A handler failed the run (``on_error="raise"``, or an interrupt): tell the
-        owner once, or, with no owner, stop everything and re-raise on exit."""
+        owner once, or, with no owner, stop everything and re-raise ``exc`` on exit."""
         if self._on_failure is None:
-            self._fail(exc)
+            self._stop_at_once(exc)
             return
         if self._failure_reported:
             return
@@ -265,8 +289,8 @@ class EventBus:
         except Exception as error:
             _log.error("on_failure raised", error=describe(error))
 
-    def _fail(self, exc: BaseException) -> None:
-        """Stop everything, re-raise ``exc`` on exit."""
+    def _stop_at_once(self, exc: BaseException) -> None:
+        """Stop everything now; leaving ``async with`` re-raises ``exc``."""
         if self._failure is None:
             self._failure = exc
             self._open = False
@@ -295,19 +319,34 @@ class EventBus:
     ) -> Subscription:
         """Call ``handler(event)`` for every event of ``event_types`` (subclasses included).
 
-        ``order``: lower runs first for one event, then registration order.
-        ``mode``: ``inline`` runs in the dispatcher (cheapest; a slow handler
-        delays the others) and ``lane`` gives the handler its own task and
-        bounded buffer. ``on_error``: ``log`` and go on, ``raise`` to fail
-        the bus, or ``disable`` after ``max_faults`` faults (timeouts count).
-        ``blocking=True`` runs a sync handler in a worker thread so its
-        deadline can abandon it. ``budget``: this handler's share of a
-        period; ``over_budget``: ``warn``, ``coalesce`` (only the newest
-        pending event of each type) or ``disable`` (until a period under budget).
-        ``barrier=True``: each event of ``event_types`` reaches every handler
-        before the next event reaches any (handlers otherwise get a batch each,
-        in turn): for a handler that must see the others' state as of that
-        event, such as the state store snapshotting at each checkpoint.
+        Returns the ``Subscription``: its ``stats()``, ``cancel()`` and ``enable()``.
+
+        Args:
+            event_types: An ``Event`` subclass, or several.
+            handler: A function or coroutine function of one event.
+            name: The handler's name in diagnostics and reports (default: its
+                module and qualified name).
+            order: For one event, lower runs first; then registration order.
+            mode: ``"inline"`` runs the handler in the dispatcher (cheapest; a
+                slow one delays the others); ``"lane"`` gives it a task and a
+                bounded buffer of its own, so a slow one delays only itself.
+            timeout: The deadline of one call, in real seconds (default: the
+                bus's ``timeout``).
+            on_error: ``"log"`` a failure and go on, ``"raise"`` it out of the
+                bus, or ``"disable"`` the handler after ``max_faults``.
+            max_faults: Failures and timeouts before ``"disable"`` acts.
+            blocking: Run a sync handler in a worker thread, so that its
+                deadline can abandon it.
+            buffer: The size of a lane's buffer (default: the bus's ``buffer``).
+            budget: This handler's share of a period (default: the bus's
+                budget, shared by all handlers).
+            over_budget: What a period over budget does: ``"warn"``,
+                ``"coalesce"`` (deliver only the newest pending event of each
+                type) or ``"disable"`` (until a period under budget).
+            barrier: Deliver each event of ``event_types`` to every handler
+                before the next one reaches any (handlers otherwise get a batch
+                each, in turn), for a handler that must see the others' state
+                as of that event: the state store snapshotting at a checkpoint.
         """
         registry = self._registry
         capacity = self._buffer if buffer is None else checked("buffer", buffer, Buffer)
@@ -341,34 +380,42 @@ class EventBus:
 
     def add_tap(self, tap: Callable[[list[Event]], None]) -> Callable[[], None]:
         """Call ``tap(batch)`` with every batch the dispatcher takes, stamped, in
-        sequence order, before any handler sees it; returns a remover.
+        sequence order, before any handler sees it; returns a function that
+        removes the tap.
 
-        For observers of everything (the event-log recorder): one call per
-        batch instead of one per event, and no timing or deadline. A tap that
-        raises is logged and removed; it must not block.
+        A tap is for an observer of everything (the event-log recorder): it is
+        called once per batch instead of once per event, with no timing and no
+        deadline, so it must not block. A tap that raises is logged and removed.
         """
         return self._dispatcher.add_tap(tap)
 
-    def derives(self, *event_types: type[Event]) -> None:
-        """Declare that a handler of this bus makes events of ``event_types`` from
-        other events (the gathering makes rounds of reports).
-
-        A replay into this bus then leaves the recorded ones out, as it leaves
-        out the bus's own diagnostics: they are made again, and delivered once.
-        """
-        self._derived.update(as_event_types(event_types))
-
     @property
-    def derived_types(self) -> tuple[type[Event], ...]:
-        """The event types handlers of this bus make themselves (``derives``)."""
-        return tuple(self._derived)
+    def gathering(self) -> Subscription | None:
+        """The subscription that makes this bus's derived events (those of the
+        ``Event`` classes declared ``derived``: rounds of reports, their
+        rejections, the run's start and end), while it is active; ``None`` if
+        none does. The training layer's gathering sets it when it subscribes,
+        one per bus.
+
+        A replay into this bus leaves the derived events its log recorded out,
+        as it leaves out the bus's own diagnostics: the gathering makes them
+        again, and each is delivered once. On a bus without one, the recorded
+        ones are replayed.
+        """
+        sub = self._gathering
+        return sub if sub is not None and sub.active else None
+
+    @gathering.setter
+    def gathering(self, subscription: Subscription) -> None:
+        self._gathering = subscription
 
     def continue_from(self, *, seq: int, period: int) -> None:
-        """Number events from ``seq`` and periods from ``period`` on (before starting):
-        a resumed run's bus continues the history its log holds."""
+        """Number events from ``seq`` and periods from ``period`` on, so that a
+        resumed run's bus continues the history its log holds. Only before the
+        bus starts (``RuntimeError`` after)."""
         if self._tg is not None:
             raise RuntimeError("continue_from() must be called before the bus starts")
-        self._dispatcher.seq, self._periods.index = max(0, seq), max(0, period)
+        self._dispatcher.next_seq, self._periods.index = max(0, seq), max(0, period)
 
     @property
     def period_end(self) -> float:
@@ -381,6 +428,7 @@ class EventBus:
 
     @property
     def subscriptions(self) -> tuple[Subscription, ...]:
+        """The active subscriptions, in delivery order."""
         return tuple(self._registry.subs)
 
     def _on_clock_moved(self, now: float) -> None:
@@ -390,30 +438,32 @@ class EventBus:
     # --- publishing ------------------------------------------------------------
 
     async def publish(self, event: Event) -> None:
-        """Accept ``event``; waits while the inbox is full. Delivery happens in
-        the dispatcher: ``await wait_idle()`` to know it is done.
+        """Accept ``event``, waiting while the inbox is full.
 
-        The event is handed over (see the class): publish a fresh one each
-        time; one already published is refused with ``ValueError``."""
+        Handlers get a copy of it stamped with its ``seq`` and ``time``, in the
+        dispatcher: ``await wait_idle()`` to know they are done. Anything that
+        is not an ``Event`` is refused with ``TypeError``, and every event
+        once the bus is closed with ``BusClosed``.
+        """
         inbox = self._inbox
         if len(inbox) >= self._buffer:
             await self._wait_room()
-        # The checks and ``Inbox.put`` written out: a call costs a fifth of the fixed cost.
-        try:
-            fresh = event.seq < 0
-        except (AttributeError, TypeError):  # no event; a ``seq`` that is no number
-            fresh = False
-        if not (fresh and self._open):
+        if not (self._open and isinstance(event, Event)):
             raise refusal(event, started=self._tg is not None)
+        # ``Inbox.put`` written out: every publisher runs this, once per event.
         inbox.append(event)
         if inbox.sleeping:
             inbox.wake_up()
 
     async def publish_many(self, events: Iterable[Event]) -> None:
-        """Publish ``events`` in order, as ``publish`` would each, for less per event:
-        one call, and one check and hand-over per inbox-full (for a replay, or a
-        trainer's deque drained at once). Waits while the inbox is full. An event
-        that ``publish`` would refuse raises the same error; those before it are in."""
+        """Publish ``events`` in order, as ``publish`` would each, for less per event.
+
+        It makes one call, and one check and hand-over per inbox-full, for a
+        publisher with several events at hand (a replay, a trainer's queue
+        drained at once). It waits while the inbox is full. A thing that
+        ``publish`` would refuse raises the same error; the events before it
+        are accepted.
+        """
         pending = events if type(events) is list else list(events)
         inbox = self._inbox
         done = 0
@@ -422,13 +472,20 @@ class EventBus:
                 await self._wait_room()
                 if not self._open:
                     raise refusal(pending[done], started=self._tg is not None)
-            done += inbox.put_many(pending, done, self._buffer - len(inbox))
+            chunk = pending[done : done + self._buffer - len(inbox)]
+            for index, thing in enumerate(chunk):
+                if not isinstance(thing, Event):
+                    inbox.put_many(chunk[:index])
+                    raise refusal(thing, started=True)
+            inbox.put_many(chunk)
+            done += len(chunk)
 
     def publish_nowait(self, event: Event) -> None:
-        """Accept ``event`` or raise ``BusFull``; never drops it silently."""
+        """Accept ``event`` at once, or raise ``BusFull`` if the inbox is full: an
+        event is never dropped silently. Refuses what ``publish`` refuses."""
         if len(self._inbox) >= self._buffer:
             raise BusFull(f"the bus inbox is full ({self._buffer} events waiting)")
-        if not (self._open and is_fresh(event)):
+        if not (self._open and isinstance(event, Event)):
             raise refusal(event, started=self._tg is not None)
         self._inbox.put(event)
 
@@ -446,7 +503,7 @@ class EventBus:
         handler can cost a run its rounds or its end. Events emitted while
         the bus drains on close are still delivered.
         """
-        if not is_fresh(event):
+        if not isinstance(event, Event):
             raise refusal(event, started=True)
         if not derived and len(self._inbox) >= self._emit_limit:
             raise BusFull(
@@ -469,13 +526,17 @@ class EventBus:
             await self._inbox.room()
 
     async def wait_idle(self) -> None:
-        """Return once every accepted event has been fully handled. Not from a
-        handler (``RuntimeError``): the bus is not idle while that handler runs."""
+        """Return once every accepted event has been fully handled.
+
+        A handler must not call it (``RuntimeError``): the bus is not idle
+        while that handler runs.
+        """
         if not self._dispatcher.is_idle():
             self._tasks.refuse_wait("wait_idle()")
         await self._dispatcher.wait_idle()
 
-    # --- figures -------------------------------------------------------------------
+    # --- stats ---------------------------------------------------------------------
 
     def stats(self) -> BusStats:
+        """The bus's counts since it started, and each subscription's (a snapshot)."""
         return self._dispatcher.stats(abandoned=self._abandoned)

@@ -1,8 +1,10 @@
-"""Clocks that drive timestamps, deadlines and health-check periods.
+"""Clocks that drive the bus's timestamps and health-check periods.
 
 The bus never calls ``time`` directly: it is given a clock, so tests and
 replays run on virtual time, instantly and deterministically, as
-``trio.testing.MockClock`` does for trio.
+``trio.testing.MockClock`` does for trio. Handler deadlines are not on this
+clock: they are real seconds, so a handler stuck under a virtual clock is
+still cancelled.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ __all__ = ["Clock", "FastForwardClock", "MonotonicClock", "VirtualClock"]
 
 @runtime_checkable
 class Clock(Protocol):
-    """``now`` is read on the hot path; ``sleep_until`` only by background tasks."""
+    """What the bus needs of a clock: ``now()`` in seconds, read once per batch,
+    and ``sleep_until(deadline)``, awaited only by the bus's period ticker."""
 
     def now(self) -> float: ...
 
@@ -62,6 +65,7 @@ class VirtualClock:
         return lambda: self._listeners.remove(listener)
 
     def now(self) -> float:
+        """The clock's time, in seconds."""
         return self._now
 
     def set(self, when: float) -> None:
@@ -78,9 +82,11 @@ class VirtualClock:
             heapq.heappop(sleepers)[2].set()
 
     def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` ahead (see ``set``)."""
         self.set(self._now + seconds)
 
     async def sleep_until(self, deadline: float) -> None:
+        """Wait until the clock is moved to ``deadline`` or past it."""
         if deadline <= self._now:
             await anyio.lowlevel.checkpoint()
             return

@@ -1,17 +1,15 @@
 """Encoding and validated decoding of events, msgpack and JSON.
 
-Decoders are built once per set of known event types and reused (msgspec
-decoders are fast only when reused). Decoding validates against the tagged
-union of every ``Event`` subclass, so an unknown ``type`` or a bad field is an
-``EventDecodeError`` naming the path, and nothing is ever unpickled.
+Decoding validates against the tagged union of every ``Event`` subclass, so
+that an unknown ``type`` or a bad field is an ``EventDecodeError`` naming the
+path, and nothing is ever unpickled. Decoders are built once per set of
+event types and reused, since msgspec's decoders are fast only when reused.
 
-NaN and ±infinity are real training signals (a diverging loss), so they must
-survive JSON too. msgspec's JSON encoder writes them as ``null``; here an
-event that may hold one is written through Python's ``json`` module instead,
-as the bare tokens ``NaN``, ``Infinity`` and ``-Infinity`` (what ``json``
-itself writes and reads), and a line that fails msgspec's strict decoder and
-could hold such a token is decoded through ``json`` and validated with
-``msgspec.convert``. Both detours are off the common path.
+NaN and ±infinity are real training signals (a diverging loss), so they
+survive JSON too: an event that may hold one is written through Python's
+``json``, as the bare tokens ``NaN``, ``Infinity`` and ``-Infinity``, and a
+line that could hold such a token is read through it when msgspec's strict
+decoder refuses it. Both detours are off the common path.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from typing import Any, Union
 import msgspec
 
 from ._events import Event, event_types, registry, tag_of
+from ._public import public_module
 
 __all__ = [
     "EventDecodeError",
@@ -42,7 +41,7 @@ _json_encoder = msgspec.json.Encoder()
 _decoders: dict[str, tuple[int, Any]] = {}
 _unions: list[tuple[int, Any]] = []
 _tags: list[tuple[int, frozenset[str]]] = []
-#: Built once: ``json.dumps`` with options builds an encoder per call (~2 µs).
+#: Built once: ``json.dumps`` with options builds an encoder per call.
 _nonfinite_json_encoder = json.JSONEncoder(
     ensure_ascii=False, allow_nan=True, separators=(",", ":")
 )
@@ -81,8 +80,9 @@ def known_tags() -> frozenset[str]:
 
 
 def event_modules() -> dict[str, str]:
-    """Event type tag -> defining module, for every event class defined so far."""
-    return {tag_of(cls): cls.__module__ for cls in event_types()}
+    """Event type tag -> the public module of its class, for every event class defined
+    so far: a log names where to import a type from, stable when private modules move."""
+    return {tag_of(cls): public_module(cls) for cls in event_types()}
 
 
 # --- encoding ------------------------------------------------------------------------------
@@ -104,11 +104,12 @@ def has_nonfinite(value: object) -> bool:
     """Whether ``value`` may hold a NaN or an infinity (msgspec's JSON wrote ``null`` for it).
 
     One msgpack encoding (which keeps floats bit for bit) and a byte search:
-    C speed, no walk in Python. A false positive only costs the careful path.
+    C speed, no walk in Python. A false positive only costs the detour through
+    Python's ``json``.
     """
     try:
         packed = _msgpack_encoder.encode(value)
-    except Exception:  # msgpack cannot hold it (an int beyond 64 bits): take the careful path
+    except Exception:  # msgpack cannot hold it (an int beyond 64 bits): take the detour
         return True
     return _NONFINITE_FLOAT64.search(packed) is not None
 

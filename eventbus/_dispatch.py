@@ -1,12 +1,12 @@
 """The dispatcher: one task that takes the inbox as a batch and delivers it.
 
-It stamps sequence numbers and the time, shows the batch to the taps, and
-hands it to each handler in turn (*handler-major*): handler A gets every
-event of the batch, then handler B. Both ordering guarantees hold (each
-handler sees publish order; for one event, handlers run by ``order`` then
-registration), and the per-event work is the handler call itself. Inline
-handlers run here, through the dispatcher's ``Runner``; lane handlers get
-the batch put into their lane.
+It makes the batch's stamped copies (sequence number and time), shows the
+batch to the taps, and hands it to each handler in turn (*handler-major*):
+handler A gets every event of the batch, then handler B. Both ordering
+guarantees hold (each handler sees publish order; for one event, handlers
+run by ``order`` then registration), and the work per event is the copy
+and the handler call itself. Inline handlers run here, through the
+dispatcher's ``Runner``; lane handlers get the batch put into their lane.
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from itertools import groupby
-from operator import attrgetter
 
 import anyio
 import anyio.lowlevel
-from msgspec.structs import force_setattr
+from msgspec.structs import replace
 
-from ._bus_results import BusStats, is_fresh, refusal
+from ._bus_results import BusStats
 from ._events import Event
 from ._faults import FATAL
 from ._lanes import MAX_BATCH, Lane
@@ -35,15 +34,13 @@ __all__ = ["Dispatcher", "Inbox"]
 
 _log = get_logger("eventbus")
 
-_seq_of = attrgetter("seq")
-
 
 class Inbox(deque[Event]):
     """Events accepted and not yet taken by the dispatcher.
 
-    A deque itself, so that publishing stays one ``append`` and one flag
-    read: a publisher that finds ``sleeping`` set calls ``wake_up()``.
-    Publishers that wait for room wait in ``room()``.
+    A deque itself, so that publishing is one ``append`` and one flag read:
+    a publisher that finds ``sleeping`` set calls ``wake_up()``. Publishers
+    that wait for room wait in ``room()``.
     """
 
     __slots__ = ("_room", "_wake", "sleeping")
@@ -60,27 +57,11 @@ class Inbox(deque[Event]):
         if self.sleeping:
             self.wake_up()
 
-    def put_many(self, events: list[Event], start: int, room: int) -> int:
-        """Accept up to ``room`` of ``events`` from ``start`` on; how many were.
-
-        Each must be an event not published yet, checked in one pass from C;
-        the first that is not is refused as ``publish`` refuses it, after the
-        ones before it are accepted.
-        """
-        chunk = events[start : start + room]
-        try:
-            fresh = max(map(_seq_of, chunk), default=-1) < 0
-        except Exception:  # no event (no ``seq``), or a ``seq`` that is no number
-            fresh = False
-        if not fresh:
-            bad = next(i for i, event in enumerate(chunk) if not is_fresh(event))
-            self.extend(chunk[:bad])
-            self.wake_up()
-            raise refusal(chunk[bad], started=True)
-        self.extend(chunk)
+    def put_many(self, events: list[Event]) -> None:
+        """Accept ``events``, in order."""
+        self.extend(events)
         if self.sleeping:
             self.wake_up()
-        return len(chunk)
 
     def wake_up(self) -> None:
         """Events came in while the dispatcher sleeps."""
@@ -120,12 +101,13 @@ class Inbox(deque[Event]):
 class Dispatcher:
     """Delivers what is published, in order, and knows what is still on the way.
 
-    ``seq`` is the next sequence number; ``in_hand`` counts the deliveries of
-    the batch being dispatched not yet handed to a runner or a lane.
+    ``next_seq`` is the sequence number of the next event dispatched;
+    ``undispatched`` counts the deliveries of the batch being dispatched that
+    are not yet passed to a runner or a lane.
     """
 
     __slots__ = (
-        "_fail",
+        "_end_run",
         "_idle",
         "_inbox",
         "_now",
@@ -134,8 +116,8 @@ class Dispatcher:
         "_runner",
         "_taps",
         "dispatching",
-        "in_hand",
-        "seq",
+        "next_seq",
+        "undispatched",
     )
 
     def __init__(
@@ -146,23 +128,23 @@ class Dispatcher:
         runner: Runner,
         now: Callable[[], float],
         *,
-        fail: Callable[[BaseException], None],
+        end_run: Callable[[BaseException], None],
     ) -> None:
         self._inbox = inbox
         self._registry = registry
         self._periods = periods
         self._runner = runner
         self._now = now
-        self._fail = fail
+        self._end_run = end_run
         self._taps: list[Callable[[list[Event]], None]] = []
         self._idle: anyio.Event | None = None
         self.dispatching = False
-        self.in_hand = 0
-        self.seq = 0
+        self.undispatched = 0
+        self.next_seq = 0
 
-    def handed(self, count: int) -> None:
-        """A lane took ``count`` deliveries off the dispatcher's hands."""
-        self.in_hand -= count
+    def lane_took(self, count: int) -> None:
+        """A lane queued ``count`` deliveries of the batch being dispatched."""
+        self.undispatched -= count
 
     def new_lane(self, sub: Subscription, runner: Runner, capacity: int) -> Lane:
         """A lane for ``sub`` that this dispatcher feeds, running its batches in ``runner``."""
@@ -170,12 +152,13 @@ class Dispatcher:
             sub,
             runner,
             capacity,
-            handed=self.handed,
+            took=self.lane_took,
             idle=self.maybe_idle,
             ended=self._registry.lane_ended,
         )
 
     def add_tap(self, tap: Callable[[list[Event]], None]) -> Callable[[], None]:
+        """Show every batch to ``tap`` (``EventBus.add_tap``); returns its remover."""
         self._taps.append(tap)
         return lambda: self._taps.remove(tap) if tap in self._taps else None
 
@@ -184,12 +167,12 @@ class Dispatcher:
         subs = tuple(s.stats() for s in self._registry.subs)
         inbox = len(self._inbox)
         return BusStats(
-            published=self.seq + inbox,
+            published=self.next_seq + inbox,
             delivered=sum(s.calls for s in subs),
             failed=sum(s.failed for s in subs),
             timed_out=sum(s.timed_out for s in subs),
             skipped=sum(s.skipped for s in subs),
-            queued=inbox + self.in_hand + sum(s.queued for s in subs),
+            queued=inbox + self.undispatched + sum(s.queued for s in subs),
             abandoned=abandoned,
             subscriptions=subs,
         )
@@ -197,6 +180,7 @@ class Dispatcher:
     # --- idle, and what is left ---------------------------------------------------
 
     def is_idle(self) -> bool:
+        """Whether every accepted event has been handled, in lanes too."""
         if self._inbox or self.dispatching:
             return False
         return all(not lane.queued for lane in self._registry.lanes.values())
@@ -208,6 +192,7 @@ class Dispatcher:
             self._idle = None
 
     async def wait_idle(self) -> None:
+        """Return once ``is_idle()``."""
         while not self.is_idle():
             if self._idle is None:
                 self._idle = anyio.Event()
@@ -217,13 +202,15 @@ class Dispatcher:
         """Deliveries not made: in the inbox, in the batch being dispatched, queued in
         lanes, and left in a runner's batch when it was stopped."""
         route = self._registry.route
-        count = self.in_hand + self._runner.pending
+        count = self.undispatched + self._runner.pending
         count += sum(len(route(type(event))) for event in self._inbox)
         return count + sum(lane.queued for lane in self._registry.lanes.values())
 
     # --- the loop -------------------------------------------------------------------
 
     async def run(self) -> None:
+        """The dispatcher task: take a batch, stamp copies, show the taps, deliver; sleep
+        while the inbox is empty."""
         inbox = self._inbox
         routes = self._registry.routes
         barriers = self._registry.barriers
@@ -242,19 +229,12 @@ class Dispatcher:
             now = clock()
             if now >= periods.end:
                 periods.roll(now)
-            # Stamped in place: publishing hands the event over (see ``EventBus``);
-            # a stamped copy per event would cost about a third of a K=1 delivery.
-            start = seq = self.seq
-            for event in batch:
-                if event.seq >= 0:  # handed over twice before this: see ``_once``
-                    break
-                force_setattr(event, "seq", seq)
-                if not event.time:  # a publisher (a replay) may bring its own time
-                    force_setattr(event, "time", now)
-                seq += 1
-            if seq - start != len(batch):
-                batch, seq = _once(batch, seq - start, seq, now)
-            self.seq = seq
+            # Handlers get a stamped copy: the event published stays as it was, so
+            # publishing an event twice, or on two buses, is two deliveries. A
+            # publisher may bring its own time (a replay keeps recorded times).
+            seq = self.next_seq
+            batch = [replace(e, seq=n, time=e.time or now) for n, e in enumerate(batch, seq)]
+            self.next_seq = seq + len(batch)
             if self._taps:
                 self._run_taps(batch)
             segments: list[tuple[Route, list[Event]]] = []
@@ -268,13 +248,13 @@ class Dispatcher:
                         segments.extend((targets, [event]) for event in events)
                     else:
                         segments.append((targets, events))
-                    self.in_hand += len(targets) * len(events)
+                    self.undispatched += len(targets) * len(events)
             for targets, events in segments:
                 for sub, lane in targets:
                     if lane is not None:
                         await lane.put(events)
                     else:
-                        self.in_hand -= len(events)
+                        self.undispatched -= len(events)
                         await run(sub, events)
             if inbox:
                 # More came in while this batch was handled (handlers emit): let the
@@ -283,34 +263,14 @@ class Dispatcher:
                 await anyio.lowlevel.checkpoint()
 
     def _run_taps(self, batch: list[Event]) -> None:
+        """Show ``batch`` to each tap; one that raises is logged and removed."""
         for tap in tuple(self._taps):
             try:
                 tap(batch)
             except BaseException as exc:
                 if isinstance(exc, FATAL):
-                    self._fail(exc)
+                    self._end_run(exc)
                     continue
                 _log.error("event tap failed and was removed", tap=repr(tap), error=describe(exc))
                 if tap in self._taps:
                     self._taps.remove(tap)
-
-
-def _once(batch: list[Event], stamped: int, seq: int, now: float) -> tuple[list[Event], int]:
-    """The batch with each event once: the same object was handed over twice before
-    it was dispatched (``publish`` refuses it only once it is). The first ``stamped``
-    events are stamped already; returns the batch and the next sequence number."""
-    kept = batch[:stamped]
-    for event in batch[stamped:]:
-        if event.seq >= 0:
-            _log.error(
-                "the same event was published twice; it is delivered once",
-                event_type=type(event).__name__,
-                event_seq=event.seq,
-            )
-            continue
-        force_setattr(event, "seq", seq)
-        if not event.time:
-            force_setattr(event, "time", now)
-        seq += 1
-        kept.append(event)
-    return kept, seq

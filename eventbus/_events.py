@@ -9,7 +9,7 @@ Exceptions travel as type name, message and traceback text: never pickled.
 from __future__ import annotations
 
 import traceback as _traceback
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
@@ -29,10 +29,12 @@ RunStatus = Literal["finished", "failed", "cancelled"]
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True, gc=False):
     """Base of every event.
 
-    ``seq`` and ``time`` are stamped by the bus when it dispatches the event
-    (``-1`` / ``0.0`` before that), so the order of a run is explicit in its
-    log. A publisher may set ``time`` itself (a replay keeps recorded times);
-    ``seq`` always comes from the bus.
+    ``seq`` and ``time`` come from the bus: handlers and the log get a copy
+    of each published event stamped with its sequence number and the time
+    it was dispatched, so the order of a run is explicit in its log. The
+    object published keeps ``-1`` and ``0.0`` (it can be published again,
+    as another event). A publisher may set ``time`` itself (a replay keeps
+    recorded times); ``seq`` always comes from the bus.
 
     Events are records, so they are not tracked by the garbage collector
     (msgspec's ``gc=False``): a run keeps many alive, and each full
@@ -41,7 +43,14 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tru
     this rules out is an event inside a reference cycle (an event put into
     its own ``metrics``), which would never be freed; a subclass that needs
     that declares ``gc=True``.
+
+    ``derived``: a class sets it to ``True`` when its events are made by a
+    handler from other events (the gathering makes rounds of reports), never
+    published from outside. A replay into a bus that makes them again leaves
+    the recorded ones out, so each reaches a handler once (``is_derived``).
     """
+
+    derived: ClassVar[bool] = False
 
     seq: int = -1
     time: BusTime = 0.0
@@ -105,6 +114,11 @@ def tag_of(cls: type) -> str:
     config = getattr(cls, "__struct_config__", None)
     tag = getattr(config, "tag", None)
     return str(tag) if tag is not None else cls.__name__
+
+
+def is_derived(cls: type) -> bool:
+    """Whether events of ``cls`` are made by a handler from other events (``Event.derived``)."""
+    return isinstance(cls, type) and issubclass(cls, Event) and cls.derived is True
 
 
 def event_types() -> tuple[type[Event], ...]:
@@ -175,6 +189,8 @@ class WorkerGroupRestarted(Event, frozen=True, kw_only=True):
 class ReportRejected(Event, frozen=True, kw_only=True):
     """A report that could not be accepted, and why (the run goes on)."""
 
+    derived: ClassVar[bool] = True
+
     run_id: str
     rank: int
     field: str
@@ -183,6 +199,8 @@ class ReportRejected(Event, frozen=True, kw_only=True):
 
 class CheckpointMismatch(Event, frozen=True, kw_only=True):
     """Ranks named different checkpoints for one round; the round has none."""
+
+    derived: ClassVar[bool] = True
 
     run_id: str
     round: int
@@ -454,8 +472,14 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint_mismatches: int = 0
 
 
-class RunBegan(Event, frozen=True, kw_only=True):
-    """The run began: ``before_run`` is due, before anything else of the run."""
+class BeforeRun(Event, frozen=True, kw_only=True, tag="RunBegan"):
+    """The run began: ``before_run`` is due, before anything else of the run.
+
+    Its tag is ``"RunBegan"``, the class's name before it was renamed, so that
+    every log recorded since still reads.
+    """
+
+    derived: ClassVar[bool] = True
 
     context: TrainRunContext
 
@@ -466,6 +490,8 @@ class RoundGathered(Event, frozen=True, kw_only=True):
     The dicts in ``metrics`` are read-only (``FrozenDict``), shared by every
     callback: none sees another's edits.
     """
+
+    derived: ClassVar[bool] = True
 
     context: TrainRunContext
     round: int
@@ -478,13 +504,21 @@ class RoundGathered(Event, frozen=True, kw_only=True):
 class FailuresGathered(Event, frozen=True, kw_only=True):
     """Worker failures of one health-check period; ``after_exception`` is due."""
 
+    derived: ClassVar[bool] = True
+
     context: TrainRunContext
     index: int
     failures: tuple[WorkerFailure, ...]
 
 
-class RunEnded(Event, frozen=True, kw_only=True):
-    """``after_run`` is due: every other gathered event of the run came before it."""
+class AfterRun(Event, frozen=True, kw_only=True, tag="RunEnded"):
+    """``after_run`` is due: every other gathered event of the run came before it.
+
+    Its tag is ``"RunEnded"``, the class's name before it was renamed, so that
+    every log recorded since still reads.
+    """
+
+    derived: ClassVar[bool] = True
 
     context: TrainRunContext
     result: RunResult

@@ -38,9 +38,14 @@ def is_requested_cancel(exc: BaseException) -> bool:
 
 
 def forgive_foreign_cancel() -> None:
-    """On asyncio, undo a native ``Task.cancel()`` of the current task that no
-    bus scope asked for, so that it does not linger and make a later, real
-    cancellation of ours look foreign (anyio compares the task's cancel count)."""
+    """On asyncio, withdraw the ``Task.cancel()`` requests of the current task that
+    no bus scope made, once the bus has taken their cancellation as a handler's fault.
+
+    asyncio asks code that suppresses a cancellation to call ``Task.uncancel()``
+    for it. Left counted, the requests make anyio's scopes take the bus's next
+    deadline for someone else's cancellation: it escapes its scope, and the rest
+    of the batch is lost (``test_a_stray_task_cancel_leaves_later_deadlines_working``).
+    """
     try:
         task = asyncio.current_task()
     except RuntimeError:  # not on asyncio

@@ -2,9 +2,9 @@
 
 A lane knows nothing of the bus. The dispatcher ``put``s batches into it;
 the lane's task takes them out in order and hands them to its own
-``Runner``. What the lane must tell others comes in as callables: that
-deliveries left the dispatcher's hands (``handed``), that it went idle
-(``idle``), and that it ended (``ended``).
+``Runner``. What the lane must tell others comes in as callables: that it
+queued deliveries of the batch being dispatched (``took``), that it went
+idle (``idle``), and that it ended (``ended``).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ class Lane:
     __slots__ = (
         "_closed",
         "_ended",
-        "_handed",
         "_idle",
         "_room",
         "_runner",
         "_sleeping",
         "_sub",
+        "_took",
         "_wake",
         "capacity",
         "queue",
@@ -47,7 +47,7 @@ class Lane:
         runner: Runner,
         capacity: int,
         *,
-        handed: Callable[[int], None],
+        took: Callable[[int], None],
         idle: Callable[[], None],
         ended: Callable[[Subscription], None],
     ) -> None:
@@ -55,7 +55,7 @@ class Lane:
         self._runner = runner
         self.capacity = capacity
         self.queue: deque[Event] = deque()
-        self._handed = handed
+        self._took = took
         self._idle = idle
         self._ended = ended
         self._wake = anyio.Event()
@@ -69,20 +69,20 @@ class Lane:
         return len(self.queue) + self._runner.pending
 
     async def put(self, events: list[Event]) -> None:
-        """Queue ``events``, waiting for room; each one leaves the dispatcher's
-        hands as it enters the queue, so a close counts it exactly once."""
+        """Queue ``events``, waiting for room; the dispatcher is told of each one as
+        it enters the queue, so a close counts it exactly once."""
         queue = self.queue
         while len(queue) + len(events) > self.capacity:
             room = self.capacity - len(queue)
             if room > 0:
                 queue.extend(events[:room])
-                self._handed(room)
+                self._took(room)
                 events = events[room:]
                 self._wake_up()
             self._room = anyio.Event()
             await self._room.wait()
         queue.extend(events)
-        self._handed(len(events))
+        self._took(len(events))
         self._wake_up()
 
     def close(self) -> None:
@@ -97,6 +97,8 @@ class Lane:
             self._wake.set()
 
     async def run(self) -> None:
+        """The lane's task: run the queued events in batches, in order; end once the
+        subscription is cancelled and the queue is empty."""
         queue = self.queue
         run = self._runner.run
         sub = self._sub

@@ -1,10 +1,9 @@
 """Health-check periods: each handler's time per period against its budget.
 
-The runners add each batch's figures to the subscriptions' ``Figures``
-(``p_*``, one attribute store each); once a period, ``Periods`` turns them
-into a ``HealthCheckTick`` and a ``BudgetReport``, has the policy act on the
-handlers over budget, and starts the next period. The accounting itself
-costs nothing per event.
+The runners add each batch to its subscription's ``Counters``; once a
+period, ``Periods`` turns the period's counters into a ``HealthCheckTick``
+and a ``BudgetReport``, has the policy act on the handlers over budget, and
+starts the next period. Nothing of this is done per event.
 
 A period ends when the bus clock passes its end: noticed by the dispatcher
 when it takes a batch, by a clock listener (virtual clocks), or by the
@@ -104,6 +103,8 @@ class Periods:
         return None
 
     def report(self, start: float, end: float, *, partial: bool = False) -> BudgetReport:
+        """The budget report of ``[start, end)``; the policy acts on the handlers over
+        budget (unless ``partial``), and one warning names the worst of them."""
         subs = self._subs()
         report, over = close_period(
             subs, self.index, start, end, self.budget, period=self.length, partial=partial
@@ -134,7 +135,7 @@ def close_period(
     partial: bool = False,
 ) -> tuple[BudgetReport, set[Subscription]]:
     """The report of period ``index`` and the subscriptions over their budget;
-    each subscription's period figures are folded into its lifetime ones.
+    each subscription's period counters are added to its lifetime ones.
 
     A handler's budget is its own share of the period if it has one, else
     the bus's; the bus's budget applies to all handlers together. A
@@ -149,27 +150,32 @@ def close_period(
     over: set[Subscription] = set()
     total = 0.0
     for sub in subs:
-        figures = sub.figures
+        counters = sub.counters
         budget = (sub.budget if sub.budget is not None else bus_budget) * length
-        is_over = figures.p_total > budget
-        if figures.p_calls or figures.p_skipped or figures.p_faults or figures.p_timeouts:
+        is_over = counters.period_total > budget
+        if (
+            counters.period_calls
+            or counters.period_skipped
+            or counters.period_faults
+            or counters.period_timeouts
+        ):
             usages.append(
                 HandlerUsage(
                     handler=sub.name,
-                    calls=figures.p_calls,
-                    total=figures.p_total,
-                    max=figures.p_max,
-                    timeouts=figures.p_timeouts,
-                    faults=figures.p_faults,
-                    skipped=figures.p_skipped,
+                    calls=counters.period_calls,
+                    total=counters.period_total,
+                    max=counters.period_max,
+                    timeouts=counters.period_timeouts,
+                    faults=counters.period_faults,
+                    skipped=counters.period_skipped,
                     budget=budget,
                     over_budget=is_over,
                 )
             )
         if is_over:
             over.add(sub)
-        total += figures.p_total
-        figures.close_period()
+        total += counters.period_total
+        counters.close_period()
     report = BudgetReport(
         period=index,
         start=start,

@@ -34,26 +34,26 @@ _OVERRUN_ADVICE = (
 class Policy:
     """Applies the handlers' error and budget policies for one bus.
 
-    ``emit`` publishes a diagnostic event (never refused); ``fail`` tells the
+    ``emit`` publishes a diagnostic event (never refused); ``end_run`` tells the
     bus that the run must end with an exception; ``owner_ends_run`` says
     whether the bus's owner ends the run itself (``on_failure`` given), in
     which case the handler that failed it is disabled so the others go on.
     """
 
-    __slots__ = ("_emit", "_fail", "_owner_ends_run")
+    __slots__ = ("_emit", "_end_run", "_owner_ends_run")
 
     def __init__(
         self,
         emit: Callable[[Event], None],
-        fail: Callable[[BaseException], None],
+        end_run: Callable[[BaseException], None],
         *,
         owner_ends_run: bool,
     ) -> None:
         self._emit = emit
-        self._fail = fail
+        self._end_run = end_run
         self._owner_ends_run = owner_ends_run
 
-    def raised(
+    def handler_raised(
         self, sub: Subscription, event: Event, exc: BaseException, events: list[Event], index: int
     ) -> bool:
         """A handler call raised ``exc``: whose is it?
@@ -68,16 +68,16 @@ class Policy:
         if is_requested_cancel(exc):
             raise exc
         if isinstance(exc, FATAL):
-            self._fault(sub, event, exc, events, index, policy=False)
+            self._record_failure(sub, event, exc, events, index, policy=False)
             self.skip_rest(sub, len(events) - index - 1)
             self.set_state(sub, "disabled", f"raised {type(exc).__name__}: the run ends")
-            self._fail(exc)
+            self._end_run(exc)
             return True
         if isinstance(exc, anyio.get_cancelled_exc_class()):
             forgive_foreign_cancel()
-        return self._fault(sub, event, exc, events, index)
+        return self._record_failure(sub, event, exc, events, index)
 
-    def _fault(
+    def _record_failure(
         self,
         sub: Subscription,
         event: Event,
@@ -88,7 +88,7 @@ class Policy:
         policy: bool = True,
     ) -> bool:
         """Record a handler failure; True when the handler must get no more of ``events``."""
-        if sub.figures.add_failure() == 1:  # once per period: the report has the count
+        if sub.counters.add_failure() == 1:  # once per period: the report has the count
             _log.warning(
                 "handler failed",
                 handler=sub.name,
@@ -115,11 +115,11 @@ class Policy:
         return stop
 
     def _apply_error_policy(self, sub: Subscription, exc: BaseException) -> bool:
-        faults = sub.figures.add_fault()
+        faults = sub.counters.add_fault()
         if sub.on_error == "raise":
             if self._owner_ends_run:  # the run fails; the others still get their events
                 self.set_state(sub, "disabled", "on_error='raise': it failed the run")
-            self._fail(exc)
+            self._end_run(exc)
             return True
         if sub.on_error == "disable" and faults >= sub.max_faults:
             self.set_state(sub, "disabled", f"{faults} faults (max_faults={sub.max_faults})")
@@ -135,7 +135,7 @@ class Policy:
         calls: int = 1,
     ) -> bool:
         """Record a call past its deadline; True when the handler must get no more events."""
-        if sub.figures.add_timeout() == 1:  # once per period: the report has the count
+        if sub.counters.add_timeout() == 1:  # once per period: the report has the count
             _log.warning(
                 "handler timed out",
                 handler=sub.name,
@@ -165,7 +165,7 @@ class Policy:
     def skip_rest(self, sub: Subscription, count: int) -> None:
         """The handler gets none of the ``count`` events left in its batch."""
         if count > 0:
-            sub.figures.skip(count)
+            sub.counters.skip(count)
 
     def set_state(self, sub: Subscription, state: HandlerState, reason: str) -> None:
         if sub.change_state(state, reason):

@@ -2,8 +2,8 @@
 
 A ``Subscription`` is the handler's configuration (event types, order, mode,
 deadline, policies, budget) and its state (normal, coalescing, disabled).
-Its counters live apart, in ``Figures``: a slotted object that the runners
-update with one attribute store each, once per batch, never through a dict.
+What the handler has cost is in its ``Counters``, which the runners add to
+once per batch; ``stats()`` returns a frozen copy, a ``SubscriptionStats``.
 
 A subscription does not know the bus. ``cancel()``, ``enable()`` and its
 queued count go through the small ``Owner`` interface it is given, so the
@@ -22,11 +22,9 @@ from ._events import Event
 from .options import Faults, Seconds, Share, checked
 
 __all__ = [
-    "CALIBRATION_CALLS",
-    "FAST_CALL",
+    "Counters",
     "DeliveryMode",
     "ErrorPolicy",
-    "Figures",
     "HandlerState",
     "OverBudgetPolicy",
     "Owner",
@@ -43,19 +41,22 @@ ErrorPolicy = Literal["log", "raise", "disable"]
 OverBudgetPolicy = Literal["warn", "coalesce", "disable"]
 HandlerState = Literal["normal", "coalescing", "disabled"]
 
-#: A handler whose mean call time is below this is timed per batch, not per call:
-#: below it, reading the clock would cost as much as the call itself.
-FAST_CALL = 2e-6
-#: Calls timed one by one before a handler may switch to per-batch timing.
-CALIBRATION_CALLS = 256
-
 
 class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
-    """Lifetime figures of one subscription.
+    """What one subscription did since it was made (``Subscription.stats()``).
 
-    ``total`` is the time spent in the handler over its life and ``max`` its
-    longest call, in seconds (for a handler cheap enough to be timed per
-    batch, the mean call of the batch stands in for its longest).
+    Attributes:
+        name: The handler's name.
+        mode: ``"inline"`` or ``"lane"``.
+        calls: Calls made, failed and timed-out ones included.
+        failed: Calls that raised.
+        timed_out: Calls past their deadline.
+        skipped: Deliveries not made: the handler was disabled, coalescing, or
+            stopped by its fault policy in the middle of a batch.
+        queued: Deliveries waiting in its lane.
+        state: ``"normal"``, ``"coalescing"`` or ``"disabled"``.
+        total: Seconds spent in the handler.
+        max: Its longest call, in seconds.
     """
 
     name: str
@@ -70,30 +71,28 @@ class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
     max: float = 0.0
 
 
-class Figures:
-    """What one handler has cost, over its life and in the current health-check
-    period (``p_*``), and how its next calls are timed.
+class Counters:
+    """What one handler has cost: over its life, and in the current health-check
+    period (``period_*``, reset when the period closes).
 
-    The lifetime time totals are not added per call: a period's total is
-    folded into them when the period closes, and ``total``/``max`` add the
-    open period when asked.
+    The runners add each batch with one ``add_batch`` call. The lifetime time
+    is not added per batch: a period's time joins ``past_total`` and
+    ``past_max`` when the period closes, and ``total``/``max`` add the
+    current period when asked.
     """
 
     __slots__ = (
         "calls",
-        "closed_max",
-        "closed_total",
         "failed",
-        "faults",
-        "fine_calls",
-        "fine_total",
-        "p_calls",
-        "p_faults",
-        "p_max",
-        "p_skipped",
-        "p_timeouts",
-        "p_total",
-        "per_call",
+        "faults_since_enabled",
+        "past_max",
+        "past_total",
+        "period_calls",
+        "period_faults",
+        "period_max",
+        "period_skipped",
+        "period_timeouts",
+        "period_total",
         "skipped",
         "timed_out",
     )
@@ -104,76 +103,63 @@ class Figures:
         self.failed = 0
         self.timed_out = 0
         self.skipped = 0
-        self.faults = 0  # faults since the handler was last (re-)enabled
-        self.closed_total = 0.0  # time in the handler in the periods closed so far
-        self.closed_max = 0.0
+        self.faults_since_enabled = 0  # towards ``max_faults``
+        self.past_total = 0.0  # time in the handler in the periods closed so far
+        self.past_max = 0.0
         # Current health-check period.
-        self.p_calls = 0
-        self.p_total = 0.0
-        self.p_max = 0.0
-        self.p_timeouts = 0
-        self.p_faults = 0
-        self.p_skipped = 0
-        # Timing mode: per call (exact) until calls prove cheap, then per batch.
-        self.per_call = True
-        self.fine_calls = 0
-        self.fine_total = 0.0
+        self.period_calls = 0
+        self.period_total = 0.0
+        self.period_max = 0.0
+        self.period_timeouts = 0
+        self.period_faults = 0
+        self.period_skipped = 0
 
     @property
     def total(self) -> float:
-        return self.closed_total + self.p_total
+        return self.past_total + self.period_total
 
     @property
     def max(self) -> float:
-        return self.closed_max if self.closed_max >= self.p_max else self.p_max
+        return max(self.past_max, self.period_max)
 
-    def add_batch(self, calls: int, total: float, longest: float, *, timed_per_call: bool) -> None:
-        """Add one batch's figures; decide how the handler's next calls are timed."""
+    def add_batch(self, calls: int, total: float, longest: float) -> None:
+        """Add a batch: ``calls`` calls that took ``total`` seconds, the longest one
+        ``longest``."""
         self.calls += calls
-        self.p_calls += calls
-        self.p_total += total
-        if longest > self.p_max:
-            self.p_max = longest
-        if timed_per_call:
-            self.fine_calls += calls
-            self.fine_total += total
-            if self.fine_calls >= CALIBRATION_CALLS:
-                self.per_call = self.fine_total / self.fine_calls >= FAST_CALL
-                self.fine_calls = 0
-                self.fine_total = 0.0
-        elif calls and total / calls >= FAST_CALL:
-            self.per_call = True
+        self.period_calls += calls
+        self.period_total += total
+        if longest > self.period_max:
+            self.period_max = longest
 
     def add_failure(self) -> int:
         """A call raised; returns the period's count (the policy logs the first)."""
         self.failed += 1
-        self.p_faults += 1
-        return self.p_faults
+        self.period_faults += 1
+        return self.period_faults
 
     def add_timeout(self) -> int:
         """A call overran its deadline; returns the period's count."""
         self.timed_out += 1
-        self.p_timeouts += 1
-        return self.p_timeouts
+        self.period_timeouts += 1
+        return self.period_timeouts
 
     def add_fault(self) -> int:
         """A failure or a timeout, towards ``max_faults``; returns the count since the
         handler was last (re-)enabled."""
-        self.faults += 1
-        return self.faults
+        self.faults_since_enabled += 1
+        return self.faults_since_enabled
 
     def skip(self, count: int) -> None:
         """``count`` deliveries were not made (disabled, coalesced, or cut short)."""
         self.skipped += count
-        self.p_skipped += count
+        self.period_skipped += count
 
     def close_period(self) -> None:
-        """Fold the period's time into the lifetime totals and start a new period."""
-        self.closed_total += self.p_total
-        if self.p_max > self.closed_max:
-            self.closed_max = self.p_max
-        self.p_calls = self.p_timeouts = self.p_faults = self.p_skipped = 0
-        self.p_total = self.p_max = 0.0
+        """Add the period's time to the lifetime figures and start a new period."""
+        self.past_total += self.period_total
+        self.past_max = max(self.past_max, self.period_max)
+        self.period_calls = self.period_timeouts = self.period_faults = self.period_skipped = 0
+        self.period_total = self.period_max = 0.0
 
 
 class Owner(Protocol):
@@ -267,7 +253,7 @@ class Subscription:
         "barrier",
         "blocking",
         "budget",
-        "figures",
+        "counters",
         "handler",
         "index",
         "is_async",
@@ -330,7 +316,7 @@ class Subscription:
         self.active = True
         self.state: HandlerState = "normal"
         self.state_reason = ""
-        self.figures = Figures()
+        self.counters = Counters()
 
     def cancel(self) -> None:
         """Stop delivering to this handler (events it is handling now still finish)."""
@@ -356,7 +342,7 @@ class Subscription:
         self.state = state
         self.state_reason = reason
         if state == "normal":
-            self.figures.faults = 0  # re-enabled: its past faults are forgiven
+            self.counters.faults_since_enabled = 0  # re-enabled: its past faults are forgiven
         return True
 
     @property
@@ -364,18 +350,18 @@ class Subscription:
         return self._owner.queued(self)
 
     def stats(self) -> SubscriptionStats:
-        figures = self.figures
+        counters = self.counters
         return SubscriptionStats(
             name=self.name,
             mode=self.mode,
-            calls=figures.calls,
-            failed=figures.failed,
-            timed_out=figures.timed_out,
-            skipped=figures.skipped,
+            calls=counters.calls,
+            failed=counters.failed,
+            timed_out=counters.timed_out,
+            skipped=counters.skipped,
             queued=self.queued,
             state=self.state,
-            total=figures.total,
-            max=figures.max,
+            total=counters.total,
+            max=counters.max,
         )
 
     def __repr__(self) -> str:

@@ -27,13 +27,13 @@ _log = get_logger("eventbus")
 class Tasks:
     """Starts, restarts and stops the bus's tasks in the bus's task group.
 
-    ``fail`` is told of an interrupt that hit one of them (it ends the run).
+    ``end_run`` is told of an interrupt that hit one of them (it ends the run).
     """
 
-    __slots__ = ("_fail", "_ids", "_running", "_scopes", "_stopped", "_tg")
+    __slots__ = ("_end_run", "_ids", "_running", "_scopes", "_stopped", "_tg")
 
-    def __init__(self, fail: Callable[[BaseException], None]) -> None:
-        self._fail = fail
+    def __init__(self, end_run: Callable[[BaseException], None]) -> None:
+        self._end_run = end_run
         self._tg: anyio.abc.TaskGroup | None = None
         self._scopes: list[anyio.CancelScope] = []
         self._ids: set[int] = set()
@@ -41,21 +41,24 @@ class Tasks:
         self._stopped: anyio.Event | None = None
 
     def open(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start tasks in ``tg`` from now on (the bus's task group)."""
         self._tg = tg
 
-    def in_one(self) -> bool:
+    def in_bus_task(self) -> bool:
         """Whether the caller runs in one of these tasks (it is a handler, then)."""
         return anyio.get_current_task().id in self._ids
 
     def refuse_wait(self, what: str) -> None:
         """A handler waiting for the bus would wait for itself until its deadline."""
-        if self.in_one():
+        if self.in_bus_task():
             raise RuntimeError(
                 f"{what} called from a handler would wait for the handler itself to "
                 "finish; from a handler, publish with bus.emit(event), which never waits"
             )
 
     def start(self, loop: Callable[[], Any]) -> None:
+        """Run ``loop`` as a bus task, in a cancel scope of its own, starting it again
+        after what ``_should_restart`` forgives."""
         assert self._tg is not None
 
         async def guarded() -> None:
@@ -69,7 +72,7 @@ class Tasks:
                             await loop()
                             return
                         except BaseException as exc:
-                            if not self._survive(loop, exc):
+                            if not self._should_restart(loop, exc):
                                 raise
             finally:
                 self._running -= 1
@@ -78,7 +81,7 @@ class Tasks:
 
         self._tg.start_soon(guarded)
 
-    def _survive(self, loop: Callable[[], Any], exc: BaseException) -> bool:
+    def _should_restart(self, loop: Callable[[], Any], exc: BaseException) -> bool:
         """Something escaped one of the bus's own loops: True to start it again.
 
         Handlers' exceptions are caught where handlers are called; what gets
@@ -90,7 +93,7 @@ class Tasks:
         propagates.
         """
         if isinstance(exc, FATAL):
-            self._fail(exc)
+            self._end_run(exc)
         elif isinstance(exc, anyio.get_cancelled_exc_class()) and not is_requested_cancel(exc):
             forgive_foreign_cancel()
             _log.error("a bus task was cancelled by something else; it goes on", task=repr(loop))

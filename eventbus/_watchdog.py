@@ -1,22 +1,21 @@
 """The watchdog: one task that cancels async handler calls past their deadline.
 
-Entering a cancel scope costs more than most handler calls (DESIGN.md §10),
-so a runner enters one scope per batch and tells its ``Guard`` about it; the
-watchdog looks at the guards a few times per deadline and cancels a scope
-whose runner has made no progress for the handler's timeout.
+Entering a cancel scope per call would cost more than most handler calls
+(DESIGN.md §10), so a runner enters one scope per batch and tells its
+``Guard`` about it; the watchdog looks at the guards a few times per
+deadline and cancels a scope whose runner has been in the same call for
+the handler's timeout.
 
-A runner's side is two steps: ``watch(scope, timeout, calls)`` before it
-awaits calls under ``scope``, taking each event from the iterator ``calls``,
-and ``done()`` when it leaves the scope. Progress is read from the iterator
-itself (how many events it has left), so the hot loop pays nothing for it.
-What the watchdog remembers between looks is the guard's own business.
+A runner's side is three steps: ``watch(scope, timeout)`` before it awaits
+calls under ``scope``, ``guard.call = index`` as each call starts, and
+``done()`` when it leaves the scope. What the watchdog remembers between
+looks is the guard's own business.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from operator import length_hint
+from collections.abc import Callable
 
 import anyio
 
@@ -27,17 +26,21 @@ _LONGEST_TICK = 0.05
 
 
 class Guard:
-    """What one runner (the dispatcher, or one lane) is awaiting, for the watchdog."""
+    """What one runner (the dispatcher, or one lane) is awaiting, for the watchdog.
+
+    ``call`` is the index, in its batch, of the call the runner is making
+    under the watched scope; the runner sets it as each call starts.
+    """
 
     __slots__ = (
-        "_calls",
         "_notify",
         "_release",
         "_scope",
         "_seen_at",
-        "_seen_progress",
+        "_seen_call",
         "_seen_scope",
         "_timeout",
+        "call",
     )
 
     def __init__(self, notify: Callable[[], None], release: Callable[[Guard], None]) -> None:
@@ -45,17 +48,16 @@ class Guard:
         self._release = release
         self._scope: anyio.CancelScope | None = None
         self._timeout = math.inf
-        self._calls: Iterator[object] = iter(())
+        self.call = 0
+        # What the watchdog saw at its last look, and since when (its real time).
         self._seen_scope: anyio.CancelScope | None = None
-        self._seen_progress = -1
+        self._seen_call = -1
         self._seen_at = 0.0
 
-    def watch(self, scope: anyio.CancelScope, timeout: float, calls: Iterator[object]) -> None:
-        """The runner awaits calls under ``scope``, one per item it takes from ``calls``;
-        each may take ``timeout`` seconds."""
+    def watch(self, scope: anyio.CancelScope, timeout: float) -> None:
+        """The runner awaits calls under ``scope``; each may take ``timeout`` seconds."""
         self._scope = scope
         self._timeout = timeout
-        self._calls = calls
         self._notify()
 
     def done(self) -> None:
@@ -71,9 +73,8 @@ class Guard:
         scope = self._scope
         if scope is None:
             return _LONGEST_TICK
-        progress = length_hint(self._calls)  # what is left: it shrinks as calls start
-        if progress != self._seen_progress or self._seen_scope is not scope:
-            self._seen_progress = progress
+        if self.call != self._seen_call or self._seen_scope is not scope:
+            self._seen_call = self.call
             self._seen_scope = scope
             self._seen_at = now
         elif now - self._seen_at >= self._timeout:
@@ -89,7 +90,7 @@ class Guard:
 class Watchdog:
     """Cancels async calls that overran their deadline (real time).
 
-    A call counts as stuck when its runner has taken no new event for its
+    A call counts as stuck when its runner has started no other call for its
     timeout; the tolerance is one tick (at most 50 ms). With nothing
     watched, the watchdog sleeps until a guard starts watching.
     """

@@ -27,7 +27,6 @@ __all__ = [
     "MIN_PERIOD",
     "Buffer",
     "BusKeywords",
-    "BusOptions",
     "Count",
     "Faults",
     "OptionError",

@@ -20,14 +20,8 @@ from typing import Any
 
 import anyio
 
-from handlers import (
-    BestCheckpoints,
-    EarlyStopping,
-    Reporter,
-    TrainRunContext,
-    UserCallback,
-    open_run,
-)
+from eventbus import TrainRunContext
+from handlers import BestCheckpoints, EarlyStopping, Reporter, UserCallback, open_run
 
 
 def make_data(seed: int, samples: int = 256) -> list[tuple[float, float]]:

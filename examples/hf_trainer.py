@@ -37,9 +37,9 @@ from transformers import (  # noqa: E402
 from transformers import logging as hf_logging  # noqa: E402
 
 from adapters.transformers import EventBusCallback, run_with_failures  # noqa: E402
-from eventbus import StatefulCallback  # noqa: E402
+from eventbus import StatefulCallback, TrainRunContext  # noqa: E402
 from eventbus.log import read_log  # noqa: E402
-from handlers import EarlyStopping, TrainRunContext, UserCallback  # noqa: E402
+from handlers import EarlyStopping, UserCallback  # noqa: E402
 
 VOCAB, LENGTH = 64, 16
 

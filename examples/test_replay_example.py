@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from eventbus import Event, EventFilter, Report
+from eventbus import Event, EventFilter, Report, RoundGathered, StatefulCallback, TrainRunContext
 from eventbus.testing import BusRecording, assert_rounds, report_rounds
-from handlers import EarlyStopping, RoundGathered, StatefulCallback, TrainRunContext, UserCallback
+from handlers import EarlyStopping, UserCallback
 
 
 class BestLossTracker:

@@ -3,62 +3,44 @@
 Training callbacks (``UserCallback``: ``before_run``, ``after_report``,
 ``after_exception``, ``after_run``); the handlers that gather per-rank
 reports into rounds, worker failures into health-check periods and the run's
-start and end (Ray Train's shape: ``XxxCallbackHandler`` over a list of
-``XxxCallback``; on a bus each also emits its gathered event, with the run's
-context, to which every training callback's hooks subscribe); the run
-composition API (``open_run``); built-in callbacks (``handlers.builtins``).
-``StatefulCallback`` (from ``eventbus``) is here too, so one callback needs
-one import.
+start and end, each emitting its gathered event with the run's context, to
+which every training callback's hooks subscribe; the run composition API
+(``open_run``); built-in callbacks. What callbacks are told (``TrainRunContext``,
+``RoundGathered``, ``RunResult``) and ``StatefulCallback`` are ``eventbus``'s.
 Wiring by hand is in ``handlers.wiring``.
 """
-
-from eventbus import StatefulCallback
-from eventbus.events import (
-    FailuresGathered,
-    RoundGathered,
-    RunBegan,
-    RunEnded,
-    RunResult,
-    RunStatus,
-    TrainRunContext,
-)
 
 from ._callback import UserCallback
 from ._errors import ReportError, WorkerError, WorkerGroupError
 from ._failures import ExceptionCallbackHandler
-from ._interfaces import ExceptionCallback, ReportCallback, RunCallback
 from ._lifecycle import RunCallbackHandler
+from ._metric_values import FrozenDict, FrozenList
+from ._moved import moved_names
 from ._open_run import TrainingCallback, open_run
 from ._reporter import Reporter
 from ._reports import ReportCallbackHandler
 from ._resume import latest_checkpoint
 from ._run import Run, WorkerFn
-from .builtins import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay
+from .builtins._best_checkpoints import BestCheckpoints
+from .builtins._early_stopping import EarlyStopping
+from .builtins._metrics_logger import MetricsLogger
+from .builtins._progress import ProgressDisplay
 from .options import RunOptions
 
 __all__ = [
     "BestCheckpoints",
     "EarlyStopping",
-    "ExceptionCallback",
     "ExceptionCallbackHandler",
-    "FailuresGathered",
+    "FrozenDict",
+    "FrozenList",
     "MetricsLogger",
     "ProgressDisplay",
-    "ReportCallback",
     "ReportCallbackHandler",
     "ReportError",
     "Reporter",
-    "RoundGathered",
     "Run",
-    "RunBegan",
-    "RunCallback",
     "RunCallbackHandler",
-    "RunEnded",
     "RunOptions",
-    "RunResult",
-    "RunStatus",
-    "StatefulCallback",
-    "TrainRunContext",
     "TrainingCallback",
     "UserCallback",
     "WorkerError",
@@ -67,3 +49,20 @@ __all__ = [
     "latest_checkpoint",
     "open_run",
 ]
+
+#: Names exported from here until 0.2: each has one home now.
+__getattr__ = moved_names(
+    __name__,
+    {
+        "AfterRun": "eventbus.AfterRun",
+        "BeforeRun": "eventbus.BeforeRun",
+        "FailuresGathered": "eventbus.FailuresGathered",
+        "RoundGathered": "eventbus.RoundGathered",
+        "RunBegan": "eventbus.BeforeRun",
+        "RunEnded": "eventbus.AfterRun",
+        "RunResult": "eventbus.RunResult",
+        "RunStatus": "eventbus.RunStatus",
+        "StatefulCallback": "eventbus.StatefulCallback",
+        "TrainRunContext": "eventbus.TrainRunContext",
+    },
+)

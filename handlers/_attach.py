@@ -1,22 +1,32 @@
-"""Wiring user callbacks onto a bus: gathering, failures, lifecycle, in one call.
+"""Wiring training callbacks onto a bus: gathering, failures, lifecycle, in one call.
 
-``open_run`` uses it for live runs, and a log replay uses it on a bus fed
-from a recorded log: everything callbacks see is derived from events.
+A live run, a replay of a recorded log, a benchmark and the adapters all give
+callbacks the same inputs, because they wire them the same way: everything a
+callback sees is derived from the bus's events by the same three gatherers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import msgspec
 
-from eventbus import CheckpointSaved, EventBus, RunFinished, Stage, Subscription, WorkerFailure
-from eventbus.events import RunPosition, RunResult, RunStatus, TrainRunContext
+from eventbus import (
+    CheckpointSaved,
+    EventBus,
+    RunFinished,
+    RunPosition,
+    RunResult,
+    RunStatus,
+    Stage,
+    Subscription,
+    TrainRunContext,
+    WorkerFailure,
+)
 
 from ._errors import WorkerError
 from ._failures import ExceptionCallbackHandler
-from ._interfaces import ReportCallback
 from ._lifecycle import RunCallbackHandler
 from ._reports import ReportCallbackHandler
 from ._user import UserCallbackHandler
@@ -31,53 +41,71 @@ _MAX_ORIGINALS = 1024
 
 
 class CallbackAttachment:
-    """Wires training callbacks onto a bus; keeps the handlers and the run's figures.
+    """Training callbacks wired onto a bus, with the gatherers that feed them.
 
-    Each stage is an ordinary subscriber (``Stage`` says in which order): the
-    gatherers turn raw events into gathered ones, each carrying the run's
+    Each stage is an ordinary subscriber, in the order ``Stage`` names: the
+    gatherers turn raw events into derived ones, each carrying the run's
     context, and every hook of every training callback subscribes to its
-    gathered event. The run context comes from the first ``RunStarted`` (or,
-    if there is none, from the first event naming the run).
-    ``report_callbacks`` get the gathered rounds too, synchronously, inside
-    the bus; ``announce_checkpoints`` emits a ``CheckpointSaved`` for each
-    round's checkpoint (a live run does; a replay has the recorded ones). The
-    gatherers declare what they derive (``EventBus.derives``), so a replay
-    into the bus leaves out the gathered events its log recorded.
+    derived event. The report gatherer becomes the bus's gathering
+    (``EventBus.gathering``), so a replay into the bus leaves out the derived
+    events its log recorded. The run's context comes from the first
+    ``RunStarted`` (or, without one, from the first event naming the run);
+    its figures come from the gatherers that count them, asked when wanted.
+    Made unattached, so that making it changes nothing: ``attach`` subscribes.
+
+    Args:
+        callbacks: the training callbacks (``UserCallback``s, or objects with
+            its hooks).
+        world_size: the run's ranks; by default the run context's.
+        required_ranks: the ranks a round waits for; by default all of them.
+        announce_checkpoints: emit a ``CheckpointSaved`` for each round's
+            checkpoint, for the state store. A live run does; a replay has the
+            recorded ones.
     """
 
     def __init__(
         self,
-        bus: EventBus,
         callbacks: Iterable[UserCallback | Any],
         *,
         world_size: int | None = None,
         required_ranks: Iterable[int] | None = None,
-        report_callbacks: Iterable[ReportCallback] = (),
         announce_checkpoints: bool = False,
     ) -> None:
-        self.bus = bus
-        self.restarts = 0
+        self.bus: EventBus | None = None
         self.lifecycle = RunCallbackHandler(result_of=self._result, world_size=world_size)
         context_for = self.lifecycle.context_for
         self.reports = ReportCallbackHandler(
-            report_callbacks,
             world_size=world_size,
             required_ranks=required_ranks,
             context_for=context_for,
             announce_checkpoints=announce_checkpoints,
         )
         self.failures = ExceptionCallbackHandler(context_for=context_for)
-        #: Worker exceptions raised in this process, by their failure event (``keep_original``).
-        self._originals: dict[int, tuple[WorkerFailure, Exception]] = {}
+        #: Worker exceptions raised in this process, by rank and traceback (``keep_original``).
+        self._originals: dict[tuple[int, str], Exception] = {}
         self.user = UserCallbackHandler(
             callbacks, context_of=context_for, exception_of=self.exception_of
         )
-        self.subscriptions: list[Subscription] = [
+        self.subscriptions: list[Subscription] = []
+
+    def attach(self, bus: EventBus) -> Self:
+        """Subscribe the gatherers and every callback's hooks to ``bus``.
+
+        ``ValueError`` if the bus gathers reports already (another attachment):
+        then nothing is subscribed.
+        """
+        if self.bus is not None:
+            raise RuntimeError("these callbacks are attached already: make another attachment")
+        # The report gatherer first: it refuses a bus that has one already. Each
+        # stage's order, not the order of subscribing, says when it runs.
+        self.subscriptions = [
+            self.reports.subscribe(bus, order=Stage.GATHER_REPORTS),
             self.failures.subscribe(bus, order=Stage.GATHER_FAILURES),
             self.lifecycle.subscribe(bus, order=Stage.LIFECYCLE),
-            self.reports.subscribe(bus, order=Stage.GATHER_REPORTS),
             *self.user.subscribe(bus, order=Stage.CALLBACKS),
         ]
+        self.bus = bus
+        return self
 
     @property
     def last_checkpoint(self) -> str | None:
@@ -89,13 +117,14 @@ class CallbackAttachment:
         process); the log and a replay carry its text form, a ``WorkerError``."""
         if len(self._originals) >= _MAX_ORIGINALS:  # failures are few; a flood keeps text
             self._originals.pop(next(iter(self._originals)))
-        self._originals[id(failure)] = (failure, exc)
+        # Keyed by what the failure says, not by the object: handlers get a copy of it.
+        self._originals[(failure.rank, failure.traceback)] = exc
 
     def exception_of(self, failure: WorkerFailure) -> Exception:
-        kept = self._originals.get(id(failure))
-        if kept is not None and kept[0] is failure:
-            return kept[1]
-        return WorkerError.from_failure(failure)
+        """The exception ``after_exception`` gets for ``failure``: the worker's own if
+        it was raised in this process, else one rebuilt from the event's text."""
+        kept = self._originals.get((failure.rank, failure.traceback))
+        return kept if kept is not None else WorkerError.from_failure(failure)
 
     def position_of(self, event: CheckpointSaved) -> RunPosition | None:
         """Where the run stood at the round of ``event`` (for the state store's snapshot)."""
@@ -108,9 +137,15 @@ class CallbackAttachment:
             checkpoint_seq=event.seq,
             start_time=context.start_time if context else 0.0,
             failures=self.failures.failures,
-            restarts=self.restarts,
             pending_failures=self.failures.pending_before(event.seq),
         )
+
+    def resume_at(self, checkpoint: str, position: RunPosition | None) -> None:
+        """Continue from ``checkpoint``: where a restart resumes, and, given where the
+        run stood there, its rounds, report indices, figures and pending failures."""
+        self.reports.resume_at(checkpoint, position)
+        if position is not None:
+            self.failures.resume_at(position)
 
     @property
     def run_context(self) -> TrainRunContext | None:
@@ -123,16 +158,17 @@ class CallbackAttachment:
     def result(self, status: RunStatus = "finished") -> RunResult:
         """The figures so far, as ``after_run`` would get them."""
         context = self.run_context
+        reports = self.reports
         return RunResult(
             run_id=context.run_id if context else "",
             status=status,
-            rounds=self.reports.rounds,
-            reports=self.reports.reports,
-            rejected=self.reports.rejected,
+            rounds=reports.rounds,
+            reports=reports.reports,
+            rejected=reports.rejected,
             failures=self.failures.failures,
-            restarts=self.restarts,
-            last_checkpoint=self.last_checkpoint,
-            checkpoint_mismatches=self.reports.mismatches,
+            restarts=reports.restarts,
+            last_checkpoint=reports.last_checkpoint,
+            checkpoint_mismatches=reports.mismatches,
         )
 
     def _result(self, event: RunFinished, context: TrainRunContext) -> RunResult:
@@ -146,7 +182,7 @@ class CallbackAttachment:
 
     async def finish(self, status: RunStatus = "finished", error: str | None = None) -> None:
         """Publish ``RunFinished`` if the events never did (a log cut short)."""
-        if not self.lifecycle.finished:
+        if self.bus is not None and not self.lifecycle.finished:
             context = self.lifecycle.run_context
             run_id = context.run_id if context else "run"
             await self.bus.publish(RunFinished(run_id=run_id, status=status, error=error))
@@ -157,6 +193,19 @@ class CallbackAttachment:
             sub.cancel()
 
 
-#: ``attach_user_callbacks(bus, callbacks, ...)``: wire ``callbacks`` onto ``bus`` (report
-#: gathering, failure gathering, lifecycle) and get the attachment.
-attach_user_callbacks = CallbackAttachment
+def attach_user_callbacks(
+    bus: EventBus,
+    callbacks: Iterable[UserCallback | Any],
+    *,
+    world_size: int | None = None,
+    required_ranks: Iterable[int] | None = None,
+    announce_checkpoints: bool = False,
+) -> CallbackAttachment:
+    """Wire ``callbacks`` onto ``bus`` (report gathering, failure gathering,
+    lifecycle) and return the attachment; the keywords are ``CallbackAttachment``'s."""
+    return CallbackAttachment(
+        callbacks,
+        world_size=world_size,
+        required_ranks=required_ranks,
+        announce_checkpoints=announce_checkpoints,
+    ).attach(bus)

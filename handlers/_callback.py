@@ -1,9 +1,10 @@
 """``UserCallback``: what users subclass to write a training callback.
 
-All methods are optional, sync or async: each hook a subclass overrides
-becomes its own bus subscription, to the event the gathering emits for it.
-The class also says how the runtime's tools (replays, recordings) attach
-such callbacks: as a live run does (``__eventbus_attach__``).
+A callback should pay only for what it does: so every method is optional,
+sync or async, and each hook a subclass overrides becomes its own bus
+subscription, to the event the gathering emits for it. The class also says
+how the runtime's tools (replays, recordings) attach such callbacks: as a
+live run does (``__eventbus_attach__``).
 """
 
 from __future__ import annotations
@@ -13,28 +14,40 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from eventbus import DeliveryMode, ErrorPolicy, Event, EventBus, OverBudgetPolicy, Subscription
 from eventbus.state import callback_name
 
-from ._attach import CallbackAttachment
+from ._attach import attach_user_callbacks
 from ._user import base_hook
 
 if TYPE_CHECKING:
-    from eventbus.events import RunResult, TrainRunContext
+    from eventbus import RunResult, TrainRunContext
 
 __all__ = ["UserCallback"]
 
 
 class UserCallback:
-    """Base class of user callbacks (Ray Train v2 names, plus run hooks).
+    """Base class of training callbacks: Ray Train v2's hooks, plus the run's.
 
     Override any of the methods, as ``def`` or ``async def``. Each overridden
     method becomes its own bus subscription named ``<Class>.<method>``, with
-    the bus's deadline, error policy and budget accounting. The class
-    attributes below tune that subscription (``delivery`` is the bus's
-    ``mode``: inline or lane); ``None`` means the bus default.
-    ``event_types``: raw events this callback also wants, delivered to
-    ``on_event(run_context, event)`` (for displays that count reports).
-    Its ``repr`` is its readable name, as logs and messages show it: the
-    class name with its ``state_key`` (``EarlyStopping(metric='loss',
-    mode='min')``), or the class name alone.
+    the bus's deadline, error policy and budget accounting, so a slow or
+    failing hook is named in diagnostics and costs only itself. Its ``repr``
+    is its readable name, as logs and messages show it: the class name with
+    its ``state_key`` (``EarlyStopping(metric='loss', mode='min')``), or the
+    class name alone.
+
+    Attributes:
+        timeout: each call's deadline, seconds (``EventBus.subscribe``'s).
+        budget: its share of a health-check period.
+        on_error: ``"log"``, ``"raise"`` or ``"disable"`` (after ``max_faults``).
+        max_faults: faults before ``on_error="disable"`` disables it.
+        over_budget: ``"warn"``, ``"coalesce"`` or ``"disable"``.
+        delivery: ``"inline"`` or ``"lane"``, the subscription's ``mode``
+            (named apart because ``mode`` is a common argument of callbacks:
+            ``EarlyStopping``'s ``"min"`` or ``"max"``).
+        blocking: run sync hooks in a worker thread, abandoned at the deadline.
+        event_types: raw events this callback also wants, delivered to
+            ``on_event(run_context, event)`` (for displays that count reports).
+
+    ``None`` means the bus's default.
     """
 
     timeout: ClassVar[float | None] = None
@@ -78,5 +91,4 @@ class UserCallback:
         """Attach ``callbacks`` to ``bus`` as a run does (gathering included): how
         ``eventbus.testing``'s replays and recordings take training callbacks.
         Per callback, the subscriptions of its hooks."""
-        attachment = CallbackAttachment(bus, callbacks)
-        return attachment.user.subscriptions_by_callback
+        return attach_user_callbacks(bus, callbacks).user.subscriptions_by_callback

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from eventbus import describe_exception, get_logger
-from eventbus.events import RunResult, RunStatus
+from eventbus import RunResult, RunStatus, describe_exception, get_logger
 from eventbus.state import callback_name
 
 __all__ = ["interrupt_in", "log_run_end", "only_cancellations", "status_of", "stop_of"]

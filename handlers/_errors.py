@@ -1,4 +1,9 @@
-"""Exceptions that stand for what went wrong in workers, rebuilt from events (never unpickled)."""
+"""Exceptions that stand for what went wrong in workers, rebuilt from events.
+
+Events carry a worker's exception as text, so that logs decode without
+running code: nothing here is ever unpickled. These classes give that text
+back the shape of an exception a callback can catch, compare and print.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,17 @@ __all__ = ["ReportError", "WorkerError", "WorkerGroupError"]
 
 
 class WorkerError(Exception):
-    """A worker's exception as ``after_exception`` receives it.
+    """A worker's exception as ``after_exception`` receives it from a log or a replay.
 
     The original object never crosses the bus (that would need pickle): this
     carries its type name, message and formatted traceback as text.
+
+    Args:
+        rank: the rank whose worker raised it.
+        error_type: the exception's type name (``RuntimeError``).
+        message: its message.
+        traceback: its formatted traceback.
+        retryable: whether the worker said a retry may succeed.
     """
 
     def __init__(

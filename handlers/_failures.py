@@ -1,60 +1,62 @@
 """Failure gathering: the worker failures of one health-check period, delivered together.
 
-A failure belongs to the period its bus time falls in: the tick that ends a
-period can be dispatched after failures stamped in the next one (the
-dispatcher ends a period when it takes the next batch), so failures are
-split by time, not by arrival. Failures still pending when the run finishes
-are delivered then: none is lost. Subscribed to a bus, each delivery is
-also a ``FailuresGathered`` event, to which training callbacks subscribe.
+Ray Train hands ``after_exception`` the failures of one health-check poll as
+``{rank: exception}``; here a period is the poll. A failure belongs to the
+period its bus time falls in: the tick that ends a period can be dispatched
+after failures stamped in the next one (the dispatcher ends a period when it
+takes the next batch), so failures are split by time, not by arrival.
+Failures still pending when the run finishes are delivered then: none is
+lost. Each delivery is a ``FailuresGathered`` event, to which training
+callbacks subscribe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from functools import partial
 
 from eventbus import (
     Event,
     EventBus,
+    FailuresGathered,
     HealthCheckTick,
     RunFinished,
+    RunPosition,
     Stage,
     Subscription,
+    TrainRunContext,
     WorkerFailure,
 )
-from eventbus.events import FailuresGathered, TrainRunContext
-
-from ._errors import WorkerError
-from ._interfaces import ExceptionCallback
 
 __all__ = ["ExceptionCallbackHandler"]
 
 
 class ExceptionCallbackHandler:
-    """Calls ``after_exception(run_context, {rank: WorkerError})`` once per period with failures.
+    """Gathers ``WorkerFailure`` events per health-check period, and emits each
+    period's as one ``FailuresGathered``.
 
-    A rank that failed twice in one period is reported with its first failure
-    (the cause; a second one is usually a consequence).
+    A rank that failed twice in one period is reported with its first failure:
+    that is the cause, and a second one is usually a consequence. It owns the
+    run's count of failures, and the failures a checkpoint leaves pending.
+
+    Args:
+        context_for: gives the run context of an event (the lifecycle
+            handler's, in an attachment); by default one is built from it.
     """
 
-    def __init__(
-        self,
-        exception_callbacks: Iterable[ExceptionCallback] = (),
-        *,
-        context_for: Callable[[Event], TrainRunContext] | None = None,
-    ) -> None:
-        self.exception_callbacks = list(exception_callbacks)
+    def __init__(self, *, context_for: Callable[[Event], TrainRunContext] | None = None) -> None:
         self._context_for = context_for or TrainRunContext.from_event
         self._pending: list[WorkerFailure] = []
         #: What a resumed run's checkpoint had pending, due at the first tick.
         self._carried: list[WorkerFailure] = []
-        self._bus: EventBus | None = None
-        #: Figures: failures seen, after_exception deliveries made.
+        self._emit: Callable[[Event], object] | None = None
+        #: Figures: failures seen, deliveries made.
         self.failures = 0
         self.deliveries = 0
 
     def subscribe(self, bus: EventBus, *, order: int = Stage.GATHER_FAILURES) -> Subscription:
-        self._bus = bus
-        bus.derives(FailuresGathered)
+        """Gather from ``bus``; each period's failures are emitted on it."""
+        self._emit = partial(bus.emit, derived=True)  # one per period: never refused
         return bus.subscribe(
             (WorkerFailure, HealthCheckTick, RunFinished),
             self.handle,
@@ -63,6 +65,7 @@ class ExceptionCallbackHandler:
         )
 
     def handle(self, event: Event) -> None:
+        """A failure to keep, a tick that ends a period, or the run's end."""
         if isinstance(event, WorkerFailure):
             self.failures += 1
             self._pending.append(event)
@@ -81,10 +84,12 @@ class ExceptionCallbackHandler:
         """The failures recorded before event ``seq`` not delivered yet (a snapshot's)."""
         return tuple(f for f in self._pending if f.seq < seq)
 
-    def resume_pending(self, failures: tuple[WorkerFailure, ...]) -> None:
-        """Failures a resumed run's checkpoint had pending: due at its first tick (their
-        times are another process's clock's, so they are not compared with this one's)."""
-        self._carried = list(failures)
+    def resume_at(self, position: RunPosition) -> None:
+        """Continue from ``position``: its count of failures, and the failures it had
+        pending, due at the first tick (their times are another process's clock's,
+        so they are not compared with this one's)."""
+        self.failures = position.failures
+        self._carried = list(position.pending_failures)
 
     def flush(self) -> None:
         """Deliver every pending failure now (the run is over)."""
@@ -98,16 +103,9 @@ class ExceptionCallbackHandler:
             first.setdefault(failure.rank, failure)
         self.deliveries += 1
         context = self._context_for(failures[0])
-        if self.exception_callbacks:
-            exceptions: dict[int, Exception] = {
-                rank: WorkerError.from_failure(f) for rank, f in first.items()
-            }
-            for callback in self.exception_callbacks:
-                callback.after_exception(context, exceptions)
-        if self._bus is not None:
-            self._bus.emit(
+        if self._emit is not None:
+            self._emit(
                 FailuresGathered(
                     context=context, index=self.deliveries - 1, failures=tuple(first.values())
-                ),
-                derived=True,
+                )
             )

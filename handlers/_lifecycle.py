@@ -1,22 +1,33 @@
 """Run lifecycle: ``before_run`` once before anything else, ``after_run`` once at the end.
 
-This handler also owns the run context: from the first ``RunStarted``, or,
-when a log has none, built from the first event that names the run, in which
-case the run begins right then, so ``before_run`` still comes first.
-Subscribed to a bus, the start and the end are also ``RunBegan`` and
-``RunEnded`` events, to which training callbacks subscribe.
+Ray users ask for run hooks that come exactly once, however the run ends.
+This handler turns the run's ``RunStarted`` and ``RunFinished`` into the
+``BeforeRun`` and ``AfterRun`` events training callbacks subscribe to, and a
+second start or end (two runs in one log) into nothing. It also owns the run
+context: from the first ``RunStarted``, or, when a log has none, built from
+the first event that names the run, in which case the run begins right then,
+so that ``before_run`` still comes first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from functools import partial
 
 import msgspec
 
-from eventbus import Event, EventBus, RunFinished, RunStarted, Stage, Subscription
-from eventbus.events import RunBegan, RunEnded, RunResult, TrainRunContext
-
-from ._interfaces import RunCallback
+from eventbus import (
+    AfterRun,
+    BeforeRun,
+    Event,
+    EventBus,
+    RunFinished,
+    RunResult,
+    RunStarted,
+    Stage,
+    Subscription,
+    TrainRunContext,
+)
 
 __all__ = ["RunCallbackHandler"]
 
@@ -28,31 +39,27 @@ def _bare_result(event: RunFinished, context: TrainRunContext) -> RunResult:
 
 
 class RunCallbackHandler:
-    """Calls ``before_run`` and ``after_run`` of each callback exactly once.
+    """Emits ``BeforeRun`` when the run begins and ``AfterRun`` when it ends, once each.
 
-    ``result_of`` builds the ``RunResult`` given to ``after_run`` (the
-    attachment fills in its figures). A second ``RunStarted`` or
-    ``RunFinished`` (two runs in one log) is ignored: one handler, one run.
-    ``world_size`` fills in a context built from an event that lacks it.
+    Args:
+        result_of: builds the ``RunResult`` that ``AfterRun`` carries (an
+            attachment fills in the run's figures); by default its status and
+            error alone.
+        world_size: fills in a context built from an event that lacks it.
     """
 
     def __init__(
-        self,
-        run_callbacks: Iterable[RunCallback] = (),
-        *,
-        result_of: ResultOf = _bare_result,
-        world_size: int | None = None,
+        self, *, result_of: ResultOf = _bare_result, world_size: int | None = None
     ) -> None:
-        self.run_callbacks = list(run_callbacks)
         self._world_size = world_size
-        self._bus: EventBus | None = None
+        self._emit: Callable[[Event], object] | None = None
         self.run_context: TrainRunContext | None = None
         self.result: RunResult | None = None
         self._result_of = result_of
 
     def subscribe(self, bus: EventBus, *, order: int = Stage.LIFECYCLE) -> Subscription:
-        self._bus = bus
-        bus.derives(RunBegan, RunEnded)
+        """Follow the run's start and end on ``bus``; its events are emitted there."""
+        self._emit = partial(bus.emit, derived=True)  # once each: never refused
         return bus.subscribe(
             (RunStarted, RunFinished), self.handle, name="handlers.RunCallbackHandler", order=order
         )
@@ -72,6 +79,7 @@ class RunCallbackHandler:
         return self.run_context
 
     def handle(self, event: Event) -> None:
+        """The run's start (the first one counts) or its end."""
         if isinstance(event, RunStarted):
             if self.run_context is None:
                 self._begin(TrainRunContext.from_started(event))
@@ -79,18 +87,15 @@ class RunCallbackHandler:
             self.finish(event)
 
     def finish(self, event: RunFinished) -> None:
+        """End the run as ``event`` says, unless it has ended already."""
         if self.result is not None:
             return
         context = self.context_for(event)
         self.result = result = self._result_of(event, context)
-        for callback in self.run_callbacks:
-            callback.after_run(context, result)
-        if self._bus is not None:
-            self._bus.emit(RunEnded(context=context, result=result), derived=True)
+        if self._emit is not None:
+            self._emit(AfterRun(context=context, result=result))
 
     def _begin(self, context: TrainRunContext) -> None:
         self.run_context = context
-        for callback in self.run_callbacks:
-            callback.before_run(context)
-        if self._bus is not None:
-            self._bus.emit(RunBegan(context=context), derived=True)
+        if self._emit is not None:
+            self._emit(BeforeRun(context=context))

@@ -62,11 +62,14 @@ def _read_only(*args: Any, **kwargs: Any) -> NoReturn:
 
 
 class FrozenDict(dict[str, Any]):
-    """A ``dict`` whose mutators raise ``TypeError``: shared, never changed.
+    """The read-only ``dict`` each rank's metrics reach callbacks as.
 
-    It is a real ``dict`` (``isinstance``, ``json.dumps`` and msgspec all take
-    it); ``dict(d)``, ``d.copy()``, ``copy.deepcopy(d)`` and pickling give a
-    plain, mutable ``dict``.
+    Every callback of a round is given the same metrics objects, so none may
+    change what the next one sees: the mutators raise ``TypeError``, and
+    nested lists arrive as ``FrozenList``. It is a real ``dict``
+    (``isinstance``, ``json.dumps`` and msgspec all take it); ``dict(d)``,
+    ``d.copy()``, ``copy.deepcopy(d)`` and pickling give a plain, mutable
+    ``dict``.
     """
 
     __slots__ = ()

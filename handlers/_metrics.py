@@ -1,4 +1,9 @@
-"""Summaries of a round's metrics, shared by the built-in callbacks and the run."""
+"""Summaries of a round's metrics, shared by the built-in callbacks and the run.
+
+A round holds one dict per rank; callbacks that rank or log a round want one
+number per metric. The mean is taken over the ranks that reported a finite
+number, so one rank's missing or diverged value does not hide the others'.
+"""
 
 from __future__ import annotations
 

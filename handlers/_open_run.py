@@ -1,4 +1,9 @@
-"""``open_run``: the one call that composes a run (bus, gathering, callbacks, state, log)."""
+"""``open_run``: the one call that composes a run (bus, gathering, callbacks, state, log).
+
+A trainer should need one call and one ``async with``: this checks every
+argument and option at the call, so a mistake is an error there, naming the
+argument, and the run itself does the rest when it is entered.
+"""
 
 from __future__ import annotations
 
@@ -46,7 +51,10 @@ def open_run(
     """Open a run: ``async with open_run(world_size=4, callbacks=[...]) as run:``.
 
     ``RunStarted``/``RunFinished`` and ``before_run``/``after_run`` happen
-    exactly once, also when the body fails or is cancelled.
+    exactly once, also when the body fails or is cancelled. The call checks
+    the arguments; entering the run reads and writes files (the snapshot it
+    resumes from, its log) and fails there, before anything has started, if
+    it cannot.
 
     The run's options, as keywords (or a ``RunOptions`` as ``options``, the
     keywords changing it), each checked here against its range: a value out

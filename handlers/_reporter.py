@@ -1,4 +1,10 @@
-"""A rank's handle on its run: what a worker reports through."""
+"""A rank's handle on its run: what a worker reports through, and meets the others at.
+
+A worker should hear at once that a report cannot be kept, and reuse its
+dict afterwards as it likes; so ``Reporter.report`` checks and copies the
+metrics itself, before they enter the bus. ``Reporter.sync`` is where ranks
+meet, so that a stop reaches every rank as of the same round.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from eventbus import EventBus, Report, RunFinished, Stage, WorkerGroupRestarted
-from eventbus.events import RoundGathered
+from eventbus import EventBus, Report, RoundGathered, RunFinished, Stage, WorkerGroupRestarted
 
 from ._errors import ReportError
 from ._metric_values import MetricsError, freeze_metrics
@@ -16,11 +21,11 @@ from ._metric_values import MetricsError, freeze_metrics
 if TYPE_CHECKING:
     from ._run import Run
 
-__all__ = ["Reporter", "RoundsMoved"]
+__all__ = ["Reporter", "SyncSignal"]
 
 
 class Reporter:
-    """One rank's handle: ``await report(metrics, checkpoint=None)``.
+    """One rank's handle on its run: ``await reporter.report(metrics, checkpoint=None)``.
 
     ``report`` copies ``metrics`` at once (into a read-only ``FrozenDict``):
     the worker may reuse or change its dict afterwards, and callbacks still
@@ -32,6 +37,11 @@ class Reporter:
     ``latest_checkpoint`` is the checkpoint of the latest complete round
     (where a restarted worker resumes); ``should_stop`` turns true when a
     callback (say ``EarlyStopping``) or the trainer asked the run to stop.
+    A run makes one per rank (``Run.reporter``).
+
+    Args:
+        run: the run it reports to.
+        rank: the rank it reports for.
     """
 
     def __init__(self, run: Run, rank: int) -> None:
@@ -84,15 +94,7 @@ class Reporter:
         report that cannot come: once the worker of a rank the round lacks has
         ended (returned, or failed), ``sync`` returns.
         """
-        run = self.run
-        while True:
-            await run.bus.wait_idle()
-            attachment = run.attachment
-            if attachment is None or not attachment.reports.waiting_from(self.rank):
-                return
-            if any(run.has_ended(rank) for rank in attachment.reports.lacking()):
-                return
-            await run.rounds_moved.wait()
+        await self.run.wait_gathered(self.rank)
 
     @property
     def reports(self) -> int:
@@ -119,16 +121,22 @@ def _location(rank: int, checkpoint: object) -> str:
     return location
 
 
-class RoundsMoved:
-    """Wakes ``Reporter.sync`` when a round is gathered, the group restarts, a worker
-    ends or the run ends; subscribed to the bus at the first wait, so runs that never
-    sync pay nothing."""
+class SyncSignal:
+    """The signal ``Reporter.sync`` waits on, set whenever the rounds it waits for may
+    have moved: a round gathered, the group restarted, a worker ended, the run ended.
+
+    It subscribes to the bus at the first wait, so runs that never sync pay nothing.
+
+    Args:
+        bus: the run's bus.
+    """
 
     def __init__(self, bus: EventBus) -> None:
         self._bus = bus
         self._event: anyio.Event | None = None
 
     async def wait(self) -> None:
+        """Return at the next change (subscribing, the first time)."""
         if self._event is None:
             self._event = anyio.Event()
             moved = (RoundGathered, WorkerGroupRestarted, RunFinished)

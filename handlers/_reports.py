@@ -1,27 +1,26 @@
 """Report gathering: one FIFO per rank, one round per report of every required rank.
 
-Ranks report at their own pace: rank 0 may be several reports ahead. A round
-is released only when every required rank has a report waiting; then exactly
-one report per required rank is taken, in rank order.
+Ranks report at their own pace (rank 0 may be several reports ahead), yet a
+callback must get one report of each rank per round, in rank order, as Ray
+Train's ``metrics[i]`` promises. So a round is released only when every
+required rank has a report waiting, and then exactly one report per required
+rank is taken.
 
-The heads of the FIFOs are kept as two rounds (the oldest open one and the
-next) of slots by rank, so a report costs a few comparisons, a slot store and
-a count, whatever the world size, and a complete round's slots are already
-its ``metrics`` list. Only reports of a rank two or more rounds ahead wait in
-a queue of that rank's. The first report of a run, reports naming a
-checkpoint and every rejection take ``_admit``, which names what is wrong.
+The heads of the FIFOs are kept as two rounds of slots by rank (the oldest
+open round and the next), so a complete round's slots are already its
+``metrics`` list and a report costs the same whatever the world size; only a
+rank two or more rounds ahead queues its reports. Every report passes the same
+rules, written once (``_admit``), and a rejection names the field it broke.
 
-A round is told two ways: synchronously to the ``ReportCallback``s given
-(Ray Train's shape: a handler over a list of callbacks), and, on a bus, as a
-``RoundGathered`` event carrying the run's context, to which training
-callbacks subscribe like any handler.
+A round leaves the gatherer one way: as a ``RoundGathered`` event carrying the
+run's context, to which every training callback subscribes like any handler.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from eventbus import (
@@ -31,14 +30,15 @@ from eventbus import (
     EventBus,
     Report,
     ReportRejected,
+    RoundGathered,
+    RunPosition,
     Stage,
     Subscription,
+    TrainRunContext,
     WorkerGroupRestarted,
     get_logger,
 )
-from eventbus.events import RoundGathered, RunPosition, TrainRunContext
 
-from ._interfaces import ReportCallback
 from ._metric_values import FrozenDict, MetricsError, freeze_metrics
 from ._metrics import mean_metrics
 from .options import MAX_WORLD_SIZE
@@ -46,52 +46,61 @@ from .options import MAX_WORLD_SIZE
 __all__ = ["ReportCallbackHandler"]
 
 ContextFor = Callable[[Event], TrainRunContext]
-
-#: The run's id before its first report: equal to no report's, so the first report
-#: takes the slow path, which learns the run's id (and begins the run).
-_NO_RUN: Any = object()
+Emit = Callable[[Event], object]
 
 _log = get_logger("handlers.reports")
 
 
 class ReportCallbackHandler:
-    """Gathers ``Report`` events into rounds: calls ``after_report`` of each callback
-    and, subscribed to a bus, emits a ``RoundGathered``.
+    """Gathers ``Report`` events into rounds and emits each as a ``RoundGathered``.
 
-    ``world_size`` defaults to the run's (the context's, or the first
-    report's); ``required_ranks`` to all ranks; a ``WorkerGroupRestarted``
-    discards partial rounds and sets both anew. Bad reports become
-    ``ReportRejected`` events naming rank and field. A round has the
-    checkpoint any of its ranks named; different names are a
-    ``CheckpointMismatch`` and the round has none. Callbacks get each rank's
-    metrics read-only (``FrozenDict``). ``announce_checkpoints``: a round's
-    checkpoint is announced as ``CheckpointSaved`` right behind its
-    ``RoundGathered`` (a replay has the recorded ones), so the state store's
-    snapshot holds the callbacks' states as of that round.
+    It is the one place that decides what a round is: the ranks it waits for,
+    what becomes of a bad report (a ``ReportRejected`` naming its rank and
+    field: the run goes on), and the round's checkpoint (the one any of its
+    ranks named, as in Ray Train; ranks naming different ones are a
+    ``CheckpointMismatch``, and the round has none). Callbacks get each rank's
+    metrics read-only (``FrozenDict``). So it also owns the figures that follow
+    from reports and restarts (``rounds``, ``reports``, ``rejected``,
+    ``mismatches``, ``discarded``, ``restarts``, ``last_checkpoint``) and where
+    the run stood at each checkpoint, for the state store's snapshot.
+
+    Args:
+        world_size: the run's ranks; by default the run context's, or else the
+            first report's.
+        required_ranks: the ranks a round waits for; by default all of them. A
+            ``WorkerGroupRestarted`` discards the partial rounds and sets both
+            anew.
+        context_for: gives the run context of an event (the lifecycle
+            handler's, in an attachment); by default a context is built from
+            the first event.
+        announce_checkpoints: announce each round's checkpoint as a
+            ``CheckpointSaved`` right behind its ``RoundGathered``, so that the
+            state store snapshots the callbacks as of that round. A live run
+            does; a replay must not, since its log holds the announced ones.
+        emit: takes the events made before the handler is subscribed to a bus
+            (a test's ``list.append``); by default they go nowhere.
+            ``subscribe`` sends them to the bus.
     """
 
     def __init__(
         self,
-        report_callbacks: Iterable[ReportCallback] = (),
         *,
         world_size: int | None = None,
         required_ranks: Iterable[int] | None = None,
         context_for: ContextFor | None = None,
         announce_checkpoints: bool = False,
+        emit: Emit | None = None,
     ) -> None:
-        self.report_callbacks = list(report_callbacks)
         self.announce_checkpoints = announce_checkpoints
         self._context_for = context_for or _first_event_context()
-        self._bus: EventBus | None = None
+        self._emit = emit
         self.world_size = 0
         self.required_ranks: tuple[int, ...] = ()
         self.run_id: str | None = None
-        self._run_key: Any = _NO_RUN
         self._required: list[bool] = []
         self._all_required = True
-        #: Per rank, the index of its latest accepted report; infinite for ranks
-        #: not required, so that one comparison turns both away from the fast path.
-        self._last_index: list[float] = []
+        #: Per rank, the index of its latest accepted report (-1: none yet).
+        self._last_index: list[int] = []
         #: The oldest open round: its slots by rank (``None``: no report yet), the
         #: checkpoints named in it (``None``: none), how many required ranks it lacks.
         self._slots: list[Any] = []
@@ -106,11 +115,13 @@ class ReportCallbackHandler:
         #: Reports in released rounds and discarded ones (``reports`` adds those waiting).
         self._done = 0
         self._configured = False
-        #: Figures: rounds released, reports rejected, partial reports discarded.
+        #: Figures: rounds released, reports rejected, partial reports discarded,
+        #: rounds whose ranks named different checkpoints, worker-group restarts.
         self.rounds = 0
         self.rejected = 0
         self.discarded = 0
         self.mismatches = 0
+        self.restarts = 0
         #: The checkpoint of the latest round that had one (where a restart resumes).
         self.last_checkpoint: str | None = None
         #: Where the run stood at each recent checkpoint round, by round (``position_at``).
@@ -123,26 +134,24 @@ class ReportCallbackHandler:
     # --- wiring ------------------------------------------------------------------
 
     def subscribe(self, bus: EventBus, *, order: int = Stage.GATHER_REPORTS) -> Subscription:
-        """Gather from ``bus`` (inline, so rounds follow publish order exactly).
-
-        One gatherer per bus: a second would deliver every round twice.
-        """
-        if RoundGathered in bus.derived_types:
+        """Gather from ``bus`` (inline, so rounds follow publish order exactly), and
+        become its gathering (``EventBus.gathering``): one per bus, since a second
+        would deliver every round twice."""
+        if bus.gathering is not None:
             raise ValueError(
                 "this bus already gathers reports into rounds (training callbacks are "
                 "attached to it): attach every training callback in one call, or use "
                 "another bus; a second gatherer would deliver each round twice"
             )
-        self._bus = bus
-        bus.derives(RoundGathered, ReportRejected, CheckpointMismatch)
-        if self.announce_checkpoints:
-            bus.derives(CheckpointSaved)
-        return bus.subscribe(
+        # What it emits follows from the event it handles, a few per report: never refused.
+        self._emit = partial(bus.emit, derived=True)
+        bus.gathering = subscription = bus.subscribe(
             (Report, WorkerGroupRestarted),
             self.handle,
             name="handlers.ReportCallbackHandler",
             order=order,
         )
+        return subscription
 
     # --- rules -------------------------------------------------------------------
 
@@ -163,7 +172,7 @@ class ReportCallbackHandler:
         for rank in required:
             self._required[rank] = True
         self._all_required = len(required) == world_size
-        self._last_index = [-1 if needed else math.inf for needed in self._required]
+        self._last_index = [-1] * world_size
         self._slots = [None] * world_size
         self._named = None
         self._missing = len(required)
@@ -182,59 +191,18 @@ class ReportCallbackHandler:
         waiting += sum(len(queue) for queue in self._ahead.values())
         return self._done + waiting
 
-    def handle(self, report: Report | WorkerGroupRestarted) -> None:
-        """A report or a restart. A well-formed report of a required rank passes
-        one chain of comparisons and fills its slot; anything else is ``_admit``'s."""
-        if type(report) is Report:
-            rank = report.rank
-            index = report.index
-            world_size = self.world_size  # 0 until configured: the first report is _admit's
-            last_index = self._last_index
-            if (
-                type(rank) is int
-                and type(index) is int
-                and 0 <= rank < world_size
-                and index > last_index[rank]  # never for a rank not required
-                and report.world_size == world_size
-                and report.run_id == self._run_key
-                and report.checkpoint is None
-            ):
-                metrics = report.metrics
-                if type(metrics) is not FrozenDict:  # as a live run's Reporter already froze them
-                    try:
-                        metrics = freeze_metrics(metrics)
-                    except MetricsError as exc:
-                        self._reject(report, exc.field, exc.reason)
-                        return
-                last_index[rank] = index
-                slots = self._slots
-                if slots[rank] is None:
-                    slots[rank] = metrics
-                    self._missing -= 1
-                    if not self._missing:
-                        self._release(report)
-                    return
-                slots = self._following
-                if slots[rank] is None:
-                    slots[rank] = metrics
-                    return
-                self._queue_ahead(rank, metrics, None)
-                return
-            self._admit(report)
-        elif isinstance(report, WorkerGroupRestarted):
-            self.on_restart(report)
+    def handle(self, event: Report | WorkerGroupRestarted) -> None:
+        """A report, to gather, or a restart, which ends the partial rounds."""
+        if isinstance(event, Report):
+            self._admit(event)
+        elif isinstance(event, WorkerGroupRestarted):
+            self.on_restart(event)
 
     def _admit(self, report: Report) -> None:
-        """Every rule in order, each rejection naming its field; what passes is accepted."""
-        if not self._configured:
-            context = self._context_for(report)
-            try:
-                self._configure(context.world_size or report.world_size, None)
-            except ValueError as exc:
-                self._reject(report, "world_size", str(exc))
-                return
-        if self.run_id is None:
-            self.run_id = self._run_key = self._context_for(report).run_id
+        """Every rule in order, each rejection naming its field; what passes takes its
+        rank's next slot."""
+        if self.run_id is None and not self._begin(report):
+            return
         if report.run_id != self.run_id:
             self._reject(report, "run_id", f"{report.run_id!r}, but this run is {self.run_id!r}")
             return
@@ -251,7 +219,7 @@ class ReportCallbackHandler:
         if type(index) is not int:
             self._reject(report, "index", f"{index!r} is not an int")
             return
-        last = self._last_index[rank] if self._required[rank] else -1
+        last = self._last_index[rank]
         if index <= last:
             reason = (
                 f"{index} is negative" if index < 0 else f"{index} after {last}: not increasing"
@@ -259,7 +227,7 @@ class ReportCallbackHandler:
             self._reject(report, "index", reason)
             return
         try:
-            metrics = freeze_metrics(report.metrics)
+            metrics = freeze_metrics(report.metrics)  # a live run's Reporter froze them already
         except MetricsError as exc:
             self._reject(report, exc.field, exc.reason)
             return
@@ -286,6 +254,18 @@ class ReportCallbackHandler:
         else:
             self._queue_ahead(rank, metrics, checkpoint)
 
+    def _begin(self, report: Report) -> bool:
+        """The run's first report: learn its id, and its world size unless given."""
+        context = self._context_for(report)
+        if not self._configured:
+            try:
+                self._configure(context.world_size or report.world_size, None)
+            except ValueError as exc:
+                self._reject(report, "world_size", str(exc))
+                return False
+        self.run_id = context.run_id
+        return True
+
     def _queue_ahead(self, rank: int, metrics: FrozenDict, checkpoint: str | None) -> None:
         """``rank`` has reports in both open rounds already: this one waits in its queue."""
         queue = self._ahead.get(rank)
@@ -295,8 +275,8 @@ class ReportCallbackHandler:
 
     def _release(self, report: Report) -> None:
         """The oldest open round is complete (``report`` completed it, so the rounds
-        after it lack that rank's): deliver it. The next round is opened first, so a
-        report callback that raises leaves the gatherer as it should be."""
+        after it lack that rank's): deliver it. The next round is opened first, so an
+        emit that raises leaves the gatherer as it should be."""
         slots, named = self._slots, self._named
         self._slots, self._named = self._following, self._following_named
         following: list[Any] = [None] * self.world_size
@@ -332,30 +312,26 @@ class ReportCallbackHandler:
             self.last_checkpoint = checkpoint
             if self.announce_checkpoints:  # a live run, whose snapshot will want it
                 self._keep_position(checkpoint)
-        context = self._context_for(report)
-        for callback in self.report_callbacks:
-            callback.after_report(context, metrics, checkpoint)
-        bus = self._bus
-        if bus is None:
+        emit = self._emit
+        if emit is None:
             return
+        context = self._context_for(report)
         round_ = self.rounds - 1
         ranks = self.required_ranks
-        bus.emit(
+        emit(
             RoundGathered(
                 context=context, round=round_, ranks=ranks, metrics=metrics, checkpoint=checkpoint
-            ),
-            derived=True,
+            )
         )
         if checkpoint is not None and self.announce_checkpoints:
-            bus.emit(
+            emit(
                 CheckpointSaved(
                     run_id=context.run_id,
                     checkpoint=checkpoint,
                     index=round_,
                     ranks=ranks,
                     metrics=mean_metrics(metrics),
-                ),
-                derived=True,
+                )
             )
 
     # --- resuming ----------------------------------------------------------------
@@ -366,7 +342,7 @@ class ReportCallbackHandler:
         A rank's next index is the one after its latest accepted report, less
         those it has waiting (its indices increase by one, as a ``Reporter``'s)."""
         next_index = [
-            int(last) + 1 - (self._slots[rank] is not None)
+            last + 1 - (self._slots[rank] is not None)
             - (self._following[rank] is not None) - len(self._ahead.get(rank, ()))
             if self._required[rank] else -1
             for rank, last in enumerate(self._last_index)
@@ -381,6 +357,7 @@ class ReportCallbackHandler:
             reports=self._done,
             rejected=self.rejected,
             mismatches=self.mismatches,
+            restarts=self.restarts,
         )
         for old in [r for r in self._positions if r < round_ - 64]:  # never snapshotted
             del self._positions[old]
@@ -389,16 +366,20 @@ class ReportCallbackHandler:
         """Where the run stood when round ``round_`` (one with a checkpoint) was released."""
         return self._positions.pop(round_, None)
 
-    def resume_at(self, position: RunPosition, checkpoint: str) -> None:
-        """Continue from ``position`` (rounds, each rank's next index, figures);
-        ``checkpoint`` is where a restart resumes."""
+    def resume_at(self, checkpoint: str, position: RunPosition | None = None) -> None:
+        """Continue from ``checkpoint``, where a restart then resumes, and from where
+        the run stood there (``position``: rounds, each rank's next index, figures),
+        when it is known."""
+        self.last_checkpoint = checkpoint
+        if position is None:
+            return
         self._configure(position.world_size, position.required_ranks or None)
         for rank, index in enumerate(position.next_index[: self.world_size]):
             if self._required[rank] and index > 0:
                 self._last_index[rank] = index - 1
         self.rounds, self._done = position.rounds, position.reports
         self.rejected, self.mismatches = position.rejected, position.mismatches
-        self.last_checkpoint = checkpoint
+        self.restarts = position.restarts
 
     def lacking(self) -> list[int]:
         """The required ranks the oldest open round still lacks a report from."""
@@ -415,14 +396,13 @@ class ReportCallbackHandler:
         self.mismatches += 1
         names = dict(sorted(named.items()))
         _log.warning("ranks named different checkpoints", round=self.rounds, checkpoints=names)
-        if self._bus is not None:
-            self._bus.emit(
+        if self._emit is not None:
+            self._emit(
                 CheckpointMismatch(
                     run_id=run_id,
                     round=self.rounds,
                     checkpoints={rank: named.get(rank) for rank in self.required_ranks},
-                ),
-                derived=True,
+                )
             )
 
     def on_restart(self, event: WorkerGroupRestarted) -> None:
@@ -430,6 +410,7 @@ class ReportCallbackHandler:
         if self.run_id is not None and event.run_id != self.run_id:
             self._reject(event, "run_id", f"{event.run_id!r}, but this run is {self.run_id!r}")
             return
+        self.restarts += 1
         waiting = self.reports - self._done
         self.discarded += waiting
         self._done += waiting
@@ -455,12 +436,9 @@ class ReportCallbackHandler:
                 rejected_so_far=count,
                 next_warning_at=2 * count,
             )
-        if self._bus is not None:
+        if self._emit is not None:
             run_id = event.run_id if type(event.run_id) is str else (self.run_id or "")
-            self._bus.emit(
-                ReportRejected(run_id=run_id, rank=rank, field=field, reason=reason),
-                derived=True,
-            )
+            self._emit(ReportRejected(run_id=run_id, rank=rank, field=field, reason=reason))
 
 
 def _with(named: dict[int, str] | None, rank: int, checkpoint: str) -> dict[int, str]:

@@ -14,23 +14,30 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from eventbus import BudgetReport, EventBus, get_logger
-from eventbus.events import RunPosition, RunResumed
+from eventbus import BudgetReport, EventBus, RunPosition, RunResumed, get_logger
 from eventbus.log import LogTail
 from eventbus.state import STATE_FILENAME, StateError, StateFormatError, StateStore
 
 from ._attach import CallbackAttachment
 from .options import MAX_WORLD_SIZE
 
-__all__ = ["Resume", "latest_checkpoint", "refuse_overwrite", "resume_point"]
+__all__ = ["Resume", "appends_to_log", "latest_checkpoint", "resume_point"]
 
 _log = get_logger("handlers.resume")
 
 
 class Resume:
-    """What a run resumes from: the operator's ``checkpoint`` (as given), where the
-    run stood there (``None`` for a snapshot saved without it, or none at all),
-    and the id of the run that saved it."""
+    """What a run resumes from, read once from its snapshot before the run starts.
+
+    A bad position refuses the resume before any callback was changed, and the
+    run, its gathering and its bus each take their part of it from here.
+
+    Args:
+        checkpoint: the checkpoint to resume from, as the operator gave it.
+        position: where the run stood there; ``None`` for a snapshot saved
+            without it, or for none at all.
+        run_id: the id of the run that saved the snapshot (``""`` if unknown).
+    """
 
     def __init__(self, checkpoint: str, position: RunPosition | None, run_id: str) -> None:
         self.checkpoint = checkpoint
@@ -74,22 +81,16 @@ class Resume:
 
     def apply(self, attachment: CallbackAttachment, world_size: int) -> None:
         """Put the gathering and the run's figures where the checkpoint left them."""
-        gathering = attachment.reports
         position = self.position
-        if position is None or position.world_size != world_size:
-            if position is not None:
-                _log.warning(
-                    "resumed with another world size: callbacks restored, rounds start over",
-                    checkpoint=self.checkpoint,
-                    saved=position.world_size,
-                    now=world_size,
-                )
-            gathering.last_checkpoint = self.checkpoint
-            return
-        gathering.resume_at(position, self.checkpoint)
-        attachment.failures.failures = position.failures
-        attachment.failures.resume_pending(position.pending_failures)
-        attachment.restarts = position.restarts
+        if position is not None and position.world_size != world_size:
+            _log.warning(
+                "resumed with another world size: callbacks restored, rounds start over",
+                checkpoint=self.checkpoint,
+                saved=position.world_size,
+                now=world_size,
+            )
+            position = None
+        attachment.resume_at(self.checkpoint, position)
 
     def event(self, run_id: str) -> RunResumed | None:
         if self.position is None:
@@ -113,9 +114,10 @@ def _implausible(position: RunPosition) -> str | None:
     return f"{negative[0]} is negative" if negative else None
 
 
-def refuse_overwrite(log: str | os.PathLike[str], *, resuming: bool) -> bool:
-    """Whether the run appends to ``log``: it does when it resumes the run the log
-    holds; a log already there is never overwritten, so otherwise it is an error."""
+def appends_to_log(log: str | os.PathLike[str], *, resuming: bool) -> bool:
+    """Whether the run appends to ``log``: it does when the log is there and the run
+    resumes the run it holds. A log already there is never overwritten, so one there
+    for a run not resuming is ``FileExistsError``."""
     path = Path(log)
     try:
         present = path.stat().st_size > 0

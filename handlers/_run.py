@@ -1,10 +1,11 @@
 """The run composition API for async trainers: ``async with open_run(...) as run``.
 
-The bus runs in its own task under a shielded scope, so that when the run's
-body is cancelled the bus still delivers ``RunFinished`` and ``after_run``
-before it stops: lifecycle hooks run exactly once on every way out.
-The same holds when a callback, a worker or a signal ends the run from
-inside (``_ending`` says how that is reported).
+A trainer needs ``before_run`` and ``after_run`` exactly once on every way
+out, a cancelled or failed body included. So the bus runs in its own task
+under a shielded scope: when the run's body is cancelled, the bus still
+delivers ``RunFinished`` and ``after_run`` before it stops. The same holds
+when a callback, a worker or a signal ends the run from inside (``_ending``
+says how that is reported).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import anyio
@@ -28,24 +29,27 @@ from eventbus import (
     Clock,
     EventBus,
     RunFinished,
+    RunPosition,
+    RunResult,
     RunStarted,
+    RunStatus,
     StateRestored,
+    TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
     describe_exception,
     get_logger,
 )
-from eventbus.events import RunPosition, RunResult, RunStatus, TrainRunContext
 from eventbus.log import LogRecorder
 from eventbus.options import checked
 from eventbus.state import StateStore
 
-from ._attach import CallbackAttachment, attach_user_callbacks
+from ._attach import CallbackAttachment
 from ._callback import UserCallback
 from ._ending import interrupt_in, log_run_end, only_cancellations, status_of, stop_of
 from ._errors import WorkerGroupError
-from ._reporter import Reporter, RoundsMoved
-from ._resume import Resume, refuse_overwrite, resume_point
+from ._reporter import Reporter, SyncSignal
+from ._resume import Resume, appends_to_log, resume_point
 from ._user import training_callbacks
 from ._workers import WorkerTasks
 from .options import Restarts, RunOptions
@@ -57,8 +61,34 @@ _log = get_logger("handlers.run")
 WorkerFn = Callable[[Reporter], Awaitable[Any]]
 
 
-class Run:
-    """A training run: its bus, its callbacks, its workers. Made by ``open_run``."""
+class Run(anyio.AsyncContextManagerMixin):
+    """A training run: its bus, its callbacks, its workers. Made by ``open_run``.
+
+    Making a run checks its arguments and does nothing else. Entering it
+    (``async with``) does the rest, in order, and fails before anything has
+    started if it cannot: it reads the snapshot it resumes from and restores
+    the callbacks into it, attaches the state store, creates or continues the
+    log, starts the bus and attaches the callbacks. Leaving it ends the run in
+    order, whatever ended it. A run is entered once.
+
+    Args:
+        options: the run's options, checked (``RunOptions``).
+        callbacks: the training callbacks; anything else is a ``TypeError``
+            here, naming it.
+        name: the run's name, in its context and its id.
+        run_id: the run's id; by default a resumed run's, or else one made
+            from ``name``.
+        storage: the root the callbacks' files belong in; by default
+            ``state_dir``.
+        config: the run's configuration, in its context.
+        clock: the bus's clock (a ``VirtualClock`` in tests).
+        log: records every event of the run to this file.
+        state_dir: snapshots every stateful callback at every checkpoint.
+        resume_from: continues the run from this checkpoint, or from the
+            latest complete one in this run directory (needs ``state_dir``).
+        strict_state: raises where restoring would warn.
+        allow_fresh_state: resumes from a checkpoint without saved states.
+    """
 
     def __init__(
         self,
@@ -91,36 +121,19 @@ class Run:
         self.bus = EventBus(options, clock=clock, on_failure=self._end_from_inside)
         # Callback states: snapshotted at every checkpoint with where the run stood,
         # restored into the callbacks given (order kept) before any runs when resuming.
-        self.state_store: StateStore | None = None
+        self.state_store = StateStore(state_dir, strict=strict_state) if state_dir else None
         self.restored: StateRestored | None = None
         self.resume: Resume | None = None
-        if state_dir is not None:
-            self.state_store = StateStore(state_dir, strict=strict_state)
-            if resume_from is not None:
-                resume_from = resume_point(resume_from)
-                # The position first: a bad one refuses the resume before any callback changed.
-                self.resume = Resume.load(self.state_store, resume_from)
-                self.callbacks, self.restored = self.state_store.restore(
-                    self.callbacks,
-                    resume_from,
-                    in_place=True,
-                    require_snapshot=not allow_fresh_state,
-                )
-            else:
-                self.state_store.register(self.callbacks)
-            self.state_store.attach(self.bus, position_of=self._position_of)
-        resumed = self.resume.run_id if self.resume is not None else ""
-        self.run_id = run_id or resumed or f"{name}-{uuid.uuid4().hex[:8]}"
-        # The log records every event of the bus, from RunStarted to the last budget report;
-        # it is opened on entering the run, so a run never entered leaves no file open. A
-        # resumed run appends to its log; any other log already there is an error.
-        continues = self.resume is not None and self.resume.position is not None
-        self._append_log = log is not None and refuse_overwrite(log, resuming=continues)
+        self._resume_from = resume_from
+        self._allow_fresh_state = allow_fresh_state
+        #: The run's id; a resumed run takes the saved run's on entering, unless given one.
+        self.run_id = run_id or f"{name}-{uuid.uuid4().hex[:8]}"
+        self._run_id_given = run_id is not None
+        # The log records every event of the bus, from RunStarted to the last budget report.
         self._log_path = log
         self.recorder: LogRecorder | None = None
         self.attachment: CallbackAttachment | None = None
         self.status: RunStatus | None = None
-        self.restarts = 0
         self._stop_requested = False
         self._stop_reason: str | None = None
         self._reporters: dict[int, Reporter] = {}
@@ -132,9 +145,10 @@ class Run:
         self._ended_by: BaseException | None = None
         self._workers = WorkerTasks()
         self._cut_period: BudgetReport | None = None
-        self._entered = 0.0
-        #: What ``Reporter.sync`` waits on: a round gathered, a restart, the end.
-        self.rounds_moved = RoundsMoved(self.bus)
+        #: When the run was entered (``None``: not yet; a run is entered once).
+        self._entered: float | None = None
+        #: What ``wait_gathered`` waits on: a round gathered, a restart, a worker's end.
+        self._sync_signal = SyncSignal(self.bus)
 
     # --- what trainers use ---------------------------------------------------------
 
@@ -146,6 +160,11 @@ class Run:
     def result(self) -> RunResult | None:
         """``after_run``'s result, once the run is over."""
         return self.attachment.lifecycle.result if self.attachment else None
+
+    @property
+    def restarts(self) -> int:
+        """How many times the worker group restarted (the gathering counts them)."""
+        return self.attachment.reports.restarts if self.attachment else 0
 
     @property
     def latest_checkpoint(self) -> str | None:
@@ -183,8 +202,31 @@ class Run:
         reporter = self._reporters.get(rank)
         return reporter is not None and reporter.ended
 
+    async def wait_gathered(self, rank: int) -> None:
+        """Return once every report ``rank`` made was gathered into a round (or
+        discarded by a restart) and the callbacks handled that round, or once that
+        round cannot complete: a rank it lacks has a worker that ended
+        (``Reporter.sync``)."""
+        while True:
+            await self.bus.wait_idle()
+            if not self._waits_for_round(rank):
+                return
+            await self._sync_signal.wait()
+
+    def _waits_for_round(self, rank: int) -> bool:
+        """Whether a report of ``rank`` waits for a round that can still complete."""
+        if self.attachment is None:
+            return False
+        gathering = self.attachment.reports
+        if not gathering.waiting_from(rank):
+            return False
+        return not any(self.has_ended(lacking) for lacking in gathering.lacking())
+
     def reporter(self, rank: int) -> Reporter:
-        """The reporter of ``rank`` (one per rank, kept across restarts)."""
+        """The reporter of ``rank`` (one per rank, kept across restarts), inside the run:
+        where its reports start is known once the run has been entered."""
+        if self._entered is None:
+            raise RuntimeError("take reporters inside `async with open_run(...) as run`")
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside world size {self.world_size}")
         reporter = self._reporters.get(rank)
@@ -256,9 +298,6 @@ class Run:
                 run_id=self.run_id,
                 resume_from=self.latest_checkpoint,
             )
-            self.restarts += 1
-            if self.attachment is not None:
-                self.attachment.restarts = self.restarts
             await self.bus.wait_idle()  # so latest_checkpoint has every gathered round
             required = tuple(group) if ranks is not None else ()
             await self.bus.publish(
@@ -308,42 +347,113 @@ class Run:
                 self._end_from_inside(exc)  # not a worker failure: the run ends
             finally:
                 reporter.ended = True
-                self.rounds_moved.wake()  # a sync waiting for this rank's report stops
+                self._sync_signal.wake()  # a sync waiting for this rank's report stops
 
     # --- lifecycle ------------------------------------------------------------------
 
     def _end_from_inside(self, exc: BaseException) -> None:
         """The bus's ``on_failure``, and workers' interrupts: stop the body and the
-        workers; ``__aexit__`` then finishes the run in order and raises ``exc``."""
+        workers; leaving the run then finishes it in order and raises ``exc``."""
         if self._ended_by is None:
             self._ended_by = exc
         self._workers.cancel_all()
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
-    async def __aenter__(self) -> Self:
+    @asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
+        """Prepare the run, start it, run the body, end the run in order.
+
+        What can refuse the run (its snapshot, its log) does so before anything
+        starts, raised as itself. The bus is hosted in a task of a task group
+        the body runs in; once the body is done, however it ended, the workers
+        are stopped, what was reported is handled, ``RunFinished`` is published
+        and the bus stops. The exception raised out of the run is the one that
+        ended it: the body's, or what ended it from inside, never the
+        cancellations that ending caused.
+        """
+        if self._entered is not None:
+            raise RuntimeError("a run can be entered only once: open another with open_run(...)")
         self._entered = time.monotonic()
+        self._prepare()
+        cancelled_class = anyio.get_cancelled_exc_class()
+        started = False
+        start_error: BaseException | None = None
+        exc: BaseException | None = None
+        try:
+            self._open_log()
+            try:
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    try:
+                        await self._start()
+                    except BaseException as error:
+                        self._bus_stop.set()
+                        start_error = error
+                        raise
+                    started = True
+                    try:
+                        yield self
+                    except BaseException as body:
+                        exc = body
+                    exc, cancelled = await self._end(exc)
+                    if cancelled and exc is not None:
+                        raise exc  # the task group takes a cancellation of its own scope
+            except BaseException as group:
+                # Once the run has ended from inside, the cancellations it caused are
+                # its fallout: the exception that ended it replaces them, below.
+                if not started or self._ended_by is None:
+                    raise
+                if not only_cancellations(group, cancelled_class):
+                    raise
+        finally:
+            self._close_log()  # also when cancelled while entering: the file stays closed
+        if not started:  # the task group took the start's cancellation as its own
+            raise RuntimeError("the run was stopped while it started") from start_error
+        ended_by = self._ended_by  # after_run itself may have raised an interrupt
+        if ended_by is not None:
+            raise ended_by.with_traceback(ended_by.__traceback__) from None
+        if self._bus_error is not None and exc is None:
+            raise self._bus_error
+        if exc is not None:
+            raise exc
+
+    def _prepare(self) -> None:
+        """Read what the run resumes from and restore the callbacks (the position
+        first, so that a bad one refuses the resume before any callback changed),
+        or register them, and attach the state store."""
+        store = self.state_store
+        if store is not None:
+            resume_from = self._resume_from
+            if resume_from is not None:
+                resume_from = resume_point(resume_from)
+                self.resume = resume = Resume.load(store, resume_from)
+                self.callbacks, self.restored = store.restore(
+                    self.callbacks,
+                    resume_from,
+                    in_place=True,
+                    require_snapshot=not self._allow_fresh_state,
+                )
+                if resume.run_id and not self._run_id_given:
+                    self.run_id = resume.run_id
+            else:
+                store.register(self.callbacks)
+            store.attach(self.bus, position_of=self._position_of)
+
+    def _open_log(self) -> None:
+        """Create the log, or continue the resumed run's (a log already there is never
+        overwritten), and number the bus's events and periods after the history's.
+        It is created here, in one step, so that of two runs given one path only
+        the first records, and a run never entered leaves no file."""
+        continues = self.resume is not None and self.resume.position is not None
         if self._log_path is not None:
+            append = appends_to_log(self._log_path, resuming=continues)
             self.recorder = LogRecorder(
-                self._log_path, run_id=self.run_id, append=self._append_log, overwrite=False
+                self._log_path, run_id=self.run_id, append=append, overwrite=False
             ).attach(self.bus)
         if self.resume is not None:
             tail = self.recorder.appended if self.recorder else None
             self._cut_period = self.resume.continue_bus(self.bus, tail)
-        try:
-            self._tg = anyio.create_task_group()
-            await self._tg.__aenter__()
-            try:
-                await self._start()
-            except BaseException as exc:
-                self._bus_stop.set()
-                if not await self._tg.__aexit__(type(exc), exc, exc.__traceback__):
-                    raise
-                raise RuntimeError("the run was stopped while it started") from exc
-        except BaseException:
-            self._close_log()  # also when cancelled while entering (the log file stays closed)
-            raise
-        return self
 
     def _close_log(self) -> None:
         if self.recorder is not None:
@@ -355,17 +465,15 @@ class Run:
         await self._bus_ready.wait()
         if self._bus_error is not None:
             raise self._bus_error
-        self.attachment = attach_user_callbacks(
-            self.bus,
+        self.attachment = CallbackAttachment(
             self.callbacks,
             world_size=self.world_size,
             required_ranks=self.required_ranks,
             announce_checkpoints=True,
-        )
+        ).attach(self.bus)
         position = self.resume.position if self.resume is not None else None
         if self.resume is not None:
             self.resume.apply(self.attachment, self.world_size)
-            self.restarts = self.attachment.restarts
         await self.bus.publish(
             RunStarted(
                 run_id=self.run_id,
@@ -394,13 +502,12 @@ class Run:
                 self._bus_error = exc
                 self._bus_ready.set()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        assert self._tg is not None
+    async def _end(self, exc: BaseException | None) -> tuple[BaseException | None, bool]:
+        """End the run the body left with ``exc`` (``None``: it returned): wait for the
+        workers (or stop them), handle what was reported, publish ``RunFinished``
+        and stop the bus. Returns the exception that stands for the body (a
+        cancellation that came while waiting, when the body returned) and whether
+        the run was cancelled."""
         cancelled_class = anyio.get_cancelled_exc_class()
         # An interrupt that reached the body (trio raises KeyboardInterrupt where the
         # main task is, possibly inside a task group) ends the run like one from inside.
@@ -433,26 +540,7 @@ class Run:
                 self.status, error = "failed", describe_exception(exc)
             await self._finish(self.status, error)
             self._bus_stop.set()
-        # The bus task shields itself and has been told to stop: this only waits for it.
-        try:
-            if cancelled:
-                assert exc is not None
-                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
-            else:
-                await self._tg.__aexit__(None, None, None)
-        except BaseException as group:
-            if self._ended_by is None or not only_cancellations(group, cancelled_class):
-                raise
-        finally:
-            self._close_log()
-        ended_by = self._ended_by  # after_run itself may have raised an interrupt
-        if ended_by is not None:
-            raise ended_by.with_traceback(ended_by.__traceback__) from None
-        if self._bus_error is not None and exc is None:
-            raise self._bus_error
-        if cancelled and exc_type is None and exc is not None:
-            raise exc
-        return False
+        return exc, cancelled
 
     async def _drain(self) -> None:
         """Wait (at most ``drain_timeout``) until everything published was handled."""
@@ -475,7 +563,7 @@ class Run:
                 )
             )
             await self._drain()
-            if self.result is not None:
+            if self.result is not None and self._entered is not None:
                 log_run_end(self.result, time.monotonic() - self._entered)
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))

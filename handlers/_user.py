@@ -1,7 +1,7 @@
 """Training callbacks, each overridden method its own bus subscription.
 
-The gathering handlers emit ``RunBegan``, ``RoundGathered``,
-``FailuresGathered`` and ``RunEnded``, each carrying the run's context; every
+The gathering handlers emit ``BeforeRun``, ``RoundGathered``,
+``FailuresGathered`` and ``AfterRun``, each carrying the run's context; every
 overridden method of every training callback subscribes to its event. So
 each callback call gets the bus's deadline, error policy and budget
 accounting, and a slow or failing callback is named in diagnostics as
@@ -15,21 +15,19 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from eventbus import (
+    AfterRun,
+    BeforeRun,
     DeliveryMode,
     ErrorPolicy,
     Event,
     EventBus,
+    FailuresGathered,
     OverBudgetPolicy,
+    RoundGathered,
     Stage,
     Subscription,
-    WorkerFailure,
-)
-from eventbus.events import (
-    FailuresGathered,
-    RoundGathered,
-    RunBegan,
-    RunEnded,
     TrainRunContext,
+    WorkerFailure,
 )
 from eventbus.options import Faults, OptionError, OptionTypeError, Seconds, Share, checked
 from eventbus.state import callback_name, is_stateful
@@ -56,7 +54,7 @@ def base_hook(method: F) -> F:
 ContextOf = Callable[[Event], TrainRunContext]
 
 
-def _before_run(e: RunBegan) -> tuple[Any, ...]:
+def _before_run(e: BeforeRun) -> tuple[Any, ...]:
     return (e.context,)
 
 
@@ -72,16 +70,16 @@ def _after_exception(e: FailuresGathered) -> tuple[Any, ...]:
 ExceptionOf = Callable[[WorkerFailure], Exception]
 
 
-def _after_run(e: RunEnded) -> tuple[Any, ...]:
+def _after_run(e: AfterRun) -> tuple[Any, ...]:
     return (e.context, e.result)
 
 
 #: Each training hook: the event that makes it due, and that event's arguments for it.
 _HOOKS: dict[str, tuple[type[Event], Callable[[Any], tuple[Any, ...]]]] = {
-    "before_run": (RunBegan, _before_run),
+    "before_run": (BeforeRun, _before_run),
     "after_report": (RoundGathered, _after_report),
     "after_exception": (FailuresGathered, _after_exception),
-    "after_run": (RunEnded, _after_run),
+    "after_run": (AfterRun, _after_run),
 }
 #: UserCallback attribute -> EventBus.subscribe keyword.
 _OPTIONS = {
@@ -97,10 +95,18 @@ _OPTIONS = {
 class UserCallbackHandler:
     """Subscribes every hook ``callbacks`` implement to its gathered event, in callback order.
 
-    ``context_of`` gives the run context to ``on_event`` (raw events carry
-    none); by default one is built from the event. ``exception_of`` gives
-    ``after_exception`` each failure's exception (by default a ``WorkerError``
-    rebuilt from the event's text; a live run has the worker's own).
+    Each hook is its own subscription, so each gets its own deadline, error
+    policy and budget accounting, and only the hooks a callback implements
+    cost anything.
+
+    Args:
+        callbacks: the training callbacks; anything else is a ``TypeError``
+            here, naming it.
+        context_of: gives ``on_event`` the run context (raw events carry
+            none); by default one is built from the event.
+        exception_of: gives ``after_exception`` each failure's exception; by
+            default a ``WorkerError`` rebuilt from the event's text (a live
+            run has the worker's own).
     """
 
     def __init__(

@@ -1,4 +1,8 @@
-"""The worker tasks of a run: counted from when they are scheduled, cancelled together."""
+"""The worker tasks of a run: counted from when they are scheduled, cancelled together.
+
+A run must not finish while a worker it started has yet to run, and ending a
+run must reach every worker, also one that starts after the ending began.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""A run's options: the bus's, plus its ranks, in one frozen struct checked when built."""
+"""A run's options: the bus's, plus its ranks, in one frozen struct checked when built.
+
+Every option is checked once, where the user gave it (``open_run``), against
+a range stated in its type; no layer underneath checks or defaults it again.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ __all__ = [
     "Rank",
     "Restarts",
     "RunKeywords",
-    "RunOptions",
     "WorldSize",
 ]
 

@@ -1,10 +1,246 @@
-"""Every async test runs on both anyio backends (asyncio and trio)."""
+"""The suite's shared configuration: anyio backends, and markers and time limits by path.
+
+Every async test runs on both anyio backends (asyncio and trio).
+
+The markers (registered in pyproject.toml) are given here, by path, so test files need no
+edits; ``make check`` leaves out all four, ``make test`` (and so CI) runs everything:
+
+- ``adapters``: everything under tests/adapter_tests (the real transformers, torch and ray);
+- ``browser``: the tests that start headless Chromium (through tests/_browser.py);
+- ``crash``: the tests that SIGKILL processes;
+- ``slow``: the tests that take more than a few seconds, and enough others that ``make
+  check`` stays under a minute, from measured ``pytest --durations=0`` runs (see SLOW).
+
+One marker's tests: ``.venv/bin/python -m pytest -m browser``; what it selects:
+``... -m slow --collect-only -q``. The time limit of a test is pyproject's ``timeout``
+(pytest-timeout) unless TIMEOUTS gives it more.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import sysconfig
+from collections.abc import Generator, Iterable
+from pathlib import Path
+
 import pytest
+from _browser import in_ci
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# Keys below are paths relative to tests/: a folder ("adapter_tests/"), a file
+# ("test_docs.py"), or one test of a file, by its name without parameters
+# ("test_docs.py::test_shell_commands_run_as_written_from_a_fresh_directory";
+# "file::Class::test" for a method), or some of its parameters, ``*`` matching any text
+# ("file::test[*-Ray *]"). tests/test_suite_markers.py checks that each names
+# something that exists.
+
+ADAPTERS = (
+    "adapter_tests/",
+    # The options' checks through the adapters (importing transformers and ray: 6 s).
+    "test_options.py::test_every_way_in_refuses_a_hostile_number_of_seconds[*-Hugging Face *]",
+    "test_options.py::test_every_way_in_refuses_a_hostile_number_of_seconds[*-Ray *]",
+)
+
+BROWSER = (
+    "test_browser_harness.py",
+    "test_report_browser.py",
+)
+
+CRASH = (
+    "reliability/test_crash_safety.py",
+    "reliability/test_resume_equivalence.py",
+    "reliability/test_pending_failures.py",
+    "test_state_files.py::test_crash_during_rewrite_always_leaves_a_whole_snapshot",
+)
+
+#: Measured on this project's machine (2 cores, shared with other test runs) with
+#: ``--durations=0``, 2026-12-01: the files whose tests run commands or whole trainers in
+#: subprocesses; single tests over about 1.5 s in a run of the whole suite; and those over about
+#: 0.75 s in a run of ``make check``'s selection, so that it stays under a minute. The figures are
+#: those runs', in seconds.
+SLOW = (
+    # Files.
+    "test_docs.py",  # 76: the README's and docs' commands, from fresh directories
+    "test_cli_log.py",  # 46: the log commands, each a subprocess
+    "test_examples.py",  # 44: the examples, Ray's and Hugging Face's trainers included
+    "test_cli_output_files.py",  # 42: every command's outputs, each a subprocess
+    "test_benchmarks_run.py",  # 29: make bench-quick
+    "reliability/test_adversarial.py",  # 29
+    "reliability/test_faulty_callbacks.py",  # 24
+    "test_api_reference.py",  # 24: pdoc builds the API reference
+    "test_log_streams.py",  # 19: the log commands on pipes
+    "test_cli_numbers.py",  # 15: 25 command lines
+    "test_report_cli.py",  # 14: eventbus report
+    "test_cli_streams.py",  # 11: every command with a closed stdout
+    "test_log_history.py",  # 9: 80,000 resumes; the commands on a resumed run's log
+    "reliability/test_damaged_input.py",  # 8: fuzzing the decoders
+    "test_bench.py",  # 8: eventbus bench
+    "test_log_properties.py",  # 7: hypothesis over logs
+    "reliability/test_soak.py",  # 6 (and much longer with --soak)
+    "test_demo.py",  # 4: the demo trainer, in subprocesses
+    "test_resume_readme_flow.py",  # 4: the README's resume flow, in subprocesses
+    "reliability/test_backpressure.py",  # 2: memory bounds under fast producers
+    "test_typed_install.py",  # mypy on a user's file, and a wheel build
+    # Single tests, each with its figure on the line before.
+    # 15
+    "test_bus_properties.py::test_every_handler_gets_its_events_in_order_and_counts_add_up",
+    # 6: mypy in a subprocess
+    "test_run_callbacks.py::test_mypy_catches_what_is_not_a_callback",
+    # 6 and 5: pytest in a subprocess
+    "test_replay.py::test_the_plugin_from_a_user_test",
+    "test_replay.py::test_plugin_fixtures_fail_a_wrong_expectation",
+    # 5: hypothesis
+    "test_state_tampered.py::"
+    "test_random_tampering_never_sets_undeclared_names_nor_costs_untampered_callbacks",
+    # 4: six runs in subprocesses, interrupted
+    "test_run_faults.py::test_sigint_ends_a_run_in_order_and_leaves_a_plain_keyboard_interrupt",
+    # 2 each
+    "test_state_files.py::"
+    "test_two_writers_of_one_snapshot_never_delete_each_others_temporary_files",
+    "reliability/test_hostile_options.py::"
+    "test_a_hostile_option_is_refused_naming_it_or_the_run_ends_in_order",
+    "test_bus_faults.py::test_a_handler_emitting_two_events_per_event_is_bounded_and_fails_visibly",
+    "test_log_hostile.py::test_a_users_event_type_is_a_placeholder_naming_its_module",
+    # 6: imports every module, torch and transformers included
+    "test_layout.py::test_every_public_name_has_one_home",
+    # 10, 1.4 and 0.5: they import every module, torch and transformers included (whichever
+    # runs first pays for it)
+    "test_error_messages.py::test_the_scan_sees_the_options_messages_name",
+    "test_error_messages.py::test_every_option_a_message_names_exists",
+    "test_error_messages.py::test_the_allow_list_holds_only_names_still_used_and_not_ours",
+    # 3.4 (both backends)
+    "test_run_faults.py::test_a_dict_nested_far_too_deep_is_refused_not_a_crash",
+    # 1.8 and 1.8 (both log formats)
+    "test_training_callbacks.py::test_cli_replay_of_a_demo_run_calls_each_hook_once_per_round",
+    "test_log.py::test_truncation_at_every_byte_keeps_every_complete_record",
+    # 1.8
+    "test_state_files.py::test_fifo_or_dev_zero_in_place_of_a_snapshot_is_refused_without_reading",
+    # 1.1 each
+    "test_dispatch_batches.py::test_a_sync_handler_gets_what_its_policy_allows_whatever_it_does",
+    "test_dispatch_batches.py::test_an_async_handler_gets_what_its_policy_allows_whatever_it_does",
+    "test_resume_arguments.py::"
+    "test_a_resume_with_a_changed_argument_warns_on_the_console_and_in_the_event",
+    "test_run_console.py::test_a_resume_from_the_run_directory_says_which_checkpoint_it_took",
+    # 1.2 and 1.1
+    "test_gathering_rounds.py::test_property_the_gatherer_does_what_a_fifo_per_rank_does",
+    "test_log_hostile.py::test_the_real_line_limit_holds_memory_to_about_the_limit",
+    # 0.9 each
+    "test_log_hostile.py::test_a_log_of_gathered_events_reads_without_importing_handlers",
+    "test_callback_names.py::test_the_early_stopping_line_of_a_real_run_names_the_callback",
+)
+
+#: Tests that legitimately need longer than the default limit (pyproject's ``timeout``), in
+#: seconds, with what takes the time.
+TIMEOUTS: dict[str, float] = {
+    # Hypothesis: 60 examples, each killing and resuming the demo 2 to 4 times: 75 s measured
+    # on this machine alone, 390 s while other test runs shared its 2 cores.
+    "reliability/test_resume_equivalence.py": 1200,
+    # With --soak (or RELIABILITY_SOAK=1): 10 million events per backend.
+    "reliability/test_soak.py": 1800,
+}
+
+#: Tests whose own code uses SIGALRM (pytest-timeout's default method): their limit is kept by
+#: a thread instead, which on expiry dumps every stack and ends the whole pytest process.
+THREAD_TIMEOUT = ("reliability/test_damaged_input.py",)
+
+MARKERS: dict[str, tuple[str, ...]] = {
+    "adapters": ADAPTERS,
+    "browser": BROWSER,
+    "crash": CRASH,
+    "slow": SLOW,
+}
+
+
+def missing_from_the_install() -> list[str]:
+    """The packages' modules the editable install cannot import: ``make`` installs it with
+    ``editable_mode=strict``, a tree of links made when it was installed, so a module added
+    since is importable here (this folder is on the path) but not from another directory, as
+    the tests that run commands elsewhere do. Empty for any other kind of install."""
+    root = Path(TESTS).parent
+    ours = [
+        path.relative_to(root).as_posix()
+        for package in ("eventbus", "handlers", "adapters")
+        for path in sorted((root / package).rglob("*"))
+        if path.name == "py.typed" or (path.suffix == ".py" and "__pycache__" not in path.parts)
+    ]
+    site = Path(sysconfig.get_paths()["purelib"])
+    for pth in site.glob("__editable__.train_eventbus-*.pth"):
+        for line in pth.read_text().splitlines():
+            tree = Path(line.strip())
+            if line.strip() and not line.startswith("import") and tree.is_dir():
+                return [name for name in ours if not (tree / name).exists()]
+    return []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    missing = missing_from_the_install()
+    if missing:
+        raise pytest.UsageError(
+            f"the editable install lacks {', '.join(missing[:3])}"
+            + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            + " (added since it was made): run `make .venv/.installed-all` to reinstall it"
+        )
 
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def _where(item: pytest.Item) -> tuple[str, str]:
+    """(path relative to tests/, test name with its parameters) of a collected test."""
+    path = os.path.relpath(str(item.path), TESTS).replace(os.sep, "/")
+    return path, "::".join(item.nodeid.split("::")[1:])
+
+
+def matches(keys: Iterable[str], path: str, name: str) -> bool:
+    """Whether one of ``keys`` names this folder, file or test (``*`` matches any text)."""
+    bare = re.sub(r"\[.*\]$", "", name)
+    for key in keys:
+        if "*" in key:
+            if re.fullmatch(re.escape(key).replace(r"\*", ".*"), f"{path}::{name}"):
+                return True
+        elif key.endswith("/"):
+            if path.startswith(key):
+                return True
+        elif key in (path, f"{path}::{bare}"):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path, name = _where(item)
+        for marker, keys in MARKERS.items():
+            if matches(keys, path, name):
+                item.add_marker(marker)
+        limit = next(
+            (seconds for key, seconds in TIMEOUTS.items() if matches((key,), path, name)), None
+        )
+        thread = matches(THREAD_TIMEOUT, path, name)
+        if limit is not None or thread:
+            kwargs: dict[str, object] = {"method": "thread"} if thread else {}
+            if limit is not None:
+                item.add_marker(pytest.mark.timeout(limit, **kwargs))
+            else:
+                item.add_marker(pytest.mark.timeout(**kwargs))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """In CI, a browser test that skips fails: CI must not pass without running them."""
+    report = yield
+    if (
+        report.skipped
+        and not hasattr(report, "wasxfail")
+        and in_ci()
+        and item.get_closest_marker("browser") is not None
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"a browser test skipped in CI (CI={os.environ['CI']}): {reason}"
+    return report

@@ -20,9 +20,9 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from eventbus import StatefulCallback
+from eventbus import StatefulCallback, TrainRunContext
 from eventbus.state import StateStore
-from handlers import BestCheckpoints, Reporter, TrainRunContext, open_run
+from handlers import BestCheckpoints, Reporter, open_run
 
 
 def context(storage: Path | str | None) -> TrainRunContext:

@@ -332,15 +332,27 @@ async def test_publishing_outside_the_bus_context_is_an_error() -> None:
         await bus.publish(report(0))
 
 
-async def test_publishing_a_non_event_or_the_same_event_twice_is_an_error() -> None:
+async def test_publishing_a_non_event_is_an_error() -> None:
     async with EventBus() as bus:
         with pytest.raises(TypeError, match="Event"):
             await bus.publish({"not": "an event"})  # type: ignore[arg-type]
+
+
+async def test_handlers_get_a_stamped_copy_and_the_event_published_stays_as_it_was() -> None:
+    """Publishing the same object again, or an event a handler got (forwarding it),
+    is another delivery: each copy has its own ``seq``."""
+    seen: list[Report] = []
+    async with EventBus(clock=VirtualClock(start=7.0)) as bus:
+        bus.subscribe(Report, seen.append)
         event = report(0)
         await bus.publish(event)
         await bus.wait_idle()
-        with pytest.raises(ValueError, match="already published"):
-            await bus.publish(event)
+        await bus.publish(event)
+        await bus.publish(seen[0])
+        await bus.wait_idle()
+    assert (event.seq, event.time) == (-1, 0.0)
+    assert [(e.seq, e.time) for e in seen] == [(0, 7.0), (1, 7.0), (2, 7.0)]
+    assert all(e is not event and e.metrics is event.metrics for e in seen)
 
 
 async def test_cancelled_subscription_gets_nothing_more() -> None:

@@ -122,6 +122,7 @@ def test_show_into_head_ends_quietly(tmp_path: Path) -> None:
     assert child.stdout.readline().split()[0] == b"seq"
     child.stdout.close()
     stderr = child.stderr.read().decode()
+    child.stderr.close()
     code = child.wait(timeout=60)
     assert not [noise for noise in PIPE_NOISE if noise in stderr], stderr
     assert code in (0, 141)

@@ -42,8 +42,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from eventbus import Report
-from eventbus.events import decode_json
+from eventbus import Report, decode_json
 from eventbus.log import LOG_FORMAT_VERSION
 from eventbus.log._format import decode_jsonl_header
 from eventbus.state import Snapshot

@@ -8,9 +8,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from eventbus import CheckpointSaved, Event, Report, WorkerFailure
-from eventbus.events import (
+from eventbus import (
+    CheckpointSaved,
+    Event,
     EventDecodeError,
+    Report,
+    WorkerFailure,
     decode_json,
     decode_msgpack,
     encode_json,
@@ -145,7 +148,7 @@ def test_defining_the_same_event_class_again_replaces_it() -> None:
 def test_every_event_of_the_project_is_defined_in_one_module() -> None:
     ours = [c for c in event_types() if c.__module__.split(".")[0] in ("eventbus", "handlers")]
     assert {c.__module__ for c in ours} == {"eventbus._events"}
-    assert {"RunBegan", "RoundGathered", "FailuresGathered", "RunEnded"} <= {
+    assert {"BeforeRun", "RoundGathered", "FailuresGathered", "AfterRun"} <= {
         c.__name__ for c in ours
     }
 

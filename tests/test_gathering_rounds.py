@@ -1,6 +1,6 @@
-"""The gatherer's fast paths give what the rules say: ranks far ahead, checkpoints in
-rounds not yet due, ranks not required, already frozen metrics, a report callback
-that raises, the figures; and, against a plain FIFO-per-rank model, any interleaving."""
+"""The gatherer's rounds are what the rules say: ranks far ahead, checkpoints in
+rounds not yet due, ranks not required, already frozen metrics, an emit that
+raises, the figures; and, against a plain FIFO-per-rank model, any interleaving."""
 
 from __future__ import annotations
 
@@ -18,31 +18,36 @@ from eventbus import (
     Event,
     EventBus,
     ReportRejected,
+    RoundGathered,
+    TrainRunContext,
     VirtualClock,
     WorkerGroupRestarted,
 )
-from handlers import ReportCallbackHandler, RoundGathered, TrainRunContext, UserCallback
+from handlers import ReportCallbackHandler, UserCallback
 from handlers._metric_values import FrozenDict
 from handlers.wiring import attach_user_callbacks
 
 
 class Rounds:
-    """Records rounds as (ranks, indexes, checkpoint), and the metrics lists themselves."""
+    """Takes what a gatherer emits; records rounds as (ranks, indexes, checkpoint), and
+    the metrics lists themselves."""
 
     def __init__(self) -> None:
         self.rounds: list[tuple[list[int], list[int], str | None]] = []
         self.lists: list[list[dict[str, Any]]] = []
 
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.lists.append(metrics)
-        self.rounds.append(([m["rank"] for m in metrics], [m["i"] for m in metrics], checkpoint))
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, RoundGathered):
+            metrics = event.metrics
+            self.lists.append(metrics)
+            self.rounds.append(
+                ([m["rank"] for m in metrics], [m["i"] for m in metrics], event.checkpoint)
+            )
 
 
 def gatherer(world_size: int = 3, **kw: Any) -> tuple[ReportCallbackHandler, Rounds]:
     rounds = Rounds()
-    return ReportCallbackHandler([rounds], world_size=world_size, **kw), rounds
+    return ReportCallbackHandler(world_size=world_size, emit=rounds, **kw), rounds
 
 
 def test_a_rank_far_ahead_fills_rounds_not_yet_due_and_they_come_in_order() -> None:
@@ -98,7 +103,8 @@ async def test_ranks_not_required_are_rejected_after_the_checks_that_come_first(
     async with EventBus(clock=VirtualClock(), period=1000) as bus:
         bus.subscribe(ReportRejected, rejected.append)
         handler, out = gatherer(world_size=4, required_ranks=[0, 2])
-        handler.subscribe(bus)
+        handler.subscribe(bus)  # from now on its rounds go to the bus
+        bus.subscribe(RoundGathered, out)
         await bus.publish(report(1, -1, world_size=4))  # the index is wrong before the rank is
         await bus.publish(report(1, 0, world_size=4))
         await bus.publish(report(3, 5, world_size=4))
@@ -131,18 +137,19 @@ def test_bad_metrics_on_the_fast_path_are_rejected_and_the_index_stays_free() ->
     assert handler.rejected == 1 and [idx for _, idx, _ in out.rounds] == [[0], [1]]
 
 
-def test_a_report_callback_that_raises_leaves_the_gatherer_going() -> None:
+def test_an_emit_that_raises_leaves_the_gatherer_going() -> None:
     class Fails:
         def __init__(self) -> None:
             self.seen: list[int] = []
 
-        def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
-            self.seen.append(metrics[0]["i"])
-            if metrics[0]["i"] == 0:
+        def __call__(self, event: Event) -> None:
+            assert isinstance(event, RoundGathered)
+            self.seen.append(event.metrics[0]["i"])
+            if event.metrics[0]["i"] == 0:
                 raise RuntimeError("round 0")
 
     fails = Fails()
-    handler = ReportCallbackHandler([fails], world_size=2)
+    handler = ReportCallbackHandler(world_size=2, emit=fails)
     for i in range(3):
         handler.handle(report(0, i, world_size=2))
     with pytest.raises(RuntimeError, match="round 0"):
@@ -241,11 +248,12 @@ def test_property_the_gatherer_does_what_a_fifo_per_rank_does(
         )
     )
     model = Model(world_size, required)
-    handler = ReportCallbackHandler(
-        [], world_size=world_size, required_ranks=None if len(required) == world_size else required
-    )
     rounds: list[tuple[list[int], str | None]] = []
-    handler.report_callbacks.append(_Recorder(rounds))
+    handler = ReportCallbackHandler(
+        world_size=world_size,
+        required_ranks=None if len(required) == world_size else required,
+        emit=_Recorder(rounds),
+    )
     next_index = [0] * world_size
     for rank, step, checkpoint in steps:
         index = next_index[rank] + step
@@ -264,8 +272,9 @@ class _Recorder:
     def __init__(self, rounds: list[tuple[list[int], str | None]]) -> None:
         self.rounds = rounds
 
-    def after_report(self, run_context: Any, metrics: Any, checkpoint: str | None) -> None:
-        self.rounds.append(([m["i"] for m in metrics], checkpoint))
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, RoundGathered):
+            self.rounds.append(([m["i"] for m in event.metrics], event.checkpoint))
 
 
 def test_events_of_other_types_are_left_alone() -> None:

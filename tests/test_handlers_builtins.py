@@ -10,15 +10,8 @@ from typing import Any
 import pytest
 import structlog
 
-from eventbus import Report
-from handlers import (
-    BestCheckpoints,
-    EarlyStopping,
-    MetricsLogger,
-    ProgressDisplay,
-    RunResult,
-    TrainRunContext,
-)
+from eventbus import Report, RunResult, TrainRunContext
+from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay
 
 CTX = TrainRunContext(run_id="r", name="demo", world_size=2)
 

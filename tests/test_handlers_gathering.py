@@ -13,41 +13,40 @@ from hypothesis import strategies as st
 
 from eventbus import (
     CheckpointMismatch,
+    Event,
     EventBus,
     HealthCheckTick,
     ReportRejected,
+    RoundGathered,
     RunFinished,
+    RunResult,
     RunStarted,
+    TrainRunContext,
     VirtualClock,
     WorkerFailure,
     WorkerGroupRestarted,
 )
-from handlers import (
-    ReportCallbackHandler,
-    RoundGathered,
-    RunResult,
-    TrainRunContext,
-    UserCallback,
-    WorkerError,
-)
+from handlers import ReportCallbackHandler, UserCallback, WorkerError
 from handlers.wiring import attach_user_callbacks
 
 
 class Rounds:
-    """A ReportCallback that records rounds as (ranks in order, indexes, checkpoint)."""
+    """Takes what a gatherer emits; records its rounds as (ranks in order, indexes, checkpoint)."""
 
     def __init__(self) -> None:
         self.rounds: list[tuple[list[int], list[int], str | None]] = []
 
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds.append(([m["rank"] for m in metrics], [m["i"] for m in metrics], checkpoint))
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, RoundGathered):
+            metrics = event.metrics
+            self.rounds.append(
+                ([m["rank"] for m in metrics], [m["i"] for m in metrics], event.checkpoint)
+            )
 
 
 def gatherer(world_size: int | None = 3, **kw: Any) -> tuple[ReportCallbackHandler, Rounds]:
     rounds = Rounds()
-    return ReportCallbackHandler([rounds], world_size=world_size, **kw), rounds
+    return ReportCallbackHandler(world_size=world_size, emit=rounds, **kw), rounds
 
 
 # --- report gathering, without a bus -------------------------------------------

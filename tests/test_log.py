@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventbus import (
+    SCHEMA_VERSION,
     CheckpointSaved,
     Event,
     EventBus,
@@ -21,8 +22,8 @@ from eventbus import (
     RunStarted,
     VirtualClock,
     WorkerFailure,
+    event_types,
 )
-from eventbus.events import SCHEMA_VERSION, event_types
 from eventbus.log import (
     LOG_MAGIC,
     CorruptLogError,

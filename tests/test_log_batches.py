@@ -24,11 +24,11 @@ from eventbus import (
     CheckpointSaved,
     Event,
     EventBus,
+    EventPlaceholder,
     HealthCheckTick,
     Report,
     VirtualClock,
 )
-from eventbus.events import EventPlaceholder
 from eventbus.log import CorruptLogError, LogReader, LogRecorder, read_log, replay
 from eventbus.testing import EventCapture, sample_event, write_log
 

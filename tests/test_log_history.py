@@ -19,16 +19,18 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from eventbus import (
+    BudgetReport,
     CheckpointSaved,
     Event,
     EventBus,
     HealthCheckTick,
     Report,
     RunFinished,
+    RunPosition,
+    RunResumed,
     RunStarted,
     WorkerFailure,
 )
-from eventbus.events import BudgetReport, RunPosition, RunResumed
 from eventbus.log import (
     BUS_DIAGNOSTICS,
     LogError,

@@ -30,10 +30,15 @@ from msgspec.structs import replace
 import eventbus.log._format
 import eventbus.log._reader
 import eventbus.log._recorder
-from eventbus import Event, EventBus, HealthCheckTick, Report, RunFinished, VirtualClock
-from eventbus.events import (
+from eventbus import (
     SCHEMA_VERSION,
+    Event,
+    EventBus,
     EventPlaceholder,
+    HealthCheckTick,
+    Report,
+    RunFinished,
+    VirtualClock,
     decode_json,
     decode_msgpack,
     encode_json,
@@ -98,8 +103,8 @@ def records(path: Path) -> list[tuple[int, int]]:
     return record_spans(path.read_bytes())
 
 
-def v1_log(path: Path, payloads: list[bytes], *, event_types: bool = False) -> Path:
-    """A format-version-1 log, as the previous recorder wrote them (a bare length prefix)."""
+def v1_log(path: Path, payloads: list[bytes]) -> Path:
+    """A log of format version 1 (a bare length before each record), never released."""
     meta = msgspec.msgpack.encode({"run_id": "v1", "created": 1.0, "writer": "train-eventbus"})
     data = struct.pack("<8sHHI", LOG_MAGIC, 1, SCHEMA_VERSION, len(meta)) + meta
     for payload in payloads:
@@ -449,9 +454,6 @@ DEEP_MSGPACK = (  # {"type": "Report", "seq": 1, "time": 1.0, "metrics": {"a": [
 
 def deep_logs(tmp_path: Path) -> dict[str, tuple[Path, int]]:
     """A 100,000-deep record between two good ones: (log, offset of the deep record)."""
-    good = [encode_msgpack(report(0)), DEEP_MSGPACK, encode_msgpack(report(2))]
-    v1 = v1_log(tmp_path / "deep-v1.evlog", good)
-    v1_offset = len(v1.read_bytes()) - len(good[2]) - 4 - len(DEEP_MSGPACK) - 4
     jsonl = write_log(tmp_path / "deep.jsonl", [report(0)])
     jsonl_offset = jsonl.stat().st_size
     with jsonl.open("ab") as f:
@@ -462,10 +464,10 @@ def deep_logs(tmp_path: Path) -> dict[str, tuple[Path, int]]:
     damaged[-1] ^= 0xFF  # its CRC fails: corrupt (an intact one would be a placeholder)
     with v2.open("ab") as f:
         f.write(bytes(damaged) + frame(encode_msgpack(report(2))))
-    return {"v1": (v1, v1_offset), "jsonl": (jsonl, jsonl_offset), "v2": (v2, v2_offset)}
+    return {"jsonl": (jsonl, jsonl_offset), "v2": (v2, v2_offset)}
 
 
-@pytest.mark.parametrize("which", ["v1", "jsonl", "v2"])
+@pytest.mark.parametrize("which", ["jsonl", "v2"])
 def test_a_record_nested_100000_deep_is_a_corrupt_record(tmp_path: Path, which: str) -> None:
     path, offset = deep_logs(tmp_path)[which]
     with pytest.raises(CorruptLogError) as caught:
@@ -478,7 +480,7 @@ def test_a_record_nested_100000_deep_is_a_corrupt_record(tmp_path: Path, which: 
 
 
 def test_the_codecs_reject_deep_nesting_with_their_own_error() -> None:
-    from eventbus.events import EventDecodeError
+    from eventbus import EventDecodeError
 
     with pytest.raises(EventDecodeError, match="too deep"):
         decode_json(DEEP_JSON)
@@ -544,15 +546,20 @@ def test_damage_in_any_part_of_a_record_is_detected(tmp_path: Path, where: str) 
     assert [e.seq for e in read_log(path, skip_corrupt=True).events] == [0, 1, 3, 4]
 
 
-def test_the_length_check_only_guards_the_length(tmp_path: Path) -> None:
-    """A reader in step with the records trusts the CRC (it covers the payload the
-    length spans); the length check is what makes resynchronising cheap."""
+def test_a_damaged_length_check_costs_only_that_record(tmp_path: Path) -> None:
+    """A record is intact when its marker, its length check and its CRC all hold,
+    wherever it lies in the reader's reads."""
     path = write_log(tmp_path / "log.evlog", [report(i) for i in range(3)])
     start, _ = records(path)[1]
     data = bytearray(path.read_bytes())
     data[start + 2] ^= 0x01
     path.write_bytes(bytes(data))
-    assert [e.seq for e in read_log(path).events] == [0, 1, 2]
+    for chunk in (7, 1 << 20):
+        with pytest.raises(CorruptLogError, match="fails its check") as caught:
+            list(LogReader(path, chunk_size=chunk))
+        assert (caught.value.offset, caught.value.index) == (start, 1)
+        with LogReader(path, skip_corrupt=True, chunk_size=chunk) as reader:
+            assert [e.seq for e in reader] == [0, 2]
 
 
 def test_inserted_and_deleted_bytes_cost_only_the_records_they_hit(tmp_path: Path) -> None:
@@ -617,7 +624,7 @@ def test_resynchronising_through_hostile_garbage_costs_linear_work(
 ) -> None:
     """Megabytes of markers with plausible lengths between good records: the
     reader checksums a bounded multiple of the file, not its square."""
-    monkeypatch.setattr(eventbus.log._reader, "WASTE_ALLOWANCE", 1 << 20)
+    monkeypatch.setattr(eventbus.log._reader, "RESYNC_BUDGET", 1 << 20)
     path = write_log(tmp_path / "log.evlog", [report(0), report(1)])
     garbage = hostile_garbage(4 << 20, lengths=lengths)
     with path.open("ab") as f:
@@ -638,28 +645,44 @@ def test_resynchronising_through_hostile_garbage_costs_linear_work(
     assert checksummed < 10 * size + (1 << 20), (checksummed, size)
 
 
-def test_version_1_logs_read_as_before(tmp_path: Path) -> None:
-    payloads = [encode_msgpack(report(i)) for i in range(4)]
-    path = v1_log(tmp_path / "v1.evlog", payloads)
-    contents = read_log(path)
-    assert contents.header.format_version == 1 and contents.header.run_id == "v1"
-    assert [e.seq for e in contents.events] == [0, 1, 2, 3]
-    whole = path.read_bytes()
-    path.write_bytes(whole[:-5])  # torn tail
-    torn = read_log(path)
-    assert [e.seq for e in torn.events] == [0, 1, 2] and torn.truncated is not None
-    assert torn.truncated.offset == len(whole) - len(payloads[3]) - 4
-    bad = v1_log(tmp_path / "bad.evlog", [payloads[0], b"\xc1" * 10, payloads[2]])
-    with pytest.raises(CorruptLogError, match="corrupt record 1"):
-        read_log(bad)
-    assert [e.seq for e in read_log(bad, skip_corrupt=True).events] == [0, 2]
-    invalid = v1_log(tmp_path / "invalid.evlog", [msgspec.msgpack.encode(report(0, [1]))])
-    with pytest.raises(CorruptLogError, match="not a valid event"):
-        read_log(invalid)  # version 1: no checksum, so no placeholders
-    implausible = v1_log(tmp_path / "implausible.evlog", [payloads[0]])
-    implausible.write_bytes(implausible.read_bytes() + b"\xff\xff\xff\xff" + payloads[1])
-    with pytest.raises(CorruptLogError, match="record length"):
-        read_log(implausible, skip_corrupt=True)
+def test_damaged_records_between_intact_ones_cost_linear_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of intact records, each followed by a header whose length passes its
+    check and claims 100 kB: each of those claims costs a checksum until the budget
+    is spent, then none, so the work stays a bounded multiple of the file."""
+    monkeypatch.setattr(eventbus.log._reader, "RESYNC_BUDGET", 1 << 20)
+    claim = 100_000
+    fake = struct.pack("<2sHII", b"\xc1\xeb", (claim ^ claim >> 16) & 0xFFFF, claim, 0)
+    path = write_log(tmp_path / "log.evlog", [report(0), report(1)])
+    with path.open("ab") as f:
+        for seq in range(100, 4100):
+            f.write(frame(encode_msgpack(report(seq, {}))) + fake)
+        f.write(b"\0" * claim + frame(encode_msgpack(report(2))) + frame(encode_msgpack(report(3))))
+    checksummed = 0
+    real_crc32 = zlib.crc32
+
+    def counting_crc32(data: Any, value: int = 0) -> int:
+        nonlocal checksummed
+        checksummed += len(data)
+        return real_crc32(data, value)
+
+    monkeypatch.setattr(zlib, "crc32", counting_crc32)
+    seqs = [e.seq for e in read_log(path, skip_corrupt=True).events]
+    assert seqs[:3] == [0, 1, 100] and seqs[-2:] == [2, 3]
+    size = path.stat().st_size
+    assert checksummed < 12 * size + (2 << 20), (checksummed, size)
+
+
+def test_a_version_1_log_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """Format 1 (a bare length before each record) was never released: refused, clearly."""
+    msgpack = v1_log(tmp_path / "v1.evlog", [encode_msgpack(report(0))])
+    jsonl = tmp_path / "v1.jsonl"
+    jsonl.write_bytes(b'{"eventbus_log":1,"run_id":"v1"}\n' + encode_json(report(0)) + b"\n")
+    for path in (msgpack, jsonl):
+        with pytest.raises(LogFormatError, match="unsupported log format version 1") as caught:
+            read_log(path)
+        assert str(caught.value).startswith(f"{path}: ")
 
 
 # --- (14) bounded lines -------------------------------------------------------------------------
@@ -752,9 +775,9 @@ def test_a_log_of_gathered_events_reads_without_importing_handlers(tmp_path: Pat
     log = tmp_path / "run.evlog"
     written = run_python(
         f"""
-        from eventbus.events import FailuresGathered, RoundGathered, RunBegan, RunEnded
+        from eventbus.events import AfterRun, BeforeRun, FailuresGathered, RoundGathered
         from eventbus.testing import sample_event, write_log
-        events = [sample_event(c) for c in (RunBegan, RoundGathered, FailuresGathered, RunEnded)]
+        events = [sample_event(c) for c in (BeforeRun, RoundGathered, FailuresGathered, AfterRun)]
         write_log({str(log)!r}, events)
         write_log({str(log.with_suffix(".jsonl"))!r}, events)
         """,
@@ -774,7 +797,7 @@ def test_a_log_of_gathered_events_reads_without_importing_handlers(tmp_path: Pat
         )
         assert read.returncode == 0, read.stderr
         assert read.stdout.splitlines() == [
-            "['RunBegan', 'RoundGathered', 'FailuresGathered', 'RunEnded'] 0",
+            "['BeforeRun', 'RoundGathered', 'FailuresGathered', 'AfterRun'] 0",
             "False",
         ]
 
@@ -858,16 +881,9 @@ def test_a_header_cannot_make_the_reader_import_anything_else(
     assert set(sys.modules) - before == set()
 
 
-def test_a_version_1_log_names_the_unknown_type(tmp_path: Path) -> None:
-    payload = msgspec.msgpack.encode({"type": "NeverDefinedAnywhere", "seq": 0, "time": 1.0})
-    path = v1_log(tmp_path / "v1.evlog", [payload])
-    with pytest.raises(CorruptLogError, match="unknown event type 'NeverDefinedAnywhere'"):
-        read_log(path)
-
-
 def test_the_header_lists_every_event_type_and_its_module(tmp_path: Path) -> None:
     for name in FORMATS:
         header = read_log(write_log(tmp_path / name, [])).header
         assert header.format_version == 2
-        assert header.event_types["Report"] == "eventbus._events"
+        assert header.event_types["Report"] == "eventbus"  # its public home
         assert header.event_types["Custom"] == __name__

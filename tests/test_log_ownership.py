@@ -30,7 +30,7 @@ async def test_a_second_run_built_before_the_first_ended_never_replaces_its_log(
     async with first as run:
         await run.workers(_worker)
     kept = log.read_bytes()
-    with pytest.raises(FileExistsError, match="never written over"):
+    with pytest.raises(FileExistsError, match="never overwrites"):  # checked on entering
         async with second:
             pass
     assert log.read_bytes() == kept

@@ -21,8 +21,7 @@ import pytest
 from _builders import record_spans
 from hypothesis import HealthCheck, given, settings
 
-from eventbus import Event, Report
-from eventbus.events import EventPlaceholder, encode_json, encode_msgpack
+from eventbus import Event, EventPlaceholder, Report, encode_json, encode_msgpack
 from eventbus.log import LogReader, LogRecorder
 
 FORMATS = ["log.evlog", "log.jsonl"]

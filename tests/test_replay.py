@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -13,13 +13,14 @@ from eventbus import (
     Event,
     EventBus,
     EventFilter,
+    EventPlaceholder,
     HandlerFailed,
     HandlerTimedOut,
     HealthCheckTick,
     Report,
     VirtualClock,
+    is_derived,
 )
-from eventbus.events import EventPlaceholder
 from eventbus.log import LogRecorder, read_log, replay
 from eventbus.testing import (
     EventCapture,
@@ -143,6 +144,8 @@ async def test_recorded_diagnostics_are_left_out_unless_asked(tmp_path: Path) ->
 
 
 class Pong(Event, frozen=True, kw_only=True):
+    derived: ClassVar[bool] = True  # made by a handler from reports
+
     n: int
 
 
@@ -150,21 +153,22 @@ class Pong(Event, frozen=True, kw_only=True):
 async def test_events_a_handler_derives_are_left_out_of_a_replay_and_counted(
     tmp_path: Path,
 ) -> None:
-    """What the replay bus makes itself (``EventBus.derives``) is not also taken from the log."""
+    """What the replay bus's gathering makes again (``EventBus.gathering``) is not also
+    taken from the log; a bus without a gathering gets the recorded ones."""
     log = write_log(tmp_path / "pong.evlog", [*report_rounds(2), Pong(n=-1)])
     pongs: list[int] = []
 
     def setup(bus: EventBus) -> None:
-        bus.derives(Pong)
-        bus.subscribe(Report, lambda e: bus.emit(Pong(n=e.index)))
+        bus.gathering = bus.subscribe(Report, lambda e: bus.emit(Pong(n=e.index)))
         bus.subscribe(Pong, lambda e: pongs.append(e.n))
 
     result = await replay_log(log, subscribe=setup)
     assert sorted(pongs) == [0, 0, 1, 1]  # made again from the reports; the recorded -1 left out
     assert result.summary.filtered == 1
-    async with EventBus() as bus:
-        with pytest.raises(TypeError, match="Event subclasses"):
-            bus.derives(int)  # type: ignore[arg-type]
+    recorded: list[int] = []
+    await replay_log(log, subscribe=lambda bus: bus.subscribe(Pong, lambda e: recorded.append(e.n)))
+    assert recorded == [-1]
+    assert is_derived(Pong) and not is_derived(Report) and not is_derived(int)
 
 
 @pytest.mark.anyio

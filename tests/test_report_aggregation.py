@@ -21,7 +21,7 @@ from adapters.report import (
     digest_log,
     run_report,
 )
-from eventbus.events import (
+from eventbus import (
     BudgetReport,
     CheckpointSaved,
     Event,

@@ -1,7 +1,7 @@
 """The report in a real browser: a demo run with a failure and a restart, a comparison,
 a bench page and a damaged log's page each draw every chart, log no error, and fetch
-nothing. Headless Chromium (Debian's ``chromium``; installed when missing, else these
-tests are skipped and say how to get it)."""
+nothing. Headless Chromium (Debian's ``chromium``; ``make test`` installs it when missing;
+without it these tests skip and say how to get it, and fail in CI)."""
 
 from __future__ import annotations
 

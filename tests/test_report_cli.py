@@ -29,7 +29,7 @@ import msgspec
 import pytest
 from _builders import eventbus as run
 
-from eventbus.events import (
+from eventbus import (
     BudgetReport,
     CheckpointSaved,
     Event,

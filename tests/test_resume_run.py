@@ -17,12 +17,19 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from eventbus import BudgetReport, Event, RunStarted, StatefulCallback
-from eventbus.events import RoundGathered, RunResumed
+from eventbus import (
+    BudgetReport,
+    Event,
+    RoundGathered,
+    RunResumed,
+    RunStarted,
+    StatefulCallback,
+    TrainRunContext,
+)
 from eventbus.log import LogRecorder, RunIdMismatch, read_log, rollbacks
 from eventbus.state import StateFormatError, StateRestoreError
 from eventbus.testing import replay_log
-from handlers import Reporter, ReportError, TrainRunContext, UserCallback, WorkerError, open_run
+from handlers import Reporter, ReportError, UserCallback, WorkerError, open_run
 
 pytestmark = pytest.mark.anyio
 

@@ -14,20 +14,14 @@ from eventbus import (
     Event,
     Report,
     RunFinished,
+    RunResult,
     RunStarted,
+    TrainRunContext,
     WorkerFailure,
 )
 from eventbus.log import read_log
 from eventbus.state import StateRestoreError, state_key_of
-from handlers import (
-    EarlyStopping,
-    Reporter,
-    RunResult,
-    TrainRunContext,
-    UserCallback,
-    WorkerGroupError,
-    open_run,
-)
+from handlers import EarlyStopping, Reporter, UserCallback, WorkerGroupError, open_run
 
 pytestmark = pytest.mark.anyio
 
@@ -274,11 +268,13 @@ async def test_state_is_snapshotted_at_each_checkpoint_and_restored_on_resume(
 async def test_strict_resume_refuses_a_callback_set_that_does_not_match(tmp_path: Path) -> None:
     async with open_run(world_size=1, callbacks=[EarlyStopping("loss")], state_dir=tmp_path) as run:
         await run.workers(checkpointing(2, tmp_path))
+    run = open_run(  # making a run reads nothing: entering it does
+        world_size=1,
+        callbacks=[],
+        state_dir=tmp_path,
+        resume_from=tmp_path / "ck-1",
+        strict_state=True,
+    )
     with pytest.raises(StateRestoreError, match="EarlyStopping"):
-        open_run(
-            world_size=1,
-            callbacks=[],
-            state_dir=tmp_path,
-            resume_from=tmp_path / "ck-1",
-            strict_state=True,
-        )
+        async with run:
+            pytest.fail("the body must not run")

@@ -21,17 +21,9 @@ import pytest
 from _builders import nested_dict
 from structlog.testing import capture_logs
 
-from eventbus import Report, ReportRejected, RunFinished
+from eventbus import Report, ReportRejected, RunFinished, RunResult, TrainRunContext
 from eventbus.log import read_log
-from handlers import (
-    Reporter,
-    ReportError,
-    RunResult,
-    TrainRunContext,
-    UserCallback,
-    WorkerGroupError,
-    open_run,
-)
+from handlers import Reporter, ReportError, UserCallback, WorkerGroupError, open_run
 
 pytestmark = pytest.mark.anyio
 

@@ -16,15 +16,16 @@ from eventbus import (
     BudgetReport,
     Event,
     EventBus,
+    EventPlaceholder,
     FastForwardClock,
     HealthCheckTick,
     Report,
     RunFinished,
     RunStarted,
+    TrainRunContext,
     VirtualClock,
     WorkerFailure,
 )
-from eventbus.events import EventPlaceholder, TrainRunContext
 from eventbus.log import LogRecorder, read_log, replay_file
 from eventbus.testing import replay_log
 from handlers import UserCallback

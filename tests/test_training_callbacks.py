@@ -15,21 +15,20 @@ import anyio.lowlevel
 import pytest
 import structlog
 
-from eventbus import CheckpointMismatch, EventBus, Report, VirtualClock
-from eventbus.events import RoundGathered, RunStarted
-from eventbus.log import read_log
-from eventbus.testing import BusRecording, replay_log, report_rounds, write_log
-from handlers import (
-    BestCheckpoints,
-    EarlyStopping,
-    MetricsLogger,
-    Reporter,
+from eventbus import (
+    CheckpointMismatch,
+    EventBus,
+    Report,
+    RoundGathered,
     RunResult,
+    RunStarted,
     StatefulCallback,
     TrainRunContext,
-    UserCallback,
-    open_run,
+    VirtualClock,
 )
+from eventbus.log import read_log
+from eventbus.testing import BusRecording, replay_log, report_rounds, write_log
+from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, Reporter, UserCallback, open_run
 from handlers.wiring import attach_user_callbacks
 
 pytestmark = pytest.mark.anyio
@@ -260,16 +259,20 @@ def test_metrics_logger_keeps_integer_metrics_integers() -> None:
     assert logs[0]["loss"] == 1.0
 
 
-# --- 13. one import for a callback ------------------------------------------------------------
+# --- 13. where a callback's names come from ------------------------------------------------
 
 
-def test_a_stateful_training_callback_needs_one_import() -> None:
+def test_a_stateful_training_callback_imports_from_two_homes_and_old_places_warn() -> None:
+    """``UserCallback`` is ``handlers``', ``StatefulCallback`` ``eventbus``' (its one home);
+    ``handlers.StatefulCallback`` still works until it is removed, with a warning."""
     import eventbus
     import eventbus.testing
     import handlers
 
-    assert handlers.StatefulCallback is eventbus.StatefulCallback
-    assert {"StatefulCallback", "UserCallback"} <= set(handlers.__all__)
+    assert "UserCallback" in handlers.__all__ and "StatefulCallback" in eventbus.__all__
+    assert "StatefulCallback" not in handlers.__all__
+    with pytest.deprecated_call(match="use eventbus.StatefulCallback"):
+        assert handlers.StatefulCallback is eventbus.StatefulCallback
     assert "replay_log" in eventbus.testing.__all__
 
 

@@ -31,17 +31,20 @@ from eventbus import (
     CheckpointSaved,
     Event,
     EventBus,
+    EventPlaceholder,
     FastForwardClock,
     Report,
+    RoundGathered,
     RunFinished,
     RunStarted,
     Stage,
+    TrainRunContext,
     WorkerFailure,
+    is_derived,
 )
-from eventbus.events import EventPlaceholder
 from eventbus.log import BUS_DIAGNOSTICS
 from eventbus.options import BusKeywords, OptionError, Options, Seconds, checked
-from handlers import TrainRunContext, WorkerError
+from handlers import WorkerError
 from handlers.options import WorldSize
 from handlers.wiring import attach_user_callbacks, implemented_hooks
 
@@ -255,12 +258,18 @@ async def _through_bus(
             BudgetReport, reports.append, name="bench.budget_reports", order=Stage.OBSERVE
         )
         if training:
-            attach_user_callbacks(
-                bus, training, world_size=world_size, report_callbacks=[_RoundRecorder(rounds)]
+            attach_user_callbacks(bus, training, world_size=world_size)
+            # The rounds, kept to feed the same ones to the floor loop: a subscriber
+            # of the rounds like the callbacks, after them.
+            bus.subscribe(
+                RoundGathered,
+                lambda e: rounds.append((e.metrics, e.checkpoint)),
+                name="bench.rounds",
+                order=Stage.OBSERVE,
             )
-        # A log holds what its bus derived (rounds, say): this bus derives its own.
-        derived = bus.derived_types
-        published = [e for e in events if not isinstance(e, derived)]
+        # A log holds what its bus derived (rounds, say): a bus that gathers makes its own.
+        derives = bus.gathering is not None
+        published = [e for e in events if not (derives and is_derived(type(e)))]
         if not published:
             raise ValueError("the workload has no events but those the bus makes itself")
         workload_types = tuple({type(e) for e in published})
@@ -311,18 +320,6 @@ async def _drive(
             progress(i / len(events))
     if progress is not None:
         progress(1.0)
-
-
-class _RoundRecorder:
-    """Keeps the rounds the bus gathered, to feed the same ones to the floor loop."""
-
-    def __init__(self, rounds: Rounds) -> None:
-        self.rounds = rounds
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds.append((metrics, checkpoint))
 
 
 Call = tuple[str, Callable[..., Any], tuple[Any, ...]]

@@ -30,7 +30,7 @@ from typing import Annotated, Any, TextIO
 import anyio
 from msgspec import Meta
 
-from eventbus import BudgetReport, CheckpointSaved, get_logger
+from eventbus import BudgetReport, CheckpointSaved, StatefulCallback, TrainRunContext, get_logger
 from eventbus.options import OptionError, Options, PeriodSeconds
 from eventbus.state import StateError, StateStore, is_stateful, state_key_of
 from handlers import (
@@ -39,8 +39,6 @@ from handlers import (
     MetricsLogger,
     ProgressDisplay,
     Reporter,
-    StatefulCallback,
-    TrainRunContext,
     UserCallback,
     latest_checkpoint,
     open_run,
@@ -102,9 +100,10 @@ class LinearModel:
         )
 
 
-class FinalLoss(UserCallback, StatefulCallback):
+class FinalLoss(UserCallback, StatefulCallback, state_name="eventbus.demo.FinalLoss"):
     """The mean loss of the latest round: stateful, so a resumed run that has nothing
-    left to train still knows the loss its history ended with."""
+    left to train still knows the loss its history ended with. Saved under a stable
+    name, as this module is private and may move."""
 
     state_attributes = ("loss",)
 

@@ -36,8 +36,8 @@ from eventbus import (
     HandlerTimedOut,
     Report,
     WorkerFailure,
+    encode_json,
 )
-from eventbus.events import encode_json
 from eventbus.log import (
     LogError,
     LogReader,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from eventbus.events import BudgetReport, HandlerStateChanged
+from eventbus import BudgetReport, HandlerStateChanged
 
 from ._limits import MAX_HANDLERS, MAX_LABEL, MAX_SPANS, clip
 from ._series import SeriesGroup

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from eventbus.events import (
+from eventbus import (
     BudgetReport,
     CheckpointMismatch,
     CheckpointSaved,

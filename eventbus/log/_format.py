@@ -6,10 +6,10 @@ detect a torn tail without parsing. *JSON Lines* (``.jsonl``): a header
 object on the first line, then one event per line, for people and other
 tools. ``docs/log-format.md`` describes both byte by byte.
 
-Format version 2 frames each msgpack record with a sync marker, a check of
-its length and a CRC-32 of its payload: a damaged record is detected (not
-mistaken for a torn tail or silently decoded), and a reader finds the next
-intact record after it. Version 1 (a bare length prefix) is still read.
+Each msgpack record is framed with a sync marker, a check of its length and a
+CRC-32 of its payload, so that a damaged record is detected (not mistaken for
+a torn tail or silently decoded) and a reader finds the next intact record
+after it.
 
 Only this module knows the framing; the recorder and the reader share it.
 """
@@ -45,12 +45,10 @@ LOG_MAGIC = b"\x89EVB\r\n\x1a\n"
 LOG_FORMAT_VERSION = 2
 #: ``LOG_MAGIC``, format version (u16), schema version (u16), metadata length (u32), little-endian.
 PREFIX = struct.Struct("<8sHHI")
-#: A version-1 record: payload length (u32 little-endian), then the msgpack payload.
-RECORD_LENGTH = struct.Struct("<I")
-#: A version-2 record header: marker (u16), length check (u16), payload length (u32),
+#: A record header: marker (u16), length check (u16), payload length (u32),
 #: CRC-32 of the payload (u32), little-endian; the payload follows.
 RECORD_HEADER = struct.Struct("<HHII")
-#: The first bytes of every version-2 record. 0xC1 is the one byte msgpack never
+#: The first bytes of every record. 0xC1 is the one byte msgpack never
 #: uses and it never occurs in UTF-8, so no string inside a payload can hold it.
 RECORD_MARK = b"\xc1\xeb"
 RECORD_MARK_VALUE: int = int.from_bytes(RECORD_MARK, "little")
@@ -155,10 +153,13 @@ def encode_header(header: LogHeader, fmt: LogFormat) -> bytes:
 
 def check_versions(path: str | Path, header: LogHeader) -> None:
     """Refuse what this library cannot read; older schemas decode with today's defaults."""
-    if header.format_version > LOG_FORMAT_VERSION or header.format_version < 1:
+    version = header.format_version
+    if version != LOG_FORMAT_VERSION:
+        newer = version > LOG_FORMAT_VERSION
+        advice = "upgrade train-eventbus" if newer else "no released train-eventbus wrote it"
         raise LogFormatError(
-            f"{path}: log format version {header.format_version} is not supported "
-            f"(this eventbus reads versions 1..{LOG_FORMAT_VERSION}); upgrade train-eventbus"
+            f"{path}: unsupported log format version {version} (this eventbus reads "
+            f"version {LOG_FORMAT_VERSION}): {advice}"
         )
     if header.schema_version > SCHEMA_VERSION:
         raise LogFormatError(

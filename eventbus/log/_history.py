@@ -1,15 +1,10 @@
 """One history per run across resumes: where a log ends, and what its resumes rolled back.
 
-A run killed and resumed from a checkpoint appends to the log it was
-recording (``LogRecorder(append=True)``), so the log holds the whole run:
-what happened before the crash, then a ``RunStarted`` and a ``RunResumed``,
-then the resumed run. The events recorded before a ``RunResumed`` that the
-crash undid (the resumed run redoes them) stay in the file, for diagnosis,
-and ``rollbacks`` marks them so that a replay or a tool can leave them out.
-
-Most logs never resumed, so ``rollbacks`` first looks for the bytes of the
-type tag in the file (a byte search, a block at a time, no decoding) and
-returns ``None`` without them; only a log that holds one is decoded, once.
+A resumed run appends to the log it was recording, so the log holds the
+whole run, the events the crash undid included (the resumed run redid
+them). They stay in the file for diagnosis, and ``rollbacks`` marks them so
+that a replay or a tool can leave them out. Most logs never resumed, so
+finding that out costs a byte search, not a decoding.
 """
 
 from __future__ import annotations
@@ -42,19 +37,20 @@ SEARCH_BLOCK = 1 << 20
 
 
 class LogTail(msgspec.Struct, frozen=True, kw_only=True):
-    """What an existing log held when a recorder appended to it.
+    """What an existing log held when a recorder appended to it: where the resumed
+    run's bus continues from.
 
-    ``events``: the intact records found (placeholders included); ``last_seq``
-    the highest ``seq`` among them (-1 if none), so a resumed bus continues
-    after it; ``last_time`` the time of the last of them (``None`` if none);
-    ``last_period`` the highest health-check period of a ``HealthCheckTick``
-    or ``BudgetReport`` (-1 if none) and ``period_end`` when it ended;
-    ``closed`` whether the recorded bus closed (its last budget report is the
-    partial one of a bus closing, after its run finished: no period was cut by
-    a crash);
-    ``dropped_bytes`` what a torn last record (a crash mid-write) held, cut
-    off before appending; ``skipped`` corrupt records passed over (they stay
-    in the file).
+    Attributes:
+        events: the intact records found (placeholders included).
+        last_seq: the highest ``seq`` among them (-1 if none).
+        last_time: the time of the last of them (``None`` if none).
+        last_period: the highest health-check period of a ``HealthCheckTick`` or
+            ``BudgetReport`` (-1 if none); ``period_end`` is when it ended.
+        closed: whether the recorded bus closed (its last budget report is the
+            partial one of a bus closing after its run finished), so that no
+            period was cut by a crash.
+        dropped_bytes: what a torn last record held, cut off before appending.
+        skipped: corrupt records passed over (they stay in the file).
     """
 
     events: int = 0
@@ -124,13 +120,12 @@ class Rollbacks:
     is rolled back if any resume says so; ``RunStarted`` and ``RunResumed``
     never are (they tell the history itself).
 
-    Asking every resume about every event is quadratic: a log of 80,000
-    resumes took minutes. The resumes are folded on construction (in time
-    linear in their size, and a sort) into what a bisection answers, so each
-    event costs ``O(log R)``: the spans of ``seq`` the checkpoints roll back,
-    merged; per rank, the resumes' ``seq`` in order with the least
-    ``next_index`` of that rank among the resumes from each on; and per rank,
-    the merged spans of the resumes that do not require it (``-1``).
+    Asking every resume about every event would be quadratic, so the resumes
+    are folded on construction into sorted spans and suffix minimums that a
+    bisection answers: each event costs ``O(log R)`` for ``R`` resumes.
+
+    Args:
+        resumes: the log's ``RunResumed`` events, in log order.
     """
 
     __slots__ = ("_ahead", "_last", "_spans", "_unrequired", "resumes")

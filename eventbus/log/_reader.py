@@ -1,32 +1,21 @@
-"""Reading event logs: streamed, validated, honest about damage.
+"""Reading event logs: streamed, validated, and honest about damage.
 
-The file is read in chunks and decoded record by record, so a log of any
-length is read in constant memory. Every record is validated against the
-event union. A record cut short at the end (a crash mid-write) ends the
-iteration and is reported in ``truncated``; every record before it is
-returned. A damaged record raises ``CorruptLogError`` with its byte offset
-and index, or, with ``skip_corrupt=True``, is skipped and counted, and
-reading goes on from the next intact record (format version 2 finds it by
-its sync marker and checksums, so damage costs only the records it hit).
-
-A record that is intact (its checksum holds, or, in JSON Lines, it is a
-well-formed object) but does not decode as its type is yielded as an
-``EventPlaceholder`` and counted in ``placeholders`` (``_salvage`` has that
-slow path): a log the recorder wrote is always readable to its end.
-
-A pipe, a FIFO or ``/dev/stdin`` is read as a file is. Its size is unknown,
-so a read is bounded by what a record may be (``MAX_RECORD`` and a header)
-instead of by what the file still holds: a damaged length never makes the
-reader allocate what it claims. What reads a log twice (``rollbacks``)
-refuses a stream with ``LogStreamError`` (``require_file``).
+A log may be longer than memory, so it is read in chunks and decoded a
+record at a time. A log may be damaged (a crash mid-write, a bad disk, a
+careless edit), so the reader says what it lost instead of failing or
+guessing: a torn last record is reported in ``truncated``, a damaged record
+raises ``CorruptLogError`` or, when skipping, costs only itself, and a
+record that is intact but not an event becomes an ``EventPlaceholder``. A
+pipe is read as a file is, so ``cat LOG | eventbus show /dev/stdin`` works.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Self
 
@@ -35,13 +24,13 @@ import msgspec
 from .._codec import decoder_for
 from .._events import Event
 from . import _format
+from ._fallback import DecodeFallback
 from ._format import (
     LOG_MAGIC,
     MAX_HEADER_LINE,
     MAX_RECORD,
     PREFIX,
     RECORD_HEADER,
-    RECORD_LENGTH,
     RECORD_MARK,
     RECORD_MARK_VALUE,
     CorruptLogError,
@@ -53,20 +42,20 @@ from ._format import (
     decode_jsonl_header,
     decode_msgpack_header,
     intact_record_in,
+    length_check,
 )
-from ._salvage import Salvage
 
 __all__ = ["LogContents", "LogReader", "LogStreamError", "read_log", "require_file"]
 
 #: Corrupt records kept (as errors) when skipping; the rest are only counted.
 KEEP_ERRORS = 100
-#: Damaged records cost the CRC of what their lengths claim, up to ``MAX_RECORD``
-#: bytes each. Past this many such bytes (plus ``WASTE_FACTOR`` times the bytes
-#: read so far) the reader checks each length before its CRC and skips a failed
-#: record whole instead of searching inside it, so a file crafted to be
-#: expensive still costs linear time. Damage that happens never gets there.
-WASTE_ALLOWANCE = MAX_RECORD
-WASTE_FACTOR = 8
+#: A damaged record whose header holds costs the CRC of the span its length claims
+#: (up to ``MAX_RECORD``). Up to this many such bytes, plus ``RESYNC_BUDGET_PER_BYTE``
+#: for each byte of the log read so far, the reader looks for the next record inside
+#: a damaged one; past that (only a file crafted to be expensive gets there), it
+#: skips a damaged record by its length, so that reading stays linear.
+RESYNC_BUDGET = MAX_RECORD
+RESYNC_BUDGET_PER_BYTE = 8
 #: The most one read of a stream (a pipe: no size to bound it by) may ask for: a whole
 #: record of the longest length a record may have, and its header.
 STREAM_READ = MAX_RECORD + RECORD_HEADER.size
@@ -106,17 +95,23 @@ def _file_kind(mode: int) -> str:
 
 
 class LogReader:
-    """Iterate the events of a log file (either encoding, told apart by content).
+    """Iterates the events of a log, in either encoding (told apart by content).
 
-    The header is read and checked on construction: ``LogFormatError`` for
-    a file that is not an event log or was written by a newer schema.
-    Iterate once; afterwards ``count`` is the number of events returned
-    (placeholders included), ``placeholders`` how many ``EventPlaceholder``s
-    the reader made for intact records that did not decode as their type
-    (those the recorder wrote are events like any other, not counted here),
-    ``truncated`` says where a torn last record starts (or is ``None``),
-    ``skipped`` counts corrupt records passed over (``skip_corrupt=True``)
-    and ``errors`` holds the first of them.
+    The header is read when the reader is made, so that a file that is not a
+    log, or is of a format or schema this library cannot read, is a
+    ``LogFormatError`` before anything else. Iterate once; the file closes
+    when the events end.
+
+    Args:
+        path: the log; a pipe or FIFO is read as a file is.
+        skip_corrupt: go on past a damaged record (counted in ``skipped``, the
+            first ones kept in ``errors``) instead of raising ``CorruptLogError``.
+        chunk_size: bytes read at a time.
+
+    After the iteration, ``count`` is the number of events yielded
+    (placeholders included), ``placeholders`` the number of placeholders the
+    reader made for intact records that did not decode as their type, and
+    ``truncated`` says where a torn last record starts (``None`` if none).
     """
 
     def __init__(
@@ -142,12 +137,14 @@ class LogReader:
         except BaseException:
             self._file.close()
             raise
-        self._undecodable = Salvage(self.path, self.header.event_types)
+        self._fallback = DecodeFallback(self.path, self.header.event_types)
+        #: Bytes checksummed for damaged records (see ``RESYNC_BUDGET``).
+        self._failed_checksums = 0
 
     @property
     def placeholders(self) -> int:
         """Placeholders this reader made for intact records not decodable as their type."""
-        return self._undecodable.placeholders
+        return self._fallback.placeholders
 
     def _read_header(self) -> tuple[LogFormat, LogHeader, int]:
         f = self._file
@@ -187,300 +184,205 @@ class LogReader:
         )
 
     def __iter__(self) -> Iterator[Event]:
-        """The events; the file closes when they end. Version 2's generator is handed
-        out bare: a second generator frame per event costs a tenth of a record."""
+        """The events; the file closes when they end."""
         if self._iterated:
             raise RuntimeError(f"{self.path}: a LogReader is iterated once; open a new one")
         self._iterated = True
-        if self.format == "jsonl":
-            return self._closing(self._jsonl_events())
-        if self.header.format_version == 1:
-            return self._closing(self._msgpack_v1_events())
-        return self._msgpack_v2_events()
+        return self._jsonl_events() if self.format == "jsonl" else self._msgpack_events()
 
-    def _closing(self, events: Iterator[Event]) -> Iterator[Event]:
-        try:
-            yield from events
-        finally:
-            self.close()
-
-    def _corrupt(self, offset: int, index: int, reason: str, *, fatal: bool = False) -> None:
+    def _corrupt(self, offset: int, index: int, reason: str) -> None:
         """Raise, or count and keep the error when skipping corrupt records."""
         error = CorruptLogError(self.path, offset, index, reason)
-        if fatal or not self.skip_corrupt:
+        if not self.skip_corrupt:
             raise error
         self.skipped += 1
         if len(self.errors) < KEEP_ERRORS:
             self.errors.append(error)
 
-    # --- msgpack, format version 2 ------------------------------------------------------
+    # --- msgpack -------------------------------------------------------------------------
 
-    def _msgpack_v2_events(self) -> Iterator[Event]:
-        try:  # closes the file itself (not through ``_closing``): one generator frame
-            read = self._file.read
+    def _msgpack_events(self) -> Iterator[Event]:
+        """Each record in step: its header, its CRC, its event. Whatever stops that (the
+        end of what was read, a torn tail, damage) is ``_examine``'s; after damage,
+        ``_resync`` finds the next intact record."""
+        try:
+            buffer = _Buffer(self._file, self.data_offset, self.chunk_size, self._remaining)
             unpack = RECORD_HEADER.unpack_from
             hsize = RECORD_HEADER.size
             mark = RECORD_MARK_VALUE
-            marker = RECORD_MARK
             crc32 = zlib.crc32
             decode = decoder_for("msgpack").decode
             undecodable = (msgspec.DecodeError, RecursionError)
-            data = b""
-            pos = 0
-            base = self.data_offset  # file offset of data[0]
             index = 0
-            want = hsize  # bytes needed from pos before reading can go on
-            damaged = False  # True: searching for the next intact record from pos
-            eof = False
-            wasted = 0  # bytes checksummed for records that turned out damaged
-            careful = False  # wasted too much: check lengths first, skip failed records whole
+            at = self.data_offset  # the file offset of the next record
             while True:
-                have = len(data) - pos
-                if have < want and not eof:
-                    # Never more than the file still holds (a stream: than a record may
-                    # be): a damaged length must not allocate what it claims.
-                    size = min(max(self.chunk_size, want - have), self._remaining(base + len(data)))
-                    chunk = read(size) if size > 0 else b""
-                    if chunk:
-                        data = data[pos:] + chunk
-                        base += pos
-                        pos = 0
-                        if len(data) < want:
-                            continue
-                    else:
-                        eof = True
-                end = len(data)
-                if not damaged:
-                    # Per record: a header, a payload copy (a bytes slice is cheaper to make,
-                    # checksum and decode than a memoryview slice, which the garbage
-                    # collector tracks), its CRC, its decoding. The length check is left to
-                    # the slow path: a wrong length that fits in this chunk fails the CRC
-                    # anyway (and counts as waste), until the waste says the file is
-                    # hostile (``careful``).
-                    last = end - hsize  # the last offset a whole header can start at
-                    while pos <= last:
-                        m, check, size, crc = unpack(data, pos)
-                        start = pos + hsize
-                        stop = start + size
-                        if (
-                            m != mark
-                            or stop > end
-                            or (careful and check != (size ^ size >> 16) & 0xFFFF)
-                        ):
-                            break
-                        payload = data[start:stop]
-                        if crc32(payload) != crc:
-                            break
-                        try:
-                            event = decode(payload)
-                        except undecodable as exc:
-                            found = self._undecodable("msgpack", payload, exc, placeholders=True)
-                            assert not isinstance(found, str)
-                            event = found
-                            decode = decoder_for("msgpack").decode  # a class may be new since
-                        yield event
-                        pos = stop
-                        index += 1
-                    self.count = index - self.skipped
-                    if pos + hsize > end:
-                        if not eof:
-                            want = hsize
-                            continue
-                        if pos == end:
-                            break
-                        if marker.startswith(data[pos : pos + 2]):  # the start of a header
-                            self.truncated = TruncatedTail(
-                                offset=base + pos, index=index, size=end - pos
-                            )
-                            break
-                        reason = "damaged record header (no record marker)"
-                    else:
-                        m, check, size, crc = unpack(data, pos)
-                        if m == mark and pos + hsize + size <= end:
-                            wasted += size  # its CRC was computed, and failed
-                            careful = careful or wasted > self._allowance(base + pos)
-                        if m != mark:
-                            reason = "damaged record header (no record marker)"
-                        elif check != (size ^ size >> 16) & 0xFFFF or size > MAX_RECORD:
-                            reason = f"damaged record header (length {size} fails its check)"
-                        elif pos + hsize + size > end:
-                            if not eof:
-                                want = hsize + size
-                                continue
-                            if not intact_record_in(data, pos + 1, end):
-                                # A whole header, part of its payload: cut short mid-write.
-                                self.truncated = TruncatedTail(
-                                    offset=base + pos, index=index, size=end - pos
-                                )
-                                break
-                            reason = (
-                                f"damaged record (its length {size} runs past the end of the file, "
-                                "but an intact record follows)"
-                            )
-                        else:
-                            reason = f"checksum mismatch (a damaged record of {size} bytes)"
-                    self._corrupt(base + pos, index, reason)
+                data = buffer.data
+                pos = at - buffer.base
+                last = len(data) - hsize  # the last place a whole header can start
+                # A bytes slice: cheaper to make, checksum and decode than a memoryview's.
+                while pos <= last:
+                    m, check, size, crc = unpack(data, pos)
+                    stop = pos + hsize + size
+                    if m != mark or check != (size ^ size >> 16) & 0xFFFF or stop > len(data):
+                        break
+                    payload = data[pos + hsize : stop]
+                    if crc32(payload) != crc:
+                        self._failed_checksums += size  # and once more by ``_examine``
+                        break
+                    try:
+                        event = decode(payload)
+                    except undecodable as exc:
+                        fallback = self._fallback("msgpack", payload, exc)
+                        assert isinstance(fallback, Event)  # an intact record: never corrupt
+                        event = fallback
+                        decode = decoder_for("msgpack").decode  # a class may be new since
+                    yield event
+                    pos = stop
                     index += 1
-                    self.count = index - self.skipped
-                    damaged = True
-                    pos += 1
-                    want = hsize
+                self.count = index - self.skipped
+                at = buffer.base + pos
+                found, stop, reason = self._examine(buffer, at)
+                if found is _Found.RECORD:
                     continue
-                # Damaged: find the next marker whose header checks, then its payload's CRC.
-                q = data.find(marker, pos)
-                if q < 0:
-                    if eof:
-                        break
-                    pos = max(pos, end - 1)  # a marker may straddle two chunks
-                    want = end - pos + 1
-                    continue
-                if q + hsize > end:
-                    if eof:  # a marker and part of a header at the very end: cut short
-                        self.truncated = TruncatedTail(offset=base + q, index=index, size=end - q)
-                        break
-                    pos = q
-                    want = hsize
-                    continue
-                m, check, size, crc = unpack(data, q)
-                if check != (size ^ size >> 16) & 0xFFFF or size > MAX_RECORD:
-                    pos = q + 1
-                    continue
-                stop = q + hsize + size
-                if stop > end:
-                    if not eof:
-                        pos = q
-                        want = hsize + size
-                        continue
-                    if not intact_record_in(data, q + 1, end):
-                        self.truncated = TruncatedTail(offset=base + q, index=index, size=end - q)
-                        break
-                    pos = q + 1  # not a torn tail: an intact record lies within its length
-                    continue
-                with memoryview(data) as view:
-                    intact = crc32(view[q + hsize : stop]) == crc
-                if not intact:  # a record whose header holds and whose payload does not
-                    wasted += size
-                    careful = careful or wasted > self._allowance(base + q)
-                    self._corrupt(
-                        base + q, index, f"checksum mismatch (a damaged record of {size} bytes)"
-                    )
-                    index += 1
-                    pos = stop if careful else q + 1
-                    continue
-                damaged = False  # back in step: the next record starts at q
-                pos = q
-                want = hsize
+                if found is _Found.END:
+                    break
+                if found is _Found.TORN:
+                    self._torn(buffer, at, index)
+                    break
+                self._corrupt(at, index, reason)
+                at, index = self._resync(buffer, self._past(at, stop), index + 1)
+                if at < 0:
+                    break
             self.count = index - self.skipped
         finally:
             self.close()
 
-    def _allowance(self, offset: int) -> int:
-        """How many checksummed bytes damaged records may cost by ``offset``."""
-        return WASTE_ALLOWANCE + WASTE_FACTOR * (offset - self.data_offset)
+    def _examine(self, buffer: _Buffer, at: int) -> tuple[_Found, int, str]:
+        """What starts at file offset ``at``, read as far as its header claims: a whole,
+        intact record, the end of the log, a torn tail, or damage (with its reason,
+        and where the record ends if its header holds: else -1)."""
+        hsize = RECORD_HEADER.size
+        data, pos = buffer.hold(at, hsize)
+        if len(data) - pos < hsize:  # the end of the file
+            if pos == len(data):
+                return _Found.END, -1, ""
+            if RECORD_MARK.startswith(data[pos : pos + 2]):
+                return _Found.TORN, -1, ""
+            return _Found.DAMAGE, -1, "damaged record header (no record marker)"
+        m, check, size, crc = RECORD_HEADER.unpack_from(data, pos)
+        if m != RECORD_MARK_VALUE:
+            return _Found.DAMAGE, -1, "damaged record header (no record marker)"
+        if check != length_check(size):
+            return _Found.DAMAGE, -1, f"damaged record header (length {size} fails its check)"
+        if size > MAX_RECORD:
+            reason = (
+                f"damaged record header (length {size} is over the {MAX_RECORD >> 20} MiB limit)"
+            )
+            return _Found.DAMAGE, -1, reason
+        data, pos = buffer.hold(at, hsize + size)
+        if len(data) - pos < hsize + size:  # the payload runs past the end of the file
+            if not intact_record_in(data, pos + 1, len(data)):
+                return _Found.TORN, -1, ""  # a whole header, part of its payload: cut short
+            reason = (
+                f"damaged record (its length {size} runs past the end of the file, "
+                "but an intact record follows)"
+            )
+            return _Found.DAMAGE, -1, reason
+        with memoryview(data) as view:
+            if zlib.crc32(view[pos + hsize : pos + hsize + size]) == crc:
+                return _Found.RECORD, at + hsize + size, ""
+        self._failed_checksums += size
+        return (
+            _Found.DAMAGE,
+            at + hsize + size,
+            f"checksum mismatch (a damaged record of {size} bytes)",
+        )
 
-    # --- msgpack, format version 1 (a bare length prefix) ------------------------------
-
-    def _msgpack_v1_events(self) -> Iterator[Event]:
-        read = self._file.read
-        decode = decoder_for("msgpack").decode
-        unpack = RECORD_LENGTH.unpack_from
-        undecodable = (msgspec.DecodeError, RecursionError)
-        data = b""
-        pos = 0
-        base = self.data_offset  # file offset of data[0]
-        index = 0
-        need = 0
-        size = 0
+    def _resync(self, buffer: _Buffer, at: int, index: int) -> tuple[int, int]:
+        """Find the next intact record from file offset ``at`` on: the next record
+        marker whose header holds and whose payload matches its CRC. A marker whose
+        header holds and whose CRC fails is another damaged record (counted, with
+        ``index`` its number). Returns where the record starts (-1: none, the log
+        ended, torn or not) and the index it has."""
         while True:
-            chunk = read(max(self.chunk_size, need))
-            if chunk:
-                data = data[pos:] + chunk
-                base += pos
-                pos = 0
-            end = len(data)
-            view = memoryview(data)
-            while pos + 4 <= end:
-                size = unpack(data, pos)[0]
-                stop = pos + 4 + size
-                if stop > end:
-                    if size > MAX_RECORD:
-                        # A length no event has: the prefix itself is damaged and
-                        # the next record cannot be found, so even skipping stops here.
-                        self._corrupt(
-                            base + pos, index, f"record length {size} is not plausible", fatal=True
-                        )
-                    break
-                try:
-                    event = decode(view[pos + 4 : stop])
-                except undecodable as exc:
-                    found = self._undecodable("msgpack", view[pos + 4 : stop], exc)
-                    if isinstance(found, str):
-                        self._corrupt(base + pos, index, found)
-                    else:
-                        yield found
-                else:
-                    yield event
-                pos = stop
+            at = buffer.find(RECORD_MARK, at)
+            if at < 0:
+                return -1, index
+            found, stop, reason = self._examine(buffer, at)
+            if found is _Found.RECORD:
+                return at, index
+            if found is _Found.TORN:
+                self._torn(buffer, at, index)
+                return -1, index
+            if stop >= 0:  # a record whose header holds and whose payload does not
+                self._corrupt(at, index, reason)
                 index += 1
-            self.count = index - self.skipped
-            view.release()
-            if not chunk:
-                break
-            # A record longer than a chunk: read it whole, but never more than the
-            # file still holds or a record may be (a damaged length must not allocate
-            # what it claims).
-            need = min(size + 4, self._remaining(base + end)) if pos + 4 <= end else 0
-        self.count = index - self.skipped
-        if pos < len(data):
-            self.truncated = TruncatedTail(offset=base + pos, index=index, size=len(data) - pos)
+                at = self._past(at, stop)
+            else:  # a marker that starts no record (inside a payload, or damaged)
+                at += 1
+
+    def _past(self, at: int, stop: int) -> int:
+        """Where to look for the next record after the damaged one at ``at`` (whose
+        header claims it ends at ``stop``, or -1): inside it, so that damage costs
+        only the records it hit, unless damaged records have cost more checksumming
+        than ``RESYNC_BUDGET`` allows, which only a file crafted to be expensive
+        does (then past it, so that reading stays linear)."""
+        budget = RESYNC_BUDGET + RESYNC_BUDGET_PER_BYTE * (at - self.data_offset)
+        return stop if stop >= 0 and self._failed_checksums > budget else at + 1
+
+    def _torn(self, buffer: _Buffer, at: int, index: int) -> None:
+        self.truncated = TruncatedTail(offset=at, index=index, size=buffer.end - at)
 
     # --- JSON Lines --------------------------------------------------------------------
 
     def _jsonl_events(self) -> Iterator[Event]:
-        max_line = _format.MAX_LINE  # looked up here, so a test can lower it
-        readline = self._file.readline
-        limit = max_line + 1  # the longest line and its newline
-        quick = min(limit, max(self.chunk_size, 1 << 16))  # one read holds most lines
-        decode = decoder_for("json").decode
-        undecodable = (msgspec.DecodeError, RecursionError)
-        placeholders = self.header.format_version >= 2
-        offset = self.data_offset
-        index = 0
-        line: bytes | bytearray
-        while line := readline(quick):
-            size = len(line)
-            if size == quick and line[-1] != 10:
-                if size < limit:
-                    line = _rest_of_line(self._file, line, limit, self.chunk_size)
-                    size = len(line)
-                if size == limit and line[-1] != 10:
-                    # Longer than any event: skip to the next newline, holding no more of it.
-                    size += _skip_line(self._file, self.chunk_size)
-                    self._corrupt(offset, index, f"line longer than {max_line} bytes")
+        """Each line, one event; a line that is not one is reported and skipped."""
+        try:
+            max_line = _format.MAX_LINE  # looked up here, so a test can lower it
+            readline = self._file.readline
+            limit = max_line + 1  # the longest line and its newline
+            quick = min(limit, max(self.chunk_size, 1 << 16))  # one read holds most lines
+            decode = decoder_for("json").decode
+            undecodable = (msgspec.DecodeError, RecursionError)
+            offset = self.data_offset
+            index = 0
+            line: bytes | bytearray
+            while line := readline(quick):
+                size = len(line)
+                if size == quick and line[-1] != 10:
+                    if size < limit:
+                        line = _rest_of_line(self._file, line, limit, self.chunk_size)
+                        size = len(line)
+                    if size == limit and line[-1] != 10:
+                        # Longer than any event: skip to the next newline, holding no more of it.
+                        size += _skip_line(self._file, self.chunk_size)
+                        self._corrupt(offset, index, f"line longer than {max_line} bytes")
+                        offset += size
+                        index += 1
+                        continue
+                if line.isspace():
                     offset += size
-                    index += 1
                     continue
-            if line.isspace():
+                try:
+                    event = decode(line)
+                except undecodable as exc:
+                    found = self._fallback("json", line, exc)
+                    decode = decoder_for("json").decode  # a class may be new since
+                    if isinstance(found, str):
+                        if line[-1] != 10:  # the last line, cut short mid-write
+                            self.truncated = TruncatedTail(offset=offset, index=index, size=size)
+                            return
+                        self._corrupt(offset, index, found)
+                        offset += size
+                        index += 1
+                        continue
+                    event = found
+                self.count += 1
+                yield event
                 offset += size
-                continue
-            try:
-                event = decode(line)
-            except undecodable as exc:
-                found = self._undecodable("json", line, exc, placeholders=placeholders)
-                decode = decoder_for("json").decode  # a class may be new since
-                if isinstance(found, str):
-                    if line[-1] != 10:  # the last line, cut short mid-write
-                        self.truncated = TruncatedTail(offset=offset, index=index, size=size)
-                        return
-                    self._corrupt(offset, index, found)
-                    offset += size
-                    index += 1
-                    continue
-                event = found
-            self.count += 1
-            yield event
-            offset += size
-            index += 1
+                index += 1
+        finally:
+            self.close()
 
     # --- the file ------------------------------------------------------------------------
 
@@ -548,3 +450,66 @@ def read_log(path: str | os.PathLike[str], *, skip_corrupt: bool = False) -> Log
         skipped=reader.skipped,
         placeholders=reader.placeholders,
     )
+
+
+class _Found(enum.Enum):
+    """What a reader found where a record should start."""
+
+    RECORD = "a whole, intact record"
+    END = "the end of the log"
+    TORN = "a record cut short at the end of the file"
+    DAMAGE = "a damaged record, or bytes that start none"
+
+
+class _Buffer:
+    """The bytes of a msgpack log that its reader still needs, from file offset ``base``.
+
+    It reads on only when asked to hold more, and never more than the file still
+    holds (a stream: than a record may be), so that a damaged length never makes
+    it allocate what it claims. What lies before the bytes asked for is dropped
+    as it reads on, so it holds at most a record and a chunk.
+    """
+
+    __slots__ = ("base", "chunk_size", "data", "eof", "read", "remaining")
+
+    def __init__(
+        self, file: IO[bytes], base: int, chunk_size: int, remaining: Callable[[int], int]
+    ) -> None:
+        self.read = file.read
+        self.base = base
+        self.data = b""
+        self.chunk_size = chunk_size
+        self.remaining = remaining
+        self.eof = False
+
+    @property
+    def end(self) -> int:
+        """The file offset just past the bytes read so far."""
+        return self.base + len(self.data)
+
+    def hold(self, at: int, size: int) -> tuple[bytes, int]:
+        """The buffer, holding the ``size`` bytes at file offset ``at`` if the file has
+        them, and where ``at`` is in it."""
+        while self.end < at + size and not self.eof:
+            want = min(max(self.chunk_size, at + size - self.end), self.remaining(self.end))
+            chunk = self.read(want) if want > 0 else b""
+            if not chunk:
+                self.eof = True
+                break
+            drop = at - self.base
+            self.data = self.data[drop:] + chunk
+            self.base = at
+        return self.data, at - self.base
+
+    def find(self, marker: bytes, at: int) -> int:
+        """The file offset of the next ``marker`` at or after ``at``, reading on as
+        needed; -1 if the file holds none."""
+        while True:
+            data, pos = self.hold(at, 0)
+            found = data.find(marker, pos)
+            if found >= 0:
+                return self.base + found
+            if self.eof:
+                return -1
+            at = max(at, self.end - len(marker) + 1)  # a marker may straddle two reads
+            self.hold(at, self.end - at + 1)

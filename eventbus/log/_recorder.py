@@ -1,23 +1,10 @@
-"""Recording events to a log file, from a bus or written directly.
+"""Recording a run's events to a log file, from a bus or directly.
 
-Cheap on the bus's hot path: one reused msgspec encoder per record, one
-CRC-32 and one header, appended to a ``bytearray`` that goes to the file in
-batches. Durability is a policy: ``fsync="checkpoint"`` (the default) makes
-the log durable at every ``CheckpointSaved``, so after a crash the log
-reaches at least as far as the checkpoint a resumed run starts from.
-
-Nothing an event holds can stop the recording. An event the encoder cannot
-take (a ``pathlib.Path`` or any object in its metrics, nesting too deep, an
-int beyond 64 bits in msgpack, a record over ``MAX_RECORD``) is recorded as
-an ``EventPlaceholder`` with its ``seq``, ``time``, type and a bounded
-rendering, and the next event is recorded as usual: a tap that raised
-would be removed by the bus and lose the rest of the run.
-
-A resumed run appends to the log of the run it continues (``append=True``),
-so a run has one history however often it was killed: the recorder reads
-the log to its end first (what it found is ``appended``), cuts off a record
-a crash left torn, and appends after the last intact one, with no second
-header. The bus continues the sequence numbers and periods from there.
+The recorder sits on the bus's hot path, so it does as little as it can per
+event (an encoding, a CRC, a buffer append) and writes in batches. It must
+never lose the run: an event it cannot encode is recorded as a placeholder,
+and a resumed run appends to the log it continues, so that a run has one
+history however often it was killed.
 """
 
 from __future__ import annotations
@@ -116,34 +103,44 @@ def _open_locked(path: Path, *, new: bool) -> BinaryIO:
 
 
 class LogRecorder:
-    """Writes events to ``path`` (msgpack, or JSON Lines for a ``.jsonl`` name).
+    """Writes a run's events to a log file, from a bus (``attach``) or directly (``write``).
 
-    ``attach(bus)`` records everything the bus carries, diagnostics included,
-    in sequence order; ``write(event)`` records directly. The buffer goes to
-    the file when it holds ``batch_bytes``, when ``flush_interval`` seconds
-    passed since the last flush (checked on direct writes, and at every
-    health-check period of an attached bus), and on ``close``. ``fsync``:
-    ``never``, ``checkpoint`` (at every ``CheckpointSaved``) or ``batch``
-    (every flush). The file is replaced if it exists, unless ``append`` (see
-    below) or ``overwrite=False`` (then a file already there is a
-    ``FileExistsError``, found as the log is created: one step, no race). A
-    log is written by one recorder at a time: another recorder writing it,
-    here or in another process, makes this one ``LogInUse``. ``run_id`` and
-    ``created`` (wall time; now by default) go to the header, with the module
-    of every event type defined so far (plus ``event_types``, tag -> module,
-    say those of a log being converted), so a reader can name what it lacks.
-    ``placeholders`` counts the events recorded as ``EventPlaceholder``.
+    Attached to a bus, the recorder is a tap: it gets every batch before any
+    handler does, so that the event a handler failed on is in the log. It
+    makes the log durable at every checkpoint by default, so that after a
+    crash the log reaches at least the checkpoint a resumed run starts from.
+    Nothing an event holds stops it: an event it cannot encode is recorded as
+    an ``EventPlaceholder`` (counted in ``placeholders``), and the next one as
+    usual.
 
-    ``append=True`` continues an existing, non-empty log (a resumed run's):
-    its header stays (its format, run id and creation time win; ``format``,
-    if given, must match), its records are read to the end, corrupt ones
-    skipped, a torn last record is cut off (a warning says how many bytes),
-    and new records follow the last intact one. ``appended`` then says what
-    the log held (a ``LogTail``); it is ``None`` for a new log (``append``
-    on a missing or empty file makes one). A file that is not an event log,
-    or of an older format or schema, raises ``LogFormatError``, and a log of
-    another run (both run ids non-empty) ``RunIdMismatch``; the file is then
-    left untouched.
+    Args:
+        path: the log; a ``.jsonl`` name makes it JSON Lines, any other msgpack.
+        run_id: the run's id, for the header.
+        created: the header's creation time (wall clock, Unix seconds); now by
+            default.
+        format: ``"msgpack"`` or ``"jsonl"``, when not the one the name says.
+        fsync: when to make the file durable: ``"checkpoint"`` (at every
+            ``CheckpointSaved``), ``"batch"`` (at every write) or ``"never"``.
+        batch_bytes: write the buffer out once it holds this many bytes.
+        flush_interval: write it out once this many seconds have passed since
+            the last write (checked on direct writes, and at every health-check
+            period of an attached bus).
+        event_types: more type tags and their modules for the header (those of
+            a log being converted, say); every event type defined so far is
+            named there anyway, so that a reader can say what it lacks.
+        append: continue the log at ``path``, as a resumed run does: its header
+            (format, run id, creation time) stays, a torn last record is cut off
+            with a warning, new records follow the last intact one, and
+            ``appended`` says what the log held. A missing or empty file makes a
+            new log (``appended`` is ``None``). A log of another run raises
+            ``RunIdMismatch``, a file this library cannot continue (or a
+            ``format`` other than the log's) ``LogFormatError`` or
+            ``ValueError``; the file is then left as it was.
+        overwrite: replace a file already at ``path`` (when not appending);
+            with ``False``, a file there raises ``FileExistsError``.
+
+    One recorder writes a log at a time: another one writing it, in this
+    process or another, makes this one raise ``LogInUse``.
     """
 
     def __init__(
@@ -259,15 +256,13 @@ class LogRecorder:
 
     # --- recording ------------------------------------------------------------
 
-    # Closures over locals: on the hot path each attribute lookup saved is ~5% of a record.
-    # A batch at a time: the bus hands the recorder whole batches (it is a tap). An
-    # exception costs nothing until raised (3.11), so the guard is free on the hot path.
+    # Closures over locals: an attribute lookup saved on the hot path is a measurable part
+    # of a record. A batch at a time: the bus hands the recorder whole batches (it is a
+    # tap). An exception costs nothing until raised (3.11): the guard is free here.
 
     def _msgpack_recorder(self) -> Callable[[Iterable[Event]], None]:
         # Per record: one encode into a reused scratch buffer, one CRC-32 of it, one
-        # 12-byte header, one extend. The CRC (~150 ns for a 150-byte payload with
-        # zlib 1.2) costs about as much as the encoding; the rest is kept to the
-        # fewest calls measured (see ``benchmarks/bench_log.py``).
+        # 12-byte header, one extend: the fewest calls measured (``benchmarks/bench_log.py``).
         buffer = self._buffer
         extend = buffer.extend
         scratch = bytearray()  # each payload is encoded here, then appended whole

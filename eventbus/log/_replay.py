@@ -1,26 +1,20 @@
 """Replaying a recorded log into a bus: instantly on virtual time, or at recorded speed.
 
-Instant replay is deterministic. Under a ``VirtualClock`` each event is
-published with its recorded time after the clock is set to it; whenever the
-next event lies past the end of the bus's health-check period, the replay
-first waits until the bus is idle and, after publishing, until the period
-rolled and its tick and budget report were handled. Period boundaries,
-ticks and budget reports therefore fall between the same events on every
-replay, and only measured durations (handler times) differ from run to run.
+A test replays a log to check what its callbacks did, so an instant replay
+is deterministic: on a ``VirtualClock``, each event is published at its
+recorded time, and the replay waits for the bus to be idle on both sides of
+every period's end, so that ticks and budget reports fall between the same
+events every time; only measured handler times differ.
 
 The bus's own diagnostics in the log (ticks, budget reports, handler faults)
-are left out by default: the replay bus produces its own. So are the events
-the replay bus's handlers derive themselves (``EventBus.derives``: the
-gathering's rounds, when training callbacks are attached), so that each
-reaches a handler once. Placeholders
-(``EventPlaceholder``: what a log holds for an event it could not keep as
-itself) are never delivered, since no handler can act on them; they are
-counted in ``ReplaySummary.placeholders``. Neither are the events a resume
-rolled back (a log of a resumed run holds the events recorded before the
-crash that the resumed run redid; see ``rollbacks``): counted in
-``ReplaySummary.rolled_back``. Only a log holding a ``RunResumed`` pays for
-that (its log is read once more first); the loop over the events of any
-other log is the same as without it.
+are left out by default: the replay bus produces its own. So are the derived
+events (those of the ``Event`` classes declared ``derived``: the gathering's
+rounds and the rest) when the replay bus has a gathering of its own
+(``EventBus.gathering``: training callbacks attached), which makes them again,
+so that each reaches a handler once; a bus without one gets the recorded ones.
+Placeholders are never delivered, since no handler can act on them, nor are
+the events a resume rolled back (the resumed run redid them: see
+``rollbacks``); both are counted in the ``ReplaySummary``.
 """
 
 from __future__ import annotations
@@ -45,6 +39,7 @@ from .._events import (
     HandlerStateChanged,
     HandlerTimedOut,
     HealthCheckTick,
+    is_derived,
 )
 from ..options import BusOptions, OptionError, checked
 from ._format import TruncatedTail
@@ -134,12 +129,21 @@ async def replay(
     include_diagnostics: bool = False,
     skip_corrupt: bool = False,
 ) -> ReplaySummary:
-    """Publish the events of ``source`` (a log path, or events) into a running ``bus``.
-
-    ``speed=None``: instantly, on the bus's ``VirtualClock`` (required),
-    keeping recorded times. ``speed=1.0``: at recorded pace on a real clock
-    (``2.0`` twice as fast); the bus stamps its own times. Returns once every
+    """Publish the events of ``source`` into a running ``bus``, and return once every
     replayed event was handled.
+
+    Args:
+        bus: the bus to publish into; an instant replay needs its clock to be a
+            ``VirtualClock``.
+        source: a log's path, or events.
+        speed: ``None`` replays instantly, keeping the recorded times; a number
+            replays at that multiple of the recorded pace on a real clock (``1.0``
+            as recorded, ``2.0`` twice as fast), and the bus stamps its own times.
+        filter: only the events it keeps are published.
+        include_diagnostics: publish the bus's own recorded diagnostics too
+            (ticks, budget reports, handler faults), which the replay bus makes
+            again otherwise.
+        skip_corrupt: go on past damaged records instead of raising.
     """
     instant = speed is None
     if instant and not isinstance(bus.clock, VirtualClock):
@@ -159,9 +163,8 @@ async def replay(
     # read here from a log are nobody else's: the selection unstamps them in place (a
     # copy per event is a fifth of a replay); given events are the caller's: copied.
     copy = reader is None
-    selection = _Selection(
-        events, keep, include_diagnostics, bus.derived_types, not copy, plan=plan
-    )
+    derived = bus.gathering is not None  # the bus makes the derived events again
+    selection = _Selection(events, keep, include_diagnostics, derived, not copy, plan=plan)
     started = time.perf_counter()
     publish = bus.publish
     try:
@@ -228,7 +231,8 @@ class _Selection:
     """The events to replay, in order, counting what the filters left out and
     the placeholders passed over, and noting the recorded time span (of every
     event, filtered or not; placeholders aside). Left out: the bus's own
-    diagnostics (unless included) and what the replay bus derives itself.
+    diagnostics (unless included) and, when the replay bus makes them again
+    (``derived``), the derived events.
     ``unstamp``: events are nobody else's; each is made publishable in place.
     ``plan``: the log's rollbacks; the events they mark are passed over (and
     counted) before anything else sees them, in a generator of their own, so
@@ -239,7 +243,7 @@ class _Selection:
         events: Iterable[Event],
         keep: EventFilter | None,
         include_diagnostics: bool,
-        derived: tuple[type[Event], ...],
+        derived: bool,
         unstamp: bool = False,
         *,
         plan: Rollbacks | None = None,
@@ -247,7 +251,8 @@ class _Selection:
         self.events = events if plan is None else self._kept(events, plan)
         self.unstamp = unstamp
         self.keep = keep
-        self.left_out = derived if include_diagnostics else (*BUS_DIAGNOSTICS, *derived)
+        self.left_out = () if include_diagnostics else BUS_DIAGNOSTICS
+        self.derived = derived
         self.replayed = self.filtered = self.placeholders = self.rolled_back = 0
         self.first_time: float | None = None
         self.last_time: float | None = None
@@ -255,6 +260,7 @@ class _Selection:
     def __iter__(self) -> Iterator[Event]:
         keep = self.keep
         left_out = self.left_out
+        derived = self.derived
         # What to do with each event type, decided once per type: a dict lookup is a
         # fraction of ``isinstance`` against a tuple of types (per event, on the hot path).
         verdicts: dict[type, int] = {EventPlaceholder: _PLACEHOLDER}
@@ -262,9 +268,8 @@ class _Selection:
         for event in self.events:
             verdict = verdicts.get(type(event))
             if verdict is None:
-                verdict = verdicts[type(event)] = (
-                    _LEFT_OUT if issubclass(type(event), left_out) else _DELIVER
-                )
+                left = issubclass(type(event), left_out) or (derived and is_derived(type(event)))
+                verdict = verdicts[type(event)] = _LEFT_OUT if left else _DELIVER
             if verdict == _PLACEHOLDER:  # its time may be unknown (0.0)
                 self.placeholders += 1
                 continue
@@ -340,14 +345,20 @@ async def replay_file(
     real_time: bool = False,
     **bus_options: Any,
 ) -> ReplaySummary:
-    """Replay a log into a fresh bus: ``setup(bus)`` subscribes the handlers.
+    """Replay a log into a fresh bus, whose clock starts where the recorded bus's did,
+    so that its ticks and budget reports fall where the recorded ones fell.
 
-    Instant replays get a ``VirtualClock`` starting where the recorded bus
-    started, with the recorded period (unless ``period`` is given), so ticks
-    and budget reports follow recorded time. ``real_time=True`` uses a
-    ``FastForwardClock`` instead: still instant (idle gaps are skipped), but
-    handlers are timed in real time, as the command line's replay reports
-    them. ``bus_options`` go to ``EventBus``.
+    Args:
+        path: the log.
+        setup: called with the new bus before the replay, to subscribe the handlers.
+        speed: as for ``replay``: ``None`` is instant, on a ``VirtualClock``.
+        period: the replay bus's health-check period (the recorded one by default).
+        filter: only the events it keeps are published.
+        include_diagnostics: as for ``replay``.
+        skip_corrupt: go on past damaged records instead of raising.
+        real_time: time the handlers in real time (a ``FastForwardClock``: still
+            instant, idle gaps skipped), as the command line's replay reports them.
+        **bus_options: the rest of the bus's options (``EventBus``).
     """
     require_file(path, "a replay")
     recorded = False  # the period is the log's, not one given here

@@ -7,6 +7,7 @@ atomically inside the checkpoint, read back confined and bounded, and
 restored with a warning for every difference between saved and live.
 """
 
+from .._deprecated import moved_names
 from ._files import (
     DEFAULT_MAX_BYTES,
     STATE_FILENAME,
@@ -21,13 +22,12 @@ from ._model import (
     Snapshot,
     StateError,
     StateFormatError,
-    Stateful,
-    StatefulCallback,
     StateKeyConflict,
     StateRestoreError,
     callback_name,
     check_state,
     is_stateful,
+    state_class_name,
     state_key_of,
 )
 from ._store import StateStore
@@ -45,12 +45,16 @@ __all__ = [
     "StatePathError",
     "StateRestoreError",
     "StateStore",
-    "Stateful",
-    "StatefulCallback",
     "atomic_write",
     "callback_name",
     "check_state",
     "is_stateful",
     "read_regular_file",
+    "state_class_name",
     "state_key_of",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {"Stateful": "eventbus.Stateful", "StatefulCallback": "eventbus.StatefulCallback"},
+)

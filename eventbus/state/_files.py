@@ -40,6 +40,7 @@ from ._model import (
     StateError,
     StateFormatError,
     check_state,
+    current_state_key,
 )
 
 #: Name of the snapshot file inside a checkpoint directory.
@@ -341,10 +342,13 @@ def read_snapshot(
         raw = _raw_decoder.decode(data)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise StateFormatError(f"{path}: {exc}") from None
+    # Keys written under a class's earlier name are read under its current one.
+    renamed = current_state_key if raw.keyed_by == "qualname" else str
     states: dict[str, CallbackState] = {}
-    errors = dict(raw.errors)
-    for key, value in raw.states.items():
-        where = f"states[{_shown(key)}]"
+    errors = {renamed(key): reason for key, reason in raw.errors.items()}
+    for saved_key, value in raw.states.items():
+        key = renamed(saved_key)
+        where = f"states[{_shown(saved_key)}]"
         try:
             states[key] = check_state(_value_decoder.decode(value), where)
         except (msgspec.DecodeError, RecursionError) as exc:

@@ -101,6 +101,14 @@ class StatefulCallback:
     state_attributes: tuple[str, ...] = ()
     state_live_args: tuple[str, ...] = ()
 
+    def __init_subclass__(cls, *, state_name: str | None = None, **kwargs: Any) -> None:
+        """``state_name``: the stable name its states are saved under (see
+        ``state_class_name``), so moving the class does not orphan its snapshots."""
+        super().__init_subclass__(**kwargs)
+        if state_name is not None:
+            cls.__state_name__ = state_name  # type: ignore[attr-defined]
+            state_class_name(cls)  # a bad name fails where the class is defined
+
     def __repr__(self) -> str:
         return callback_name(self)
 
@@ -140,10 +148,49 @@ def callback_name(callback: object) -> str:
     return extra if extra.startswith(cls.__name__) else f"{cls.__qualname__}[{extra}]"
 
 
+#: Class names that earlier versions wrote into snapshots -> the class's name now.
+#: A state key is a public format: when a class's saved name changes, its old name
+#: goes here, so snapshots taken before still restore (``current_state_key``).
+RENAMED_STATE_CLASSES: dict[str, str] = {
+    # 0.1: the built-ins keyed by their private modules, before and after they moved.
+    "handlers._early_stopping.EarlyStopping": "handlers.EarlyStopping",
+    "handlers.builtins._early_stopping.EarlyStopping": "handlers.EarlyStopping",
+    "handlers._best_checkpoints.BestCheckpoints": "handlers.BestCheckpoints",
+    "handlers.builtins._best_checkpoints.BestCheckpoints": "handlers.BestCheckpoints",
+    "adapters.cli._demo_trainer.FinalLoss": "eventbus.demo.FinalLoss",
+}
+
+_STATE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+
+def state_class_name(cls: type) -> str:
+    """The name a class's states are saved under: its own ``__state_name__`` (set
+    with ``class C(StatefulCallback, state_name="pkg.C")``, or by hand on any
+    class), else ``module.QualName``. A stable name keeps snapshots restoring
+    when the class moves between modules; it is not inherited, so a subclass
+    never takes its parent's states."""
+    name = cls.__dict__.get("__state_name__")
+    if name is None:
+        return f"{cls.__module__}.{cls.__qualname__}"
+    if not isinstance(name, str) or not _STATE_NAME.match(name):
+        raise TypeError(
+            f"{cls.__qualname__}.__state_name__ must be a dotted name such as "
+            f"'mypackage.MyCallback', got {name!r}"
+        )
+    return name
+
+
+def current_state_key(key: str) -> str:
+    """A saved key under its class's current name (``RENAMED_STATE_CLASSES``)."""
+    name, bracket, extra = key.partition("[")
+    renamed = RENAMED_STATE_CLASSES.get(name)
+    return key if renamed is None else f"{renamed}{bracket}{extra}"
+
+
 def state_key_of(callback: object) -> str:
-    """``module.QualName``, plus ``[state_key]`` when the instance defines one."""
-    cls = type(callback)
-    key = f"{cls.__module__}.{cls.__qualname__}"
+    """The class's saved name (``state_class_name``), plus ``[state_key]`` when the
+    instance defines one."""
+    key = state_class_name(type(callback))
     extra = getattr(callback, "state_key", None)
     if extra is None:
         return key

@@ -93,6 +93,8 @@ def _match_moved(
     saved_found: dict[str, list[str]] = {}
     for live_key, cls in live.items():
         module, qualname = cls.__module__, cls.__qualname__
+        if _class_of_key(live_key) != f"{module}.{qualname}":
+            continue  # saved under a stable name (``state_name``), whatever its module
         suffix = live_key[len(module) + len(qualname) + 1 :]
         for key in by_tail.get((qualname.rsplit(".", 1)[-1], suffix), []):
             name = _class_of_key(key)

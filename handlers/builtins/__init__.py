@@ -1,8 +1,13 @@
-"""Built-in training callbacks: ready-made ``UserCallback``s, stateful where it matters."""
+"""The built-in training callbacks' modules; import the callbacks from ``handlers``."""
 
-from ._best_checkpoints import BestCheckpoints
-from ._early_stopping import EarlyStopping
-from ._metrics_logger import MetricsLogger
-from ._progress import ProgressDisplay
+from .._moved import moved_names
 
-__all__ = ["BestCheckpoints", "EarlyStopping", "MetricsLogger", "ProgressDisplay"]
+__all__: list[str] = []
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        name: f"handlers.{name}"
+        for name in ("BestCheckpoints", "EarlyStopping", "MetricsLogger", "ProgressDisplay")
+    },
+)

@@ -8,8 +8,7 @@ import stat
 from pathlib import Path
 from typing import Any, Literal
 
-from eventbus import StatefulCallback, get_logger
-from eventbus.events import TrainRunContext
+from eventbus import StatefulCallback, TrainRunContext, get_logger
 from eventbus.options import Count, checked
 
 from .._callback import UserCallback
@@ -20,7 +19,7 @@ __all__ = ["BestCheckpoints"]
 _log = get_logger("handlers.best_checkpoints")
 
 
-class BestCheckpoints(UserCallback, StatefulCallback):
+class BestCheckpoints(UserCallback, StatefulCallback, state_name="handlers.BestCheckpoints"):
     """Keeps the ``k`` best checkpoints, ranked by the round's mean of ``metric``.
 
     ``top`` is a list of ``[value, checkpoint]``, best first (lists, so it

@@ -6,8 +6,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
-from eventbus import StatefulCallback, get_logger
-from eventbus.events import TrainRunContext
+from eventbus import StatefulCallback, TrainRunContext, get_logger
 from eventbus.options import Count, checked
 
 from .._callback import UserCallback
@@ -21,7 +20,7 @@ _log = get_logger("handlers.early_stopping")
 Threshold = Annotated[float, Meta(ge=0, le=1e300)]
 
 
-class EarlyStopping(UserCallback, StatefulCallback):
+class EarlyStopping(UserCallback, StatefulCallback, state_name="handlers.EarlyStopping"):
     """Sets ``should_stop`` after ``patience`` rounds without improvement of ``metric``.
 
     The round's value is the mean over ranks; it improves when it beats the

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventbus import get_logger
-from eventbus.events import RunResult, TrainRunContext
+from eventbus import RunResult, TrainRunContext, get_logger
 from eventbus.options import Count, checked
 
 from .._callback import UserCallback

@@ -7,8 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, TextIO
 
-from eventbus import Event, Report
-from eventbus.events import RunResult, TrainRunContext
+from eventbus import Event, Report, RunResult, TrainRunContext
 
 from .._callback import UserCallback
 

@@ -26,19 +26,21 @@ from torch import nn  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
 from adapters.transformers import EventBusCallback, run_with_failures  # noqa: E402
-from eventbus import (  # noqa: E402
+from eventbus import (  # noqa: E402  #noqa: E402
     CheckpointSaved,
     ErrorPolicy,
     HandlerFailed,
     HandlerTimedOut,
     Report,
     RunFinished,
+    RunResult,
     RunStarted,
     StatefulCallback,
+    TrainRunContext,
 )
 from eventbus.log import read_log  # noqa: E402
 from eventbus.state import STATE_FILENAME  # noqa: E402
-from handlers import RunResult, TrainRunContext, UserCallback  # noqa: E402
+from handlers import UserCallback  # noqa: E402
 
 MAX_STEPS = 10
 

@@ -31,12 +31,14 @@ from eventbus import (
     EventBus,
     Report,
     RunFinished,
+    RunResult,
     RunStarted,
     Stage,
+    TrainRunContext,
 )
 from eventbus.log import read_log
 from eventbus.state import CallbackState, Snapshot, StateFormatError
-from handlers import RunResult, TrainRunContext, UserCallback
+from handlers import UserCallback
 from handlers.wiring import attach_user_callbacks
 
 BACKENDS: list[Backend] = ["asyncio", "trio"]

@@ -25,8 +25,18 @@ from adapters import AdapterOptions
 from adapters._bus_thread import BusThread
 from adapters._options import Backend
 from adapters._threaded_run import ThreadedRun
-from eventbus import CheckpointSaved, ErrorPolicy, Event, EventBus, Report, RunStarted, Stage
-from handlers import RunResult, TrainRunContext, UserCallback
+from eventbus import (
+    CheckpointSaved,
+    ErrorPolicy,
+    Event,
+    EventBus,
+    Report,
+    RunResult,
+    RunStarted,
+    Stage,
+    TrainRunContext,
+)
+from handlers import UserCallback
 from handlers.wiring import attach_user_callbacks
 
 #: Longer than any test here: a wake-up by the poll timer would not happen in time.

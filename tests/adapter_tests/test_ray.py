@@ -46,9 +46,9 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: 
 
 import adapters.ray as ray_adapter  # noqa: E402
 from adapters.ray import EventBusUserCallback, recorded_logs  # noqa: E402
-from eventbus import ErrorPolicy, RunFinished, RunStarted  # noqa: E402
+from eventbus import ErrorPolicy, RoundGathered, RunFinished, RunResult, RunStarted, TrainRunContext  # noqa: E402  #noqa: E402
 from eventbus.log import read_log, replay_file  # noqa: E402
-from handlers import RoundGathered, RunResult, TrainRunContext, UserCallback  # noqa: E402
+from handlers import UserCallback  # noqa: E402
 from handlers.wiring import attach_user_callbacks  # noqa: E402
 
 # The controller cannot import this test module: ship its classes by value.

@@ -34,12 +34,11 @@ from _builders import nested_dict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventbus import Event, Report, RunFinished
+from eventbus import Event, EventPlaceholder, Report, RunFinished, RunResult, TrainRunContext
 from eventbus._bus import EMIT_HEADROOM
 from eventbus._lanes import MAX_BATCH
-from eventbus.events import EventPlaceholder
 from eventbus.log import read_log
-from handlers import Reporter, ReportError, RunResult, TrainRunContext, UserCallback, open_run
+from handlers import Reporter, ReportError, UserCallback, open_run
 from handlers._metric_values import MetricsError, freeze_metrics
 
 from ._figures import FIGURES

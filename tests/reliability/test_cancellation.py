@@ -21,10 +21,10 @@ import anyio.lowlevel
 import pytest
 import trio
 
-from eventbus import RunFinished, RunStarted, StateSnapshotted
+from eventbus import RunFinished, RunResult, RunStarted, StateSnapshotted, TrainRunContext
 from eventbus.log import LogRecorder, read_log
 from eventbus.state import StateStore
-from handlers import Reporter, RunResult, TrainRunContext, UserCallback, open_run
+from handlers import Reporter, UserCallback, open_run
 
 from ._figures import FIGURES
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eventbus.events import EventPlaceholder, encode_msgpack
+from eventbus import EventPlaceholder, encode_msgpack
 from eventbus.log import LogReader
 from eventbus.state import StateStore
 

@@ -28,10 +28,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import eventbus
-from eventbus import CheckpointSaved, Report, WorkerFailure
-from eventbus.events import (
+from eventbus import (
+    CheckpointSaved,
     EventDecodeError,
     EventPlaceholder,
+    Report,
+    WorkerFailure,
     decode_json,
     decode_msgpack,
     encode_json,
@@ -63,7 +65,7 @@ READING_MODULES = (
     "_events",
     "log/_format",
     "log/_reader",
-    "log/_salvage",
+    "log/_fallback",
     "log/_recorder",
     "log/_replay",
     "state/_model",

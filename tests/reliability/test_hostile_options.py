@@ -26,10 +26,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventbus import EventBus, Report, RunFinished
+from eventbus import EventBus, Report, RunFinished, RunResult, TrainRunContext
 from eventbus.log import read_log
 from eventbus.options import OptionError, OptionTypeError
-from handlers import RunResult, TrainRunContext, UserCallback, open_run
+from handlers import UserCallback, open_run
 
 from ._figures import FIGURES
 

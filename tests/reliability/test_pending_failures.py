@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eventbus.events import TrainRunContext
+from eventbus import TrainRunContext
 from eventbus.testing import replay_log
 from handlers import UserCallback
 

@@ -37,7 +37,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventbus.events import TrainRunContext
+from eventbus import TrainRunContext
 from eventbus.log import LogReader, rollbacks
 from eventbus.testing import replay_log
 from handlers import UserCallback

@@ -1,13 +1,12 @@
-"""What a log record that failed to decode becomes: the event after all, a
-placeholder, or the reason it is corrupt.
+"""The reader's second try at a record its fast decoder refused.
 
-A reader's fast path decodes each record once against the event union. This
-is its slow path, for the records that fail: nested nearly as deep as the
-recursion limit allows (decoded again on a fresh thread's stack); JSON
-holding NaN or Infinity (decoded through ``json``). A record that is intact
-but still not an event (a type nobody defined here: nothing is imported on a
-file's word) becomes an ``EventPlaceholder`` (counted) in a version-2 log,
-and corrupt in a version-1 one.
+A reader decodes each record once against the union of every event type.
+The few records that fail come here: one nested nearly as deep as the
+recursion limit allows is decoded again on a fresh thread's stack, and a JSON
+line holding ``NaN`` or ``Infinity`` is parsed by Python's ``json``. An
+intact record that is still not an event (a type nobody defined here, since
+nothing is imported on a file's word) becomes an ``EventPlaceholder``, so a
+log the recorder wrote is always readable to its end.
 """
 
 from __future__ import annotations
@@ -27,20 +26,21 @@ from .._codec import (
     may_hold_nonfinite,
 )
 from .._events import Event
-from .._logging import get_logger
 from .._text import clip
 from ._placeholders import peek_msgpack_map, placeholder_from_raw
 
-__all__ = ["Salvage"]
-
-_log = get_logger("eventbus.reader")
+__all__ = ["DecodeFallback"]
 
 
-class Salvage:
-    """The slow path of one log's reader (see the module docstring).
+class DecodeFallback:
+    """Decodes, for one log's reader, the records its fast decoder refused.
 
-    ``event_types`` is the header's map of type tag to defining module;
-    ``placeholders`` counts the placeholders made.
+    Args:
+        path: the log, for messages.
+        event_types: the header's map of event type tag to defining module, so
+            that a placeholder's reason names the module to import.
+
+    ``placeholders`` counts the placeholders it made.
     """
 
     def __init__(self, path: Path, event_types: Mapping[str, str]) -> None:
@@ -49,20 +49,14 @@ class Salvage:
         self.placeholders = 0
 
     def __call__(
-        self,
-        kind: Literal["msgpack", "json"],
-        data: bytes | bytearray | memoryview,
-        exc: BaseException,
-        *,
-        placeholders: bool = False,
+        self, kind: Literal["msgpack", "json"], data: bytes | bytearray, exc: BaseException
     ) -> Event | str:
-        """What to yield for a record that failed to decode, or why it is corrupt.
+        """The event after all, a placeholder, or why the record is corrupt.
 
-        The event after all (nested so deep it needs a fresh stack; its type's
-        or NaN/Infinity tokens in JSON,
-        decoded through ``json``); with ``placeholders`` (an intact record of a
-        version-2 log) an ``EventPlaceholder``; otherwise the reason the record
-        is corrupt.
+        ``exc`` is what the fast decoder raised. A msgpack record got here with
+        its CRC intact, so it is never corrupt: it is the event or a
+        placeholder. A JSON line is corrupt (the reason is returned) when it
+        is not even a well-formed object.
         """
         run: Callable[[Callable[[], object]], object] = _here
         if isinstance(exc, RecursionError):
@@ -91,7 +85,7 @@ class Salvage:
                     pass
         if not well_formed:
             reason = _why(exc)
-            if placeholders and kind == "msgpack":
+            if kind == "msgpack":
                 shown = bytes(data[:256]).hex(" ")
                 return self._placeholder(
                     peek_msgpack_map(data), reason, text=f"{len(data)} bytes: {shown}"
@@ -104,7 +98,7 @@ class Salvage:
                 return retried
             exc = retried
         reason = unknown or _why(exc)
-        if placeholders and (kind == "msgpack" or isinstance(raw, dict)):
+        if kind == "msgpack" or isinstance(raw, dict):
             return self._placeholder(raw, reason)
         return reason
 
@@ -163,7 +157,7 @@ def _on_fresh_stack(work: Callable[[], object]) -> object:
     def run() -> None:
         try:
             outcome.append((True, work()))
-        except BaseException as exc:  # handed back to the caller's thread
+        except BaseException as exc:  # raised again in the caller's thread
             outcome.append((False, exc))
 
     thread = threading.Thread(target=run, name="eventbus-log-deep-decode", daemon=True)
