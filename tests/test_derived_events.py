@@ -115,7 +115,8 @@ async def test_a_replay_gets_every_recorded_checkpoint_whoever_announced_it(
         await run.workers(worker)
         await run.checkpoint_saved("by-a-worker", index=99)
     recorded = [e.checkpoint for e in read_log(log).events if isinstance(e, CheckpointSaved)]
-    assert recorded == ["ck0", "ck1", "ck0", "ck1", "by-a-worker"]
+    # The worker's announcement races the last rounds' (both are published while they run).
+    assert sorted(recorded) == ["by-a-worker", "ck0", "ck0", "ck1", "ck1"]
 
     rounds = Rounds()
     seen: list[str] = []
