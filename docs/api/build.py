@@ -24,11 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULES = (
     "eventbus",
     "eventbus.log",
-    "eventbus.options",
     "eventbus.state",
     "eventbus.testing",
     "handlers",
-    "handlers.options",
     "handlers.wiring",
     "adapters",
     "adapters.transformers",
