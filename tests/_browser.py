@@ -41,6 +41,7 @@ __all__ = [
 
 _NAMES = ("chromium", "chromium-browser", "google-chrome")
 _READY_WAIT = 2.0
+_START_WAIT = 15.0
 _POLL = 0.1
 _READY_JS = 'document.body !== null && document.body.dataset.ready === "1"'
 
@@ -463,18 +464,9 @@ def render_page(
     binary = require_chromium()
     deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="eventbus-chromium-") as tmp:
-        browser = _Chromium(binary, Path(tmp))
-        page = _Page(browser, html.as_uri(), deadline)
+        browser, page = _open_page(binary, Path(tmp), html.as_uri(), deadline)
+        step = "Emulation.setDeviceMetricsOverride"
         try:
-            step = "a page target (Target.createTarget)"
-            target = page.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-            step = "attaching to the page (Target.attachToTarget)"
-            attached = page.call("Target.attachToTarget", {"targetId": target, "flatten": True})
-            page.session = attached["sessionId"]
-            for domain in ("Page", "Runtime", "Log", "Network", "Inspector"):
-                step = f"{domain}.enable"
-                page.call(f"{domain}.enable")
-            step = "Emulation.setDeviceMetricsOverride"
             page.call(
                 "Emulation.setDeviceMetricsOverride",
                 {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
@@ -526,6 +518,53 @@ def render_page(
         screenshot=screenshot,
         ready=ready,
     )
+
+
+def _open_page(binary: str, workdir: Path, url: str, deadline: float) -> tuple[_Chromium, _Page]:
+    """A browser with one page attached and its domains enabled.
+
+    Chromium sometimes never answers its first commands: CI saw 30 s of silence after
+    Target.attachToTarget from a browser that had started. A fresh browser then answers, so a
+    start that stalls for _START_WAIT seconds is retried once, within the render's deadline.
+    """
+    started = time.monotonic()
+    for attempt in (1, 2):
+        attempt_dir = workdir / f"browser-{attempt}"
+        attempt_dir.mkdir()
+        browser = _Chromium(binary, attempt_dir)
+        start_by = deadline if attempt == 2 else min(deadline, time.monotonic() + _START_WAIT)
+        page = _Page(browser, url, start_by)
+        step = "a page target (Target.createTarget)"
+        try:
+            target = page.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+            step = "attaching to the page (Target.attachToTarget)"
+            attached = page.call("Target.attachToTarget", {"targetId": target, "flatten": True})
+            page.session = attached["sessionId"]
+            for domain in ("Page", "Runtime", "Log", "Network", "Inspector"):
+                step = f"{domain}.enable"
+                page.call(f"{domain}.enable")
+        except _Timeout as exc:
+            stderr = browser.stderr_tail()
+            browser.close()
+            if attempt == 2 or time.monotonic() >= deadline:
+                tries = " (the second browser too)" if attempt == 2 else ""
+                raise RuntimeError(
+                    f"chromium timed out after {time.monotonic() - started:.3g}s waiting for "
+                    f"{exc}{tries}; its stderr ends with:\n{stderr}"
+                ) from None
+            continue
+        except RuntimeError as exc:
+            stderr = browser.stderr_tail()
+            browser.close()
+            raise RuntimeError(
+                f"{exc} (while waiting for {step}); chromium's stderr ends with:\n{stderr}"
+            ) from None
+        except BaseException:
+            browser.close()
+            raise
+        page.deadline = deadline
+        return browser, page
+    raise AssertionError("the loop returns or raises")
 
 
 def _evaluate(page: _Page, expression: str) -> Any:

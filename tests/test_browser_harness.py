@@ -4,9 +4,11 @@ would pass vacuously."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
+import _browser
 import pytest
 from _browser import (
     Rendered,
@@ -132,3 +134,26 @@ def test_a_script_that_throws_is_an_error(tmp_path: Path) -> None:
     html.write_text("<body><p>hi</p>" + READY)
     with pytest.raises(RuntimeError, match="nope"):
         render_page(html, tmp_path / "shot.png", script='(() => { throw new Error("nope") })()')
+
+
+def test_a_browser_that_stalls_on_start_is_replaced_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI once saw Chromium answer nothing after Target.attachToTarget for 30 s; the harness
+    starts a second browser rather than fail the test that wanted a page."""
+    real = require_chromium()
+    stalled = tmp_path / "stalled-once"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "chromium"
+    wrapper.write_text(
+        f'#!/bin/sh\nif [ ! -e "{stalled}" ]; then : > "{stalled}"; exec sleep 60; fi\n'
+        f'exec "{real}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(_browser, "_START_WAIT", 1.0)
+    rendered = render(tmp_path, CHART)
+    assert stalled.exists()
+    assert rendered.ready and rendered.console_errors == []
+    assert rendered.value == {"canvases": 1, "drawn": 1, "unreadable": 0}

@@ -202,9 +202,9 @@ class LogReader:
     # --- msgpack -------------------------------------------------------------------------
 
     def _msgpack_events(self) -> Iterator[Event]:
-        """Each record in step: its header, its CRC, its event. Whatever stops that (the
-        end of what was read, a torn tail, damage) is ``_examine``'s; after damage,
-        ``_resync`` finds the next intact record."""
+        """Each record in turn: its header, its CRC, its event. Whatever stops that (the
+        end of what was read, the end of the log, a torn tail, damage) is
+        ``_next_record``'s to sort out."""
         try:
             buffer = _Buffer(self._file, self.data_offset, self.chunk_size, self._remaining)
             unpack = RECORD_HEADER.unpack_from
@@ -240,17 +240,7 @@ class LogReader:
                     pos = stop
                     index += 1
                 self.count = index - self.skipped
-                at = buffer.base + pos
-                found, stop, reason = self._examine(buffer, at)
-                if found is _Found.RECORD:
-                    continue
-                if found is _Found.END:
-                    break
-                if found is _Found.TORN:
-                    self._torn(buffer, at, index)
-                    break
-                self._corrupt(at, index, reason)
-                at, index = self._resync(buffer, self._past(at, stop), index + 1)
+                at, index = self._next_record(buffer, buffer.base + pos, index)
                 if at < 0:
                     break
             self.count = index - self.skipped
@@ -298,28 +288,26 @@ class LogReader:
             f"checksum mismatch (a damaged record of {size} bytes)",
         )
 
-    def _resync(self, buffer: _Buffer, at: int, index: int) -> tuple[int, int]:
-        """Find the next intact record from file offset ``at`` on: the next record
-        marker whose header holds and whose payload matches its CRC. A marker whose
-        header holds and whose CRC fails is another damaged record (counted, with
-        ``index`` its number). Returns where the record starts (-1: none, the log
-        ended, torn or not) and the index it has."""
-        while True:
-            at = buffer.find(RECORD_MARK, at)
+    def _next_record(self, buffer: _Buffer, at: int, index: int) -> tuple[int, int]:
+        """Where the next intact record starts, from file offset ``at`` on (-1: the log
+        ended, torn or not), and its index. Damage there is reported, and the next
+        record searched for by its marker: the next one whose header holds and whose
+        payload matches its CRC. A marker whose header holds and whose CRC fails is
+        another damaged record; one whose header fails starts no record."""
+        found, stop, reason = self._examine(buffer, at)
+        searching = False
+        while found is _Found.DAMAGE:
+            if stop >= 0 or not searching:
+                self._corrupt(at, index, reason)
+                index += 1
+            at = buffer.find(RECORD_MARK, self._past(at, stop))
             if at < 0:
                 return -1, index
             found, stop, reason = self._examine(buffer, at)
-            if found is _Found.RECORD:
-                return at, index
-            if found is _Found.TORN:
-                self._torn(buffer, at, index)
-                return -1, index
-            if stop >= 0:  # a record whose header holds and whose payload does not
-                self._corrupt(at, index, reason)
-                index += 1
-                at = self._past(at, stop)
-            else:  # a marker that starts no record (inside a payload, or damaged)
-                at += 1
+            searching = True
+        if found is _Found.TORN:
+            self.truncated = TruncatedTail(offset=at, index=index, size=buffer.end - at)
+        return (at if found is _Found.RECORD else -1), index
 
     def _past(self, at: int, stop: int) -> int:
         """Where to look for the next record after the damaged one at ``at`` (whose
@@ -329,9 +317,6 @@ class LogReader:
         does (then past it, so that reading stays linear)."""
         budget = RESYNC_BUDGET + RESYNC_BUDGET_PER_BYTE * (at - self.data_offset)
         return stop if stop >= 0 and self._failed_checksums > budget else at + 1
-
-    def _torn(self, buffer: _Buffer, at: int, index: int) -> None:
-        self.truncated = TruncatedTail(offset=at, index=index, size=buffer.end - at)
 
     # --- JSON Lines --------------------------------------------------------------------
 
