@@ -23,6 +23,7 @@ the ``Watchdog``; the subscriptions and their ``Counters``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Self, Unpack
@@ -307,7 +308,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
         *,
         name: str | None = None,
         order: int = 0,
-        mode: DeliveryMode = "inline",
+        delivery: DeliveryMode = "inline",
         timeout: float | None = None,
         on_error: ErrorPolicy = "log",
         max_faults: int = 3,
@@ -316,6 +317,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
         budget: float | None = None,
         over_budget: OverBudgetPolicy = "warn",
         barrier: bool = False,
+        mode: DeliveryMode | None = None,
     ) -> Subscription:
         """Call ``handler(event)`` for every event of ``event_types`` (subclasses included).
 
@@ -327,7 +329,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
             name: The handler's name in diagnostics and reports (default: its
                 module and qualified name).
             order: For one event, lower runs first; then registration order.
-            mode: ``"inline"`` runs the handler in the dispatcher (cheapest; a
+            delivery: ``"inline"`` runs the handler in the dispatcher (cheapest; a
                 slow one delays the others); ``"lane"`` gives it a task and a
                 bounded buffer of its own, so a slow one delays only itself.
             timeout: The deadline of one call, in real seconds (default: the
@@ -347,7 +349,15 @@ class EventBus(anyio.AsyncContextManagerMixin):
                 before the next one reaches any (handlers otherwise get a batch
                 each, in turn), for a handler that must see the others' state
                 as of that event: the state store snapshotting at a checkpoint.
+            mode: The deprecated name of ``delivery``.
         """
+        if mode is not None:
+            warnings.warn(
+                "EventBus.subscribe(mode=...) is deprecated: use delivery=...",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            delivery = mode
         registry = self._registry
         capacity = self._buffer if buffer is None else checked("buffer", buffer, Buffer)
         sub = Subscription(
@@ -357,7 +367,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
             name=name,
             index=self._next_index,
             order=order,
-            mode=mode,
+            delivery=delivery,
             timeout=self.timeout if timeout is None else timeout,
             on_error=on_error,
             max_faults=max_faults,
@@ -370,7 +380,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
             raise BusClosed("the bus is closed")
         self._next_index += 1
         lane = None
-        if mode == "lane":
+        if delivery == "lane":
             runner = Runner(self._now, self._policy, self._watchdog.guard())
             lane = self._dispatcher.new_lane(sub, runner, capacity)
         registry.add(sub, lane)

@@ -1,6 +1,6 @@
 """A handler registered on the bus: what it asked for, and what it has cost.
 
-A ``Subscription`` is the handler's configuration (event types, order, mode,
+A ``Subscription`` is the handler's configuration (event types, order, delivery,
 deadline, policies, budget) and its state (normal, coalescing, disabled).
 What the handler has cost is in its ``Counters``, which the runners add to
 once per batch; ``stats()`` returns a frozen copy, a ``SubscriptionStats``.
@@ -13,6 +13,7 @@ registry that keeps it decides what they mean.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal, Protocol
 
@@ -47,7 +48,7 @@ class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         name: The handler's name.
-        mode: ``"inline"`` or ``"lane"``.
+        delivery: ``"inline"`` or ``"lane"``.
         calls: Calls made, failed and timed-out ones included.
         failed: Calls that raised.
         timed_out: Calls past their deadline.
@@ -60,7 +61,7 @@ class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     name: str
-    mode: DeliveryMode
+    delivery: DeliveryMode
     calls: int
     failed: int
     timed_out: int
@@ -69,6 +70,14 @@ class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
     state: HandlerState
     total: float = 0.0
     max: float = 0.0
+
+    @property
+    def mode(self) -> DeliveryMode:
+        """Deprecated name of ``delivery``."""
+        warnings.warn(
+            "SubscriptionStats.mode is deprecated: use .delivery", DeprecationWarning, stacklevel=2
+        )
+        return self.delivery
 
 
 class Counters:
@@ -213,7 +222,7 @@ def _checked_types(
     event_types: type[Event] | Iterable[type[Event]],
     handler: Callable[[Any], Any],
     *,
-    mode: str,
+    delivery: str,
     timeout: float,
     on_error: str,
     max_faults: int,
@@ -230,8 +239,8 @@ def _checked_types(
         )
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {handler!r}")
-    if mode not in ("inline", "lane"):
-        raise ValueError(f"mode must be 'inline' or 'lane', got {mode!r}")
+    if delivery not in ("inline", "lane"):
+        raise ValueError(f"delivery must be 'inline' or 'lane', got {delivery!r}")
     if on_error not in ("log", "raise", "disable"):
         raise ValueError(f"on_error must be 'log', 'raise' or 'disable', got {on_error!r}")
     if over_budget not in ("warn", "coalesce", "disable"):
@@ -254,11 +263,11 @@ class Subscription:
         "blocking",
         "budget",
         "counters",
+        "delivery",
         "handler",
         "index",
         "is_async",
         "max_faults",
-        "mode",
         "name",
         "on_error",
         "order",
@@ -278,7 +287,7 @@ class Subscription:
         name: str | None,
         index: int,
         order: int,
-        mode: DeliveryMode,
+        delivery: DeliveryMode,
         timeout: float,
         on_error: ErrorPolicy,
         max_faults: int,
@@ -290,7 +299,7 @@ class Subscription:
         self.types = _checked_types(
             event_types,
             handler,
-            mode=mode,
+            delivery=delivery,
             timeout=timeout,
             on_error=on_error,
             max_faults=max_faults,
@@ -302,7 +311,7 @@ class Subscription:
         self.name = name = name or handler_name(handler)
         self.index = index
         self.order = order
-        self.mode: DeliveryMode = mode
+        self.delivery: DeliveryMode = delivery
         self.timeout = timeout
         self.on_error: ErrorPolicy = on_error
         self.max_faults = max_faults
@@ -346,6 +355,14 @@ class Subscription:
         return True
 
     @property
+    def mode(self) -> DeliveryMode:
+        """Deprecated name of ``delivery``."""
+        warnings.warn(
+            "Subscription.mode is deprecated: use .delivery", DeprecationWarning, stacklevel=2
+        )
+        return self.delivery
+
+    @property
     def queued(self) -> int:
         return self._owner.queued(self)
 
@@ -353,7 +370,7 @@ class Subscription:
         counters = self.counters
         return SubscriptionStats(
             name=self.name,
-            mode=self.mode,
+            delivery=self.delivery,
             calls=counters.calls,
             failed=counters.failed,
             timed_out=counters.timed_out,
@@ -365,4 +382,4 @@ class Subscription:
         )
 
     def __repr__(self) -> str:
-        return f"<Subscription {self.name!r} {self.mode} order={self.order} {self.state}>"
+        return f"<Subscription {self.name!r} {self.delivery} order={self.order} {self.state}>"

@@ -40,9 +40,8 @@ class UserCallback:
         on_error: ``"log"``, ``"raise"`` or ``"disable"`` (after ``max_faults``).
         max_faults: faults before ``on_error="disable"`` disables it.
         over_budget: ``"warn"``, ``"coalesce"`` or ``"disable"``.
-        delivery: ``"inline"`` or ``"lane"``, the subscription's ``mode``
-            (named apart because ``mode`` is a common argument of callbacks:
-            ``EarlyStopping``'s ``"min"`` or ``"max"``).
+        delivery: ``"inline"`` or ``"lane"``, as ``EventBus.subscribe``'s
+            ``delivery``.
         blocking: run sync hooks in a worker thread, abandoned at the deadline.
         event_types: raw events this callback also wants, delivered to
             ``on_event(run_context, event)`` (for displays that count reports).

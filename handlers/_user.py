@@ -88,7 +88,7 @@ _OPTIONS = {
     "on_error": "on_error",
     "max_faults": "max_faults",
     "over_budget": "over_budget",
-    "delivery": "mode",
+    "delivery": "delivery",
 }
 
 

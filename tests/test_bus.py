@@ -104,7 +104,7 @@ async def test_lane_handler_delays_only_itself() -> None:
         slow.append(e.index)
 
     async with EventBus(buffer=64) as bus:
-        bus.subscribe(Report, blocked, mode="lane")
+        bus.subscribe(Report, blocked, delivery="lane")
         bus.subscribe(Report, lambda e: fast.append(e.index))
         for i in range(20):
             await bus.publish(report(i))
@@ -269,7 +269,7 @@ async def test_publish_waits_when_buffers_are_full() -> None:
         seen.append(e.index)
 
     async with EventBus(buffer=4) as bus:
-        bus.subscribe(Report, gate, mode="lane", buffer=2)
+        bus.subscribe(Report, gate, delivery="lane", buffer=2)
 
         async def producer() -> None:
             nonlocal published
@@ -296,7 +296,7 @@ async def test_wait_idle_means_everything_was_handled() -> None:
         seen.append(e.index)
 
     async with EventBus() as bus:
-        bus.subscribe(Report, slow, mode="lane")
+        bus.subscribe(Report, slow, delivery="lane")
         bus.subscribe(Report, slow)
         for i in range(10):
             await bus.publish(report(i))
@@ -311,7 +311,7 @@ async def test_close_drains_and_forced_close_counts_what_was_abandoned() -> None
         await release.wait()
 
     async with EventBus(timeout=60) as bus:
-        bus.subscribe(Report, gate, mode="lane")
+        bus.subscribe(Report, gate, delivery="lane")
         bus.subscribe(Report, lambda e: None)
         for i in range(5):
             await bus.publish(report(i))
@@ -386,8 +386,8 @@ def test_subscribe_rejects_bad_arguments() -> None:
     bus = EventBus()
     with pytest.raises(TypeError, match="Event subclasses"):
         bus.subscribe(int, print)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="mode"):
-        bus.subscribe(Report, print, mode="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="delivery"):
+        bus.subscribe(Report, print, delivery="fast")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="blocking"):
 
         async def handler(e: Any) -> None: ...
@@ -459,3 +459,18 @@ def test_a_blocking_call_abandoned_before_its_thread_started_never_runs() -> Non
     on_time.run()
     on_time.abandon()  # abandoned while running: it already ran (and would run on)
     assert ran == [2]
+
+
+async def test_the_old_name_of_delivery_still_works_with_a_warning() -> None:
+    """``subscribe(mode=)`` was renamed ``delivery=`` (one name with ``UserCallback.delivery``)."""
+    seen: list[Event] = []
+    async with EventBus() as bus:
+        with pytest.warns(DeprecationWarning, match="delivery="):
+            sub = bus.subscribe(Report, seen.append, mode="lane")
+        assert sub.delivery == "lane"
+        with pytest.warns(DeprecationWarning, match=r"\.delivery"):
+            assert sub.mode == "lane"
+        with pytest.warns(DeprecationWarning, match=r"\.delivery"):
+            assert sub.stats().mode == "lane"
+        await bus.publish(report(0))
+    assert len(seen) == 1

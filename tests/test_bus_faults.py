@@ -351,7 +351,7 @@ async def test_wait_idle_from_a_handler_fails_at_once() -> None:
             await bus.wait_idle()
 
         bus.subscribe(HandlerFailed, failures.append)
-        bus.subscribe(Report, waits, mode="lane")
+        bus.subscribe(Report, waits, delivery="lane")
         bus.subscribe(Report, waits)
         with anyio.fail_after(10):  # the handlers' deadline is 30 s
             await bus.publish(report(0))

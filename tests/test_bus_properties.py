@@ -131,7 +131,7 @@ async def test_every_handler_gets_its_events_in_order_and_counts_add_up(
                 TOPICS[s.topic],
                 s.make_handler(),
                 name=f"h{i}",
-                mode=s.mode,
+                delivery=s.mode,
                 order=s.order,
                 buffer=buffer,
             )

@@ -166,7 +166,7 @@ def test_subscribe_and_callbacks_take_their_options_through_the_same_checks() ->
         ({"max_faults": 0}, "max_faults"),
         ({"max_faults": 1.5}, "max_faults"),
         ({"buffer": 0}, "buffer"),
-        ({"buffer": math.nan, "mode": "lane"}, "buffer"),
+        ({"buffer": math.nan, "delivery": "lane"}, "buffer"),
     ]
     for keywords, option in cases:
         with pytest.raises((OptionError, OptionTypeError)) as info:

@@ -69,7 +69,7 @@ async def test_fast_producers_slow_lane_bounded_memory_nothing_dropped(anyio_bac
         counted += 1
 
     bus = EventBus(buffer=BUFFER, period=3600.0)  # no periods: no diagnostics in the counts
-    bus.subscribe(LoadProbe, slow_lane, name="slow", mode="lane", buffer=LANE_BUFFER)
+    bus.subscribe(LoadProbe, slow_lane, name="slow", delivery="lane", buffer=LANE_BUFFER)
     bus.subscribe(LoadProbe, inline_counter, name="count")
     others: list[Event] = []
     bus.subscribe(Event, lambda e: None if type(e) is LoadProbe else others.append(e), name="other")

@@ -171,7 +171,7 @@ async def one_run(seed: int) -> dict[str, int | float]:
             FaultProbe,
             fn,
             name=h.name,
-            mode=h.mode,  # type: ignore[arg-type]
+            delivery=h.mode,  # type: ignore[arg-type]
             blocking=h.kind in ("blocking", "hang_blocking"),
             **options,
         )
@@ -287,7 +287,7 @@ async def test_forced_close_counts_every_undelivered_event(anyio_backend: str) -
 
     bus = EventBus(buffer=64, drain_timeout=0.05)
     bus.subscribe(FaultProbe, lambda e: None, name="fast")
-    bus.subscribe(FaultProbe, slow, name="slow", mode="lane")
+    bus.subscribe(FaultProbe, slow, name="slow", delivery="lane")
     async with bus:
         published = await publish_until_closed(bus, 500)
         report = await bus.aclose()
@@ -313,7 +313,7 @@ async def test_failing_the_bus_counts_each_undelivered_event_once(
     bus = EventBus(buffer=64)
     bus.subscribe(FaultProbe, lambda e: None, name="first")
     bus.subscribe(FaultProbe, fail_at_100, name="raiser", on_error="raise")
-    bus.subscribe(FaultProbe, other, name="other", mode=mode)  # type: ignore[arg-type]
+    bus.subscribe(FaultProbe, other, name="other", delivery=mode)  # type: ignore[arg-type]
     with pytest.raises(Boom):
         async with bus:
             published = await publish_until_closed(bus, 500)
@@ -332,7 +332,7 @@ async def test_hung_async_handler_is_cut_off_within_its_deadline_plus_a_tick(
         FaultProbe,
         make_handler(hangs, threading.Event()),
         name="hang",
-        mode=mode,  # type: ignore[arg-type]
+        delivery=mode,  # type: ignore[arg-type]
         timeout=DEADLINE,
     )
     async with bus:
