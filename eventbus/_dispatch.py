@@ -12,7 +12,7 @@ dispatcher's ``Runner``; lane handlers get the batch put into their lane.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import groupby
 
 import anyio
@@ -179,21 +179,27 @@ class Dispatcher:
 
     # --- idle, and what is left ---------------------------------------------------
 
-    def is_idle(self) -> bool:
-        """Whether every accepted event has been handled, in lanes too."""
+    def is_idle(self, lanes: Iterable[Subscription] | None = None) -> bool:
+        """Whether every accepted event has been handled, in lanes too; with ``lanes``,
+        in those lanes only (the others may still be working through theirs)."""
         if self._inbox or self.dispatching:
             return False
-        return all(not lane.queued for lane in self._registry.lanes.values())
+        if lanes is None:
+            return all(not lane.queued for lane in self._registry.lanes.values())
+        running = self._registry.lanes
+        return all(not lane.queued for sub in lanes if (lane := running.get(sub)) is not None)
 
     def maybe_idle(self) -> None:
-        """A task went to sleep: wake ``wait_idle`` if everything is done."""
-        if self._idle is not None and self.is_idle():
+        """A task went to sleep: wake ``wait_idle`` if the dispatcher is done (its
+        waiters look at the lanes they wait for themselves)."""
+        if self._idle is not None and not self._inbox and not self.dispatching:
             self._idle.set()
             self._idle = None
 
-    async def wait_idle(self) -> None:
-        """Return once ``is_idle()``."""
-        while not self.is_idle():
+    async def wait_idle(self, lanes: Iterable[Subscription] | None = None) -> None:
+        """Return once ``is_idle(lanes)``."""
+        lanes = None if lanes is None else tuple(lanes)
+        while not self.is_idle(lanes):
             if self._idle is None:
                 self._idle = anyio.Event()
             await self._idle.wait()

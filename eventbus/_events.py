@@ -452,6 +452,38 @@ class TrainRunContext(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+class CallbackCost(msgspec.Struct, frozen=True, kw_only=True):
+    """What one hook of a training callback cost over a run (``RunResult.callbacks``).
+
+    The bus's accounting of the hook's subscription, summed over the run's
+    health-check periods, so it agrees with the run's ``BudgetReport``s. Times
+    are seconds on the bus's clock, as ``HandlerUsage``'s are.
+
+    Attributes:
+        handler: The hook's name in diagnostics and budget reports
+            (``EarlyStopping.after_report``; ``...#2`` for a second instance).
+        calls: Calls made, failed and timed-out ones included.
+        total: Seconds spent in it.
+        mean: Seconds per call (``total / calls``; 0 without calls).
+        max: Its longest call, in seconds.
+        periods_over_budget: Health-check periods whose budget report named it
+            over its budget.
+        faults: Calls that raised.
+        timeouts: Calls past their deadline.
+        skipped: Deliveries not made (disabled, coalescing, or cut short).
+    """
+
+    handler: str
+    calls: int = 0
+    total: float = 0.0
+    mean: float = 0.0
+    max: float = 0.0
+    periods_over_budget: int = 0
+    faults: int = 0
+    timeouts: int = 0
+    skipped: int = 0
+
+
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """How a run ended, given to ``after_run``."""
 
@@ -470,6 +502,12 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     stop_reason: str | None = None
     #: Rounds whose ranks named different checkpoints (each such round has none).
     checkpoint_mismatches: int = 0
+    #: What each hook of the run's training callbacks cost, in the order they were
+    #: subscribed (the library's own handlers are in ``EventBus.stats()``). As given to
+    #: ``after_run``: up to the run's end; ``Run.result`` brings them up to the bus's
+    #: close (``after_run`` itself, the last period's budget verdict). Empty in logs
+    #: recorded before it.
+    callbacks: tuple[CallbackCost, ...] = ()
 
 
 class BeforeRun(Event, frozen=True, kw_only=True, tag="RunBegan"):

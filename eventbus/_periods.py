@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from ._clock import Clock
 from ._events import BudgetReport, Event, HandlerUsage, HealthCheckTick
 from ._logging import get_logger
-from ._policy import Policy
+from ._policy import Policy, cost_text, duration_text
 from ._subscription import Subscription
 
 __all__ = ["Periods", "close_period"]
@@ -103,25 +103,63 @@ class Periods:
         return None
 
     def report(self, start: float, end: float, *, partial: bool = False) -> BudgetReport:
-        """The budget report of ``[start, end)``; the policy acts on the handlers over
-        budget (unless ``partial``), and one warning names the worst of them."""
+        """The budget report of ``[start, end)``; the policy acts on each handler
+        (unless ``partial``), and one warning names the worst of those over budget."""
         subs = self._subs()
-        report, over = close_period(
+        report, usages = close_period(
             subs, self.index, start, end, self.budget, period=self.length, partial=partial
         )
+        length = judged_length(start, end, self.length, partial=partial)
         if not partial:  # at close, a policy would change nothing
-            for sub in subs:
-                self._policy.budget_verdict(sub, sub in over)
+            for sub, usage in zip(subs, usages, strict=True):
+                self._policy.budget_verdict(sub, usage, length)
         if report.over_budget or report.total > report.budget:
             worst = sorted(report.handlers, key=lambda u: u.total, reverse=True)[:3]
             _log.warning(
-                "callbacks over budget",
+                f"callbacks over budget: {over_budget_text(report, length)}",
                 period=report.period,
                 total=round(report.total, 6),
                 budget=round(report.budget, 6),
                 worst={u.handler: round(u.total, 6) for u in worst},
             )
         return report
+
+
+#: How many handlers over budget the warning names; the report has them all.
+_NAMED = 3
+
+
+def over_budget_text(report: BudgetReport, length: float) -> str:
+    """The warning's words: the handlers over budget, costliest first, each with what
+    it took of the period and its budget; and all of them together, if that was over
+    the bus's budget when the handlers named alone were not.
+    ``length``: the period's length as judged (a whole one for a partial period)."""
+    over = sorted(
+        (u for u in report.handlers if u.over_budget), key=lambda u: u.total, reverse=True
+    )
+    parts = [f"{u.handler} took {cost_text(u.total, u.budget, length)}" for u in over[:_NAMED]]
+    if len(over) > _NAMED:
+        parts.append(f"and {len(over) - _NAMED} more (see the period's BudgetReport)")
+    named = math.fsum(u.total for u in over[:_NAMED])
+    if report.total > report.budget >= named:  # the named alone do not explain it
+        together = f"all together {cost_text(report.total, report.budget, length)}"
+        if not over:  # none over its own budget: name who spent most of it
+            costliest = sorted(report.handlers, key=lambda u: u.total, reverse=True)[:_NAMED]
+            together += ", most by " + ", ".join(
+                f"{u.handler} ({duration_text(u.total)})" for u in costliest
+            )
+        parts.append(together)
+    where = f"period {report.period}"
+    if report.partial:
+        where += f", the last, cut short after {duration_text(report.end - report.start)}"
+    return f"{'; '.join(parts)} ({where})"
+
+
+def judged_length(start: float, end: float, period: float, *, partial: bool) -> float:
+    """The length a period's budget is a share of: its own, or for a ``partial`` one
+    (cut short when the bus closed, maybe after microseconds) a whole period's."""
+    length = end - start
+    return max(length, period) if partial else length
 
 
 def close_period(
@@ -133,9 +171,10 @@ def close_period(
     *,
     period: float | None = None,
     partial: bool = False,
-) -> tuple[BudgetReport, set[Subscription]]:
-    """The report of period ``index`` and the subscriptions over their budget;
-    each subscription's period counters are added to its lifetime ones.
+) -> tuple[BudgetReport, list[HandlerUsage]]:
+    """The report of period ``index`` and each subscription's usage in it (in the
+    order of ``subs``; the report has those that did anything); each subscription's
+    period counters are added to its lifetime ones.
 
     A handler's budget is its own share of the period if it has one, else
     the bus's; the bus's budget applies to all handlers together. A
@@ -145,35 +184,27 @@ def close_period(
     """
     length = end - start
     if partial and period is not None:
-        length = max(length, period)
+        length = judged_length(start, end, period, partial=True)
     usages = []
-    over: set[Subscription] = set()
+    reported = []
     total = 0.0
     for sub in subs:
         counters = sub.counters
         budget = (sub.budget if sub.budget is not None else bus_budget) * length
-        is_over = counters.period_total > budget
-        if (
-            counters.period_calls
-            or counters.period_skipped
-            or counters.period_faults
-            or counters.period_timeouts
-        ):
-            usages.append(
-                HandlerUsage(
-                    handler=sub.name,
-                    calls=counters.period_calls,
-                    total=counters.period_total,
-                    max=counters.period_max,
-                    timeouts=counters.period_timeouts,
-                    faults=counters.period_faults,
-                    skipped=counters.period_skipped,
-                    budget=budget,
-                    over_budget=is_over,
-                )
-            )
-        if is_over:
-            over.add(sub)
+        usage = HandlerUsage(
+            handler=sub.name,
+            calls=counters.period_calls,
+            total=counters.period_total,
+            max=counters.period_max,
+            timeouts=counters.period_timeouts,
+            faults=counters.period_faults,
+            skipped=counters.period_skipped,
+            budget=budget,
+            over_budget=counters.period_total > budget,
+        )
+        usages.append(usage)
+        if usage.calls or usage.skipped or usage.faults or usage.timeouts:
+            reported.append(usage)
         total += counters.period_total
         counters.close_period()
     report = BudgetReport(
@@ -183,8 +214,8 @@ def close_period(
         budget=bus_budget * length,
         total=total,
         fraction=total / length if length > 0 else 0.0,
-        handlers=tuple(usages),
-        over_budget=tuple(u.handler for u in usages if u.over_budget),
+        handlers=tuple(reported),
+        over_budget=tuple(u.handler for u in reported if u.over_budget),
         partial=partial,
     )
-    return report, over
+    return report, usages

@@ -5,22 +5,27 @@ reports a budget verdict, the user calls ``enable()``: one place counts it,
 emits the diagnostic event, logs (once per period: the budget report has the
 counts), and changes the handler's state or fails the run, so that every
 path applies the same policy.
+
+What a user reads says its figures with their units (``205 ms of a 5 s period
+(4.1%)``): ``duration_text``, ``share_text`` and ``cost_text`` word them, for
+the state changes' reasons and the log lines here and in the periods'.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal
 
 import anyio
 
-from ._events import Event, HandlerFailed, HandlerStateChanged, HandlerTimedOut
+from ._events import Event, HandlerFailed, HandlerStateChanged, HandlerTimedOut, HandlerUsage
 from ._faults import FATAL, forgive_foreign_cancel, is_requested_cancel
 from ._logging import get_logger
 from ._subscription import HandlerState, Subscription
 from ._text import describe, format_traceback, safe_str
 
-__all__ = ["Policy"]
+__all__ = ["Policy", "cost_text", "duration_text", "share_text"]
 
 _log = get_logger("eventbus")
 
@@ -29,6 +34,61 @@ _OVERRUN_ADVICE = (
     "a plain sync handler cannot be interrupted; declare it blocking=True to run it "
     "in a worker thread that is abandoned at the deadline, or make it async"
 )
+#: What became of a call past its deadline, as the timeout line says it.
+_OUTCOMES = {
+    "cancelled": "the call was cancelled",
+    "abandoned": "its thread was abandoned",
+    "overrun": "it could not be interrupted",
+}
+#: A state as the state-change line says it.
+_STATES: dict[HandlerState, str] = {
+    "normal": "enabled",
+    "coalescing": "coalescing",
+    "disabled": "disabled",
+}
+
+
+def _figures(value: float, significant: int) -> str:
+    """``value`` to ``significant`` figures, without an exponent: ``205``, ``4.1``."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, significant - 1 - math.floor(math.log10(abs(value))))
+    if decimals == 0:
+        return f"{value:,.0f}"
+    return f"{value:.{decimals}f}".rstrip("0").rstrip(".")
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` in the unit that reads best, to three figures: ``205 ms``, ``5 s``,
+    ``40 µs``, ``120 ns``."""
+    size = abs(seconds)
+    if size >= 1 or size == 0 or not math.isfinite(size):
+        return f"{_figures(seconds, 3)} s"
+    for unit, scale in (("ms", 1e3), ("µs", 1e6)):
+        if size * scale >= 1:
+            return f"{_figures(seconds * scale, 3)} {unit}"
+    return f"{_figures(seconds * 1e9, 3)} ns"
+
+
+def share_text(fraction: float) -> str:
+    """A share as a percentage, to two figures: ``4.1%``, ``0.5%``, ``100%``."""
+    return f"{_figures(fraction * 100, 2)}%"
+
+
+def cost_text(used: float, budget: float, length: float) -> str:
+    """What a handler (or all of them) took of a period, against its budget, in words:
+    ``205 ms of a 5 s period (4.1%), budget 25 ms (0.5%)``."""
+    if length > 0:
+        return (
+            f"{duration_text(used)} of a {duration_text(length)} period "
+            f"({share_text(used / length)}), budget {duration_text(budget)} "
+            f"({share_text(budget / length)})"
+        )
+    return f"{duration_text(used)}, budget {duration_text(budget)}"
+
+
+def _periods_text(count: int) -> str:
+    return f"{count} whole period{'' if count == 1 else 's'}"
 
 
 class Policy:
@@ -137,7 +197,8 @@ class Policy:
         """Record a call past its deadline; True when the handler must get no more events."""
         if sub.counters.add_timeout() == 1:  # once per period: the report has the count
             _log.warning(
-                "handler timed out",
+                f"handler timed out: {sub.name} took {duration_text(elapsed)}, its deadline "
+                f"is {duration_text(sub.timeout)}; {_OUTCOMES[outcome]}",
                 handler=sub.name,
                 event_seq=event.seq,
                 timeout=sub.timeout,
@@ -159,7 +220,10 @@ class Policy:
                 )
             )
         return self._apply_error_policy(
-            sub, TimeoutError(f"{sub.name} took {elapsed:.3f}s, deadline {sub.timeout}s")
+            sub,
+            TimeoutError(
+                f"{sub.name} took {duration_text(elapsed)}, deadline {duration_text(sub.timeout)}"
+            ),
         )
 
     def skip_rest(self, sub: Subscription, count: int) -> None:
@@ -167,15 +231,52 @@ class Policy:
         if count > 0:
             sub.counters.skip(count)
 
-    def set_state(self, sub: Subscription, state: HandlerState, reason: str) -> None:
-        if sub.change_state(state, reason):
-            _log.warning("handler state changed", handler=sub.name, state=state, reason=reason)
+    def set_state(
+        self, sub: Subscription, state: HandlerState, reason: str, *, by_budget: bool = False
+    ) -> None:
+        """Move ``sub`` to ``state`` for ``reason`` (words a user reads: the event has
+        them); ``by_budget``: the budget policy's doing, which it may undo."""
+        if sub.change_state(state, reason, by_budget=by_budget):
+            _log.warning(
+                f"handler state changed: {sub.name} {_STATES[state]}: {reason}",
+                handler=sub.name,
+                state=state,
+                reason=reason,
+            )
             self._emit(HandlerStateChanged(handler=sub.name, state=state, reason=reason))
 
-    def budget_verdict(self, sub: Subscription, over: bool) -> None:
-        """A period closed with ``sub`` over (or within) its budget."""
-        if over and sub.over_budget != "warn" and sub.state == "normal":
-            state: HandlerState = "coalescing" if sub.over_budget == "coalesce" else "disabled"
-            self.set_state(sub, state, "over budget")
-        elif not over and sub.state != "normal" and sub.state_reason == "over budget":
-            self.set_state(sub, "normal", "back under budget")
+    def budget_verdict(self, sub: Subscription, usage: HandlerUsage, length: float) -> None:
+        """A period of ``length`` seconds closed with ``sub`` over (or within) its budget.
+
+        ``"coalesce"`` lasts while the handler is over budget: coalesced, it is still
+        called, so each period measures it. ``"disable"`` lasts ``probation`` whole
+        periods: disabled, a handler costs nothing, and a period without its calls
+        says nothing of what they cost (taking it as "back under budget" made a
+        slow handler flap, disabled and enabled every other period).
+        """
+        if sub.state == "normal":
+            if usage.over_budget and sub.over_budget != "warn":
+                cost = cost_text(usage.total, usage.budget, length)
+                if sub.over_budget == "coalesce":
+                    why = "only the newest pending event of each type is delivered"
+                    state: HandlerState = "coalescing"
+                else:
+                    probation = _periods_text(sub.probation)
+                    why = f"disabled for {probation} (probation), then tried again"
+                    state = "disabled"
+                self.set_state(sub, state, f"over budget: took {cost}; {why}", by_budget=True)
+            return
+        if not sub.state_by_budget:
+            return  # disabled for its faults, or by the run: not the budget's to lift
+        if sub.state == "coalescing":
+            if not usage.over_budget:
+                cost = cost_text(usage.total, usage.budget, length)
+                self.set_state(sub, "normal", f"back under budget: took {cost}")
+        elif (periods := sub.counters.periods_in_state) >= sub.probation:
+            self.set_state(
+                sub,
+                "normal",
+                f"probation over: after {_periods_text(periods)} disabled, it is tried "
+                "again (a disabled handler costs nothing: only its calls can say whether "
+                "it is back under budget)",
+            )

@@ -21,6 +21,7 @@ import msgspec.inspect as mi
 from msgspec import Meta
 
 __all__ = [
+    "DEFAULT_PROBATION",
     "MAX_BUFFER",
     "MAX_PERIOD",
     "MAX_SECONDS",
@@ -33,6 +34,7 @@ __all__ = [
     "OptionTypeError",
     "Options",
     "PeriodSeconds",
+    "Probation",
     "Seconds",
     "Share",
     "WaitSeconds",
@@ -64,6 +66,13 @@ Buffer = Annotated[int, Meta(ge=1, le=MAX_BUFFER, description="whole number of e
 Count = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 #: How many faults (failures and timeouts) disable a handler with ``on_error="disable"``.
 Faults = Annotated[int, Meta(ge=1, le=1_000_000, description="whole number of faults")]
+#: How many whole health-check periods a handler disabled by ``over_budget="disable"``
+#: stays disabled before it is tried again.
+Probation = Annotated[int, Meta(ge=1, le=1_000_000, description="whole number of periods")]
+#: ``Probation``'s default: long enough that a callback over budget in every period it
+#: runs costs at most a quarter of what it would (one period in four), short enough
+#: that one over budget once is soon back.
+DEFAULT_PROBATION = 3
 
 
 class _NamesOption(Exception):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Self
 import msgspec
 
 from eventbus import (
+    CallbackCost,
     CheckpointSaved,
     EventBus,
     RunFinished,
@@ -21,6 +22,7 @@ from eventbus import (
     RunStatus,
     Stage,
     Subscription,
+    SubscriptionStats,
     TrainRunContext,
     WorkerFailure,
 )
@@ -50,7 +52,8 @@ class CallbackAttachment:
     (``EventBus.gathering``), so a replay into the bus leaves out the derived
     events its log recorded. The run's context comes from the first
     ``RunStarted`` (or, without one, from the first event naming the run);
-    its figures come from the gatherers that count them, asked when wanted.
+    its figures come from the gatherers that count them, asked when wanted,
+    and what each callback's hooks cost from the bus's accounting of them.
     Made unattached, so that making it changes nothing: ``attach`` subscribes.
 
     Args:
@@ -72,7 +75,9 @@ class CallbackAttachment:
         announce_checkpoints: bool = False,
     ) -> None:
         self.bus: EventBus | None = None
-        self.lifecycle = RunCallbackHandler(result_of=self._result, world_size=world_size)
+        self.lifecycle = RunCallbackHandler(
+            result_of=self._result, world_size=world_size, costs_of=self.costs
+        )
         context_for = self.lifecycle.context_for
         self.reports = ReportCallbackHandler(
             world_size=world_size,
@@ -155,6 +160,15 @@ class CallbackAttachment:
     def callbacks(self) -> list[Any]:
         return self.user.callbacks
 
+    def costs(self) -> tuple[CallbackCost, ...]:
+        """What each hook of the training callbacks cost so far, in subscription order.
+
+        Only the callbacks': a user reads what their own code cost; the gatherers,
+        the state store and the log recorder are the library's, in
+        ``EventBus.stats()`` and the budget reports."""
+        over = self.lifecycle.periods_over_budget
+        return tuple(_cost(sub.stats(), over[sub.name]) for sub in self.user.subscriptions)
+
     def result(self, status: RunStatus = "finished") -> RunResult:
         """The figures so far, as ``after_run`` would get them."""
         context = self.run_context
@@ -169,6 +183,7 @@ class CallbackAttachment:
             restarts=reports.restarts,
             last_checkpoint=reports.last_checkpoint,
             checkpoint_mismatches=reports.mismatches,
+            callbacks=self.costs(),
         )
 
     def _result(self, event: RunFinished, context: TrainRunContext) -> RunResult:
@@ -191,6 +206,20 @@ class CallbackAttachment:
         """Detach every handler from the bus."""
         for sub in self.subscriptions:
             sub.cancel()
+
+
+def _cost(stats: SubscriptionStats, periods_over_budget: int) -> CallbackCost:
+    return CallbackCost(
+        handler=stats.name,
+        calls=stats.calls,
+        total=stats.total,
+        mean=stats.total / stats.calls if stats.calls else 0.0,
+        max=stats.max,
+        periods_over_budget=periods_over_budget,
+        faults=stats.failed,
+        timeouts=stats.timed_out,
+        skipped=stats.skipped,
+    )
 
 
 def attach_user_callbacks(

@@ -40,6 +40,8 @@ class UserCallback:
         on_error: ``"log"``, ``"raise"`` or ``"disable"`` (after ``max_faults``).
         max_faults: faults before ``on_error="disable"`` disables it.
         over_budget: ``"warn"``, ``"coalesce"`` or ``"disable"``.
+        probation: whole periods a hook disabled by ``over_budget="disable"``
+            stays disabled before it is tried again.
         delivery: ``"inline"`` or ``"lane"``, as ``EventBus.subscribe``'s
             ``delivery``.
         blocking: run sync hooks in a worker thread, abandoned at the deadline.
@@ -54,6 +56,7 @@ class UserCallback:
     on_error: ClassVar[ErrorPolicy | None] = None
     max_faults: ClassVar[int | None] = None
     over_budget: ClassVar[OverBudgetPolicy | None] = None
+    probation: ClassVar[int | None] = None
     delivery: ClassVar[DeliveryMode | None] = None
     blocking: ClassVar[bool] = False
     event_types: ClassVar[tuple[type[Event], ...]] = ()

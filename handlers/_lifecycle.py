@@ -6,11 +6,14 @@ This handler turns the run's ``RunStarted`` and ``RunFinished`` into the
 second start or end (two runs in one log) into nothing. It also owns the run
 context: from the first ``RunStarted``, or, when a log has none, built from
 the first event that names the run, in which case the run begins right then,
-so that ``before_run`` still comes first.
+so that ``before_run`` still comes first. And it counts, from the bus's
+``BudgetReport``s (one a period, never per event), the periods each handler
+was over budget in, for the run's result.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 
@@ -19,6 +22,8 @@ import msgspec
 from eventbus import (
     AfterRun,
     BeforeRun,
+    BudgetReport,
+    CallbackCost,
     Event,
     EventBus,
     RunFinished,
@@ -32,6 +37,8 @@ from eventbus import (
 __all__ = ["RunCallbackHandler"]
 
 ResultOf = Callable[[RunFinished, TrainRunContext], RunResult]
+#: The training callbacks' costs so far (an attachment's ``costs``).
+CostsOf = Callable[[], tuple[CallbackCost, ...]]
 
 
 def _bare_result(event: RunFinished, context: TrainRunContext) -> RunResult:
@@ -46,27 +53,51 @@ class RunCallbackHandler:
             attachment fills in the run's figures); by default its status and
             error alone.
         world_size: fills in a context built from an event that lacks it.
+        costs_of: the callbacks' costs so far, which ``result`` brings up to date
+            after the run ended; without it, ``result`` is ``AfterRun``'s.
     """
 
     def __init__(
-        self, *, result_of: ResultOf = _bare_result, world_size: int | None = None
+        self,
+        *,
+        result_of: ResultOf = _bare_result,
+        world_size: int | None = None,
+        costs_of: CostsOf | None = None,
     ) -> None:
         self._world_size = world_size
         self._emit: Callable[[Event], object] | None = None
         self.run_context: TrainRunContext | None = None
-        self.result: RunResult | None = None
+        #: What ``AfterRun`` carried (``None`` until the run ended).
+        self.ended: RunResult | None = None
+        #: By handler name: the budget reports that named it over budget.
+        self.periods_over_budget: Counter[str] = Counter()
         self._result_of = result_of
+        self._costs_of = costs_of
 
     def subscribe(self, bus: EventBus, *, order: int = Stage.LIFECYCLE) -> Subscription:
-        """Follow the run's start and end on ``bus``; its events are emitted there."""
+        """Follow the run's start and end, and its budget reports, on ``bus``; its
+        events are emitted there."""
         self._emit = partial(bus.emit, derived=True)  # once each: never refused
         return bus.subscribe(
-            (RunStarted, RunFinished), self.handle, name="handlers.RunCallbackHandler", order=order
+            (RunStarted, RunFinished, BudgetReport),
+            self.handle,
+            name="handlers.RunCallbackHandler",
+            order=order,
         )
 
     @property
     def finished(self) -> bool:
-        return self.result is not None
+        return self.ended is not None
+
+    @property
+    def result(self) -> RunResult | None:
+        """The run's result once it ended: ``AfterRun``'s, its callbacks' costs brought
+        up to now (final once the bus closed: ``after_run``'s own calls and the verdict
+        on the last period come after ``after_run`` was given its result)."""
+        ended = self.ended
+        if ended is None or self._costs_of is None:
+            return ended
+        return msgspec.structs.replace(ended, callbacks=self._costs_of())
 
     def context_for(self, event: Event) -> TrainRunContext:
         """The run context; the first event of a run without ``RunStarted`` begins it."""
@@ -79,8 +110,10 @@ class RunCallbackHandler:
         return self.run_context
 
     def handle(self, event: Event) -> None:
-        """The run's start (the first one counts) or its end."""
-        if isinstance(event, RunStarted):
+        """The run's start (the first one counts), its end, or a period's budget."""
+        if isinstance(event, BudgetReport):
+            self.periods_over_budget.update(event.over_budget)
+        elif isinstance(event, RunStarted):
             if self.run_context is None:
                 self._begin(TrainRunContext.from_started(event))
         elif isinstance(event, RunFinished):
@@ -88,10 +121,10 @@ class RunCallbackHandler:
 
     def finish(self, event: RunFinished) -> None:
         """End the run as ``event`` says, unless it has ended already."""
-        if self.result is not None:
+        if self.ended is not None:
             return
         context = self.context_for(event)
-        self.result = result = self._result_of(event, context)
+        self.ended = result = self._result_of(event, context)
         if self._emit is not None:
             self._emit(AfterRun(context=context, result=result))
 

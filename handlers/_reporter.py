@@ -8,20 +8,30 @@ meet, so that a stop reaches every rank as of the same round.
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from eventbus import EventBus, Report, RoundGathered, RunFinished, Stage, WorkerGroupRestarted
+from eventbus import (
+    EventBus,
+    Report,
+    RoundGathered,
+    RunFinished,
+    Stage,
+    Subscription,
+    WorkerGroupRestarted,
+)
 
 from ._errors import ReportError
 from ._metric_values import MetricsError, freeze_metrics
 
 if TYPE_CHECKING:
+    from ._attach import CallbackAttachment
     from ._run import Run
 
-__all__ = ["Reporter", "SyncSignal"]
+__all__ = ["Reporter", "SyncSignal", "stopping_lanes"]
 
 
 class Reporter:
@@ -85,7 +95,8 @@ class Reporter:
 
     async def sync(self) -> None:
         """Wait until every report this rank made was gathered into a round (or
-        discarded by a restart) and the callbacks have handled that round.
+        discarded by a restart) and the callbacks that can stop the run have
+        handled that round.
 
         What a data-parallel step does anyway (ranks meet at every gradient
         all-reduce): a worker that syncs after each report reads
@@ -93,6 +104,16 @@ class Reporter:
         longer depends on how its tasks were scheduled. It never waits for a
         report that cannot come: once the worker of a rank the round lacks has
         ended (returned, or failed), ``sync`` returns.
+
+        The callbacks waited for are those that can change ``should_stop``:
+        every inline one (the default ``delivery``), and, of those in a lane,
+        the ones with a ``should_stop`` attribute (declared on the class or set
+        in ``__init__``, as ``EarlyStopping`` does). Any other lane callback's
+        backlog is its own: a slow one lags behind the trainer instead of
+        slowing it down, and with ``over_budget="coalesce"`` it skips the rounds
+        it could not keep up with. A lane callback that stops the run through
+        ``run.request_stop()`` is not waited for: the ranks see that stop at a
+        later ``sync``, possibly not all at the same round.
         """
         await self.run.wait_gathered(self.rank)
 
@@ -108,6 +129,22 @@ class Reporter:
     @property
     def should_stop(self) -> bool:
         return self.run.should_stop
+
+
+_MISSING = object()
+
+
+def stopping_lanes(attachment: CallbackAttachment) -> tuple[Subscription, ...]:
+    """The lane subscriptions of the callbacks that have a ``should_stop`` (looked up
+    without calling a property): the lanes ``Reporter.sync`` waits for."""
+    user = attachment.user
+    return tuple(
+        sub
+        for callback, subs in zip(user.callbacks, user.subscriptions_by_callback, strict=True)
+        if inspect.getattr_static(callback, "should_stop", _MISSING) is not _MISSING
+        for sub in subs
+        if sub.delivery == "lane"
+    )
 
 
 def _location(rank: int, checkpoint: object) -> str:

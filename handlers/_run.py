@@ -34,6 +34,7 @@ from eventbus import (
     RunStarted,
     RunStatus,
     StateRestored,
+    Subscription,
     TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
@@ -48,7 +49,7 @@ from ._attach import CallbackAttachment
 from ._callback import UserCallback
 from ._ending import interrupt_in, log_run_end, only_cancellations, status_of, stop_of
 from ._errors import WorkerGroupError
-from ._reporter import Reporter, SyncSignal
+from ._reporter import Reporter, SyncSignal, stopping_lanes
 from ._resume import Resume, appends_to_log, resume_point
 from ._user import training_callbacks
 from ._workers import WorkerTasks
@@ -149,6 +150,8 @@ class Run(anyio.AsyncContextManagerMixin):
         self._entered: float | None = None
         #: What ``wait_gathered`` waits on: a round gathered, a restart, a worker's end.
         self._sync_signal = SyncSignal(self.bus)
+        #: The lane subscriptions ``wait_gathered`` waits for (known once attached).
+        self._stopping_lanes: tuple[Subscription, ...] | None = None
 
     # --- what trainers use ---------------------------------------------------------
 
@@ -158,7 +161,8 @@ class Run(anyio.AsyncContextManagerMixin):
 
     @property
     def result(self) -> RunResult | None:
-        """``after_run``'s result, once the run is over."""
+        """``after_run``'s result, once the run is over, with its callbacks' costs
+        (``RunResult.callbacks``) brought up to the bus's close."""
         return self.attachment.lifecycle.result if self.attachment else None
 
     @property
@@ -204,11 +208,21 @@ class Run(anyio.AsyncContextManagerMixin):
 
     async def wait_gathered(self, rank: int) -> None:
         """Return once every report ``rank`` made was gathered into a round (or
-        discarded by a restart) and the callbacks handled that round, or once that
-        round cannot complete: a rank it lacks has a worker that ended
-        (``Reporter.sync``)."""
+        discarded by a restart) and the callbacks that can stop the run handled
+        that round, or once that round cannot complete: a rank it lacks has a
+        worker that ended (``Reporter.sync``).
+
+        The callbacks that can stop the run are every inline handler (the
+        dispatcher delivers each event to all of them) and the lane handlers of
+        the callbacks that have a ``should_stop``. Another lane's backlog is not
+        waited for: a slow callback in a lane then lags behind the trainer, and
+        with ``over_budget="coalesce"`` skips the rounds it could not keep up with.
+        """
+        if self._stopping_lanes is None and self.attachment is not None:
+            self._stopping_lanes = stopping_lanes(self.attachment)
+        lanes = self._stopping_lanes or ()
         while True:
-            await self.bus.wait_idle()
+            await self.bus.wait_idle(lanes=lanes)
             if not self._waits_for_round(rank):
                 return
             await self._sync_signal.wait()

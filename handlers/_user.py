@@ -29,7 +29,15 @@ from eventbus import (
     TrainRunContext,
     WorkerFailure,
 )
-from eventbus.options import Faults, OptionError, OptionTypeError, Seconds, Share, checked
+from eventbus.options import (
+    Faults,
+    OptionError,
+    OptionTypeError,
+    Probation,
+    Seconds,
+    Share,
+    checked,
+)
 from eventbus.state import callback_name, is_stateful
 
 from ._errors import WorkerError
@@ -88,6 +96,7 @@ _OPTIONS = {
     "on_error": "on_error",
     "max_faults": "max_faults",
     "over_budget": "over_budget",
+    "probation": "probation",
     "delivery": "delivery",
 }
 
@@ -241,6 +250,7 @@ _CALLBACK_OPTIONS: dict[str, Any] = {
     "max_faults": Faults,
     "on_error": ErrorPolicy,
     "over_budget": OverBudgetPolicy,
+    "probation": Probation,
     "delivery": DeliveryMode,
 }
 

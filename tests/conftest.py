@@ -46,6 +46,7 @@ ADAPTERS = (
 BROWSER = (
     "test_browser_harness.py",
     "test_report_browser.py",
+    "test_report_cost_chart.py",
 )
 
 CRASH = (
@@ -64,6 +65,7 @@ SLOW = (
     # Files.
     "test_docs.py",  # 76: the README's and docs' commands, from fresh directories
     "test_cli_log.py",  # 46: the log commands, each a subprocess
+    "test_replay_costs_cli.py",  # 5: eventbus replay --cost, in subprocesses
     "test_examples.py",  # 44: the examples, Ray's and Hugging Face's trainers included
     "test_cli_output_files.py",  # 42: every command's outputs, each a subprocess
     "test_benchmarks_run.py",  # 29: make bench-quick
@@ -77,9 +79,14 @@ SLOW = (
     "test_log_history.py",  # 9: 80,000 resumes; the commands on a resumed run's log
     "reliability/test_damaged_input.py",  # 8: fuzzing the decoders
     "test_bench.py",  # 8: eventbus bench
+    "test_bench_metrics.py",  # 14: eventbus bench, each a subprocess
+    "test_bench_faults.py",  # 13
+    "test_bench_builtins.py",  # 11
+    "test_bench_instances.py",  # 5
     "test_log_properties.py",  # 7: hypothesis over logs
     "reliability/test_soak.py",  # 6 (and much longer with --soak)
     "test_demo.py",  # 4: the demo trainer, in subprocesses
+    "test_log_stats_costs.py",  # 10: eventbus stats, each a subprocess
     "test_resume_readme_flow.py",  # 4: the README's resume flow, in subprocesses
     "reliability/test_backpressure.py",  # 2: memory bounds under fast producers
     "test_typed_install.py",  # mypy on a user's file, and a wheel build
@@ -117,6 +124,8 @@ SLOW = (
     "test_log.py::test_truncation_at_every_byte_keeps_every_complete_record",
     # 1.8
     "test_state_files.py::test_fifo_or_dev_zero_in_place_of_a_snapshot_is_refused_without_reading",
+    # 1.7: the demo in a subprocess
+    "test_demo_costs.py::test_demo_summary_file_adds_the_costs_to_its_keys",
     # 1.1 each
     "test_dispatch_batches.py::test_a_sync_handler_gets_what_its_policy_allows_whatever_it_does",
     "test_dispatch_batches.py::test_an_async_handler_gets_what_its_policy_allows_whatever_it_does",

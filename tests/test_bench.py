@@ -288,7 +288,10 @@ def test_a_log_is_benched_with_its_recorded_periods(
     assert (given["period_s"], given["periods"]) == (1.0, 4)
 
 
-UNITLESS = {"events", "rounds", "periods", "repeats", "calls", "bus_calls", "periods_over_budget"}
+UNITLESS = {
+    *("events", "rounds", "periods", "repeats", "calls", "bus_calls", "periods_over_budget"),
+    *("faults", "bus_faults", "bus_skipped"),  # counts, as calls are
+}
 UNITS = ("_us", "_ms", "_ns", "_s", "_pct")
 
 

@@ -74,7 +74,7 @@ async def test_over_budget_warning_names_the_worst_handlers_once_per_period() ->
             await bus.wait_idle()
             clock.set(1.0)
             await bus.wait_idle()
-    warnings = [entry for entry in logs if entry["event"] == "callbacks over budget"]
+    warnings = [entry for entry in logs if entry["event"].startswith("callbacks over budget")]
     assert len(warnings) == 1
     assert warnings[0]["worst"] == {"hog": pytest.approx(0.2)}
 
@@ -133,14 +133,14 @@ async def test_coalescing_delivers_only_the_newest_of_each_type_and_counts_the_r
     usage = {r.period: {u.handler: u for u in r.handlers} for r in reports}
     assert usage[1]["heavy"].skipped == 5
     assert usage[1]["heavy"].calls == 2
-    assert [(c.state, c.reason) for c in changes] == [
+    assert [(c.state, c.reason.split(":")[0]) for c in changes] == [
         ("coalescing", "over budget"),
         ("normal", "back under budget"),
     ]
     assert bus.stats().skipped == 5
 
 
-async def test_disable_policy_skips_a_period_then_returns_to_normal() -> None:
+async def test_disable_policy_skips_its_probation_then_returns_to_normal() -> None:
     clock = VirtualClock()
     seen: list[int] = []
 
@@ -149,7 +149,7 @@ async def test_disable_policy_skips_a_period_then_returns_to_normal() -> None:
         clock.advance(0.1)
 
     async with EventBus(clock=clock, period=1.0, budget=0.05) as bus:
-        sub = bus.subscribe(Report, heavy, name="heavy", over_budget="disable")
+        sub = bus.subscribe(Report, heavy, name="heavy", over_budget="disable", probation=1)
         await bus.publish(report(0))
         await bus.wait_idle()
         clock.set(1.0)

@@ -1,12 +1,13 @@
 """A batch reaches a handler exactly as its policy says, whatever the handler does.
 
-A batch of events is handed to a handler in one loop: each call is timed,
-and the watchdog learns from the runner which call of an async batch is in
-progress. Whatever the handler does on each event (return, return a value,
-raise, return a coroutine, raise a stray cancellation), it must get the
-events its fault policy allows, in order, each failure named by its event,
-and the counts must add up. ``publish_many`` must do what ``publish`` does
-for each event.
+A batch of events is handed to a handler in one loop: each call is timed, or,
+once the handler has proved cheaper than a clock read, the batch is (no clock
+read per call); the watchdog learns from the runner which call of an async
+batch is in progress. Whatever the handler does on each event (return, return
+a value, raise, return a coroutine, raise a stray cancellation), it must get
+the events its fault policy allows, in order, each failure named by its
+event, and the counts must add up, timed either way. ``publish_many`` must do
+what ``publish`` does for each event.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventbus import BusClosed, EventBus, HandlerFailed, HandlerTimedOut, Report
+from eventbus import BusClosed, EventBus, HandlerFailed, HandlerTimedOut, Report, VirtualClock
+from eventbus._subscription import CALIBRATION_CALLS, CHEAP_CALL
 
 pytestmark = pytest.mark.anyio
 
@@ -35,7 +37,7 @@ ASYNC_BEHAVIOURS = ("ok", "raise", "stray-cancel")
 
 
 async def deliver(
-    behaviours: list[str], *, is_async: bool, on_error: str, max_faults: int
+    behaviours: list[str], *, is_async: bool, on_error: str, max_faults: int, per_call: bool = True
 ) -> dict[str, Any]:
     """Publish one event per behaviour, all in one batch, to a handler that acts them out."""
     seen: list[int] = []
@@ -73,6 +75,7 @@ async def deliver(
             on_error=on_error,  # type: ignore[arg-type]
             max_faults=max_faults,
         )
+        sub.counters.timed_per_call = per_call  # the batch is timed this way
         for i in range(len(behaviours)):
             bus.publish_nowait(report(i))  # no await between: one batch
         await bus.wait_idle()
@@ -113,11 +116,24 @@ def expected(behaviours: list[str], on_error: str, max_faults: int) -> dict[str,
 policies = st.sampled_from([("log", 3), ("disable", 1), ("disable", 3)])
 
 
-def outcome(behaviours: list[str], policy: tuple[str, int], *, is_async: bool) -> dict[str, Any]:
+def outcomes(
+    behaviours: list[str], policy: tuple[str, int], *, is_async: bool
+) -> list[dict[str, Any]]:
+    """The outcome of the same batch timed per call, then per batch."""
     on_error, max_faults = policy
-    return anyio.run(
-        partial(deliver, behaviours, is_async=is_async, on_error=on_error, max_faults=max_faults)
-    )
+    return [
+        anyio.run(
+            partial(
+                deliver,
+                behaviours,
+                is_async=is_async,
+                on_error=on_error,
+                max_faults=max_faults,
+                per_call=per_call,
+            )
+        )
+        for per_call in (True, False)
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -126,7 +142,7 @@ def test_a_sync_handler_gets_what_its_policy_allows_whatever_it_does(
     behaviours: list[str], policy: tuple[str, int]
 ) -> None:
     # Every coroutine returned is awaited, in order, never dropped.
-    assert outcome(behaviours, policy, is_async=False) == expected(behaviours, *policy)
+    assert outcomes(behaviours, policy, is_async=False) == [expected(behaviours, *policy)] * 2
 
 
 @settings(max_examples=60, deadline=None)
@@ -134,7 +150,7 @@ def test_a_sync_handler_gets_what_its_policy_allows_whatever_it_does(
 def test_an_async_handler_gets_what_its_policy_allows_whatever_it_does(
     behaviours: list[str], policy: tuple[str, int]
 ) -> None:
-    assert outcome(behaviours, policy, is_async=True) == expected(behaviours, *policy)
+    assert outcomes(behaviours, policy, is_async=True) == [expected(behaviours, *policy)] * 2
 
 
 async def test_failures_name_the_event_that_raised_in_a_batch() -> None:
@@ -146,9 +162,11 @@ async def test_failures_name_the_event_that_raised_in_a_batch() -> None:
     assert (result["calls"], result["failed"]) == (10, 2)
 
 
-async def test_the_watchdog_sees_an_async_handler_stuck_in_a_batch() -> None:
+@pytest.mark.parametrize("per_call", [True, False])
+async def test_the_watchdog_sees_an_async_handler_stuck_in_a_batch(per_call: bool) -> None:
     """The runner tells the watchdog which call is in progress: a call that hangs
-    midway is cancelled at its deadline and the batch goes on with the next event."""
+    midway is cancelled at its deadline and the batch goes on with the next event,
+    however the batch is timed."""
     seen: list[int] = []
     timeouts: list[HandlerTimedOut] = []
 
@@ -160,6 +178,7 @@ async def test_the_watchdog_sees_an_async_handler_stuck_in_a_batch() -> None:
     async with EventBus(budget=1.0) as bus:
         bus.subscribe(HandlerTimedOut, timeouts.append)
         sub = bus.subscribe(Report, handler, timeout=0.05)
+        sub.counters.timed_per_call = per_call
         for i in range(10):
             bus.publish_nowait(report(i))
         with anyio.fail_after(5):
@@ -170,6 +189,41 @@ async def test_the_watchdog_sees_an_async_handler_stuck_in_a_batch() -> None:
     assert (stats.calls, stats.timed_out) == (10, 1)
     assert stats.total >= 0.05  # the stuck call's time is counted
     assert stats.max >= 0.05  # and it is the longest
+
+
+async def test_a_handler_cheaper_than_a_clock_read_is_timed_per_batch_until_it_is_not() -> None:
+    """Calibration: timed per call for its first ``CALIBRATION_CALLS`` calls, then per
+    batch while its batches' mean call is under ``CHEAP_CALL``; one batch over it
+    brings back timing per call, so the longest call is exact again."""
+    clock = VirtualClock()
+    cost = 0.0  # virtual seconds each call takes
+
+    def handler(event: Report) -> None:
+        if cost:
+            clock.advance(cost)
+
+    async with EventBus(clock=clock, buffer=4096, budget=1.0, timeout=60.0) as bus:
+        sub = bus.subscribe(Report, handler)
+
+        async def batch(size: int) -> None:
+            for i in range(size):
+                bus.publish_nowait(report(i))
+            await bus.wait_idle()
+
+        await batch(CALIBRATION_CALLS - 1)
+        assert sub.counters.timed_per_call  # not proven cheap yet
+        await batch(1)
+        assert not sub.counters.timed_per_call
+        cost = 10 * CHEAP_CALL
+        await batch(4)  # timed as a whole: the mean stands in for the longest call
+        assert sub.counters.timed_per_call
+        assert sub.stats().max == pytest.approx(cost)
+        cost = 0.0
+        await batch(1)
+        assert not sub.counters.timed_per_call
+        stats = sub.stats()
+    assert stats.calls == CALIBRATION_CALLS + 5
+    assert stats.total == pytest.approx(4 * 10 * CHEAP_CALL)
 
 
 # --- publish_many: what publish does, per inbox-full ------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import json
 import sys
@@ -17,8 +18,14 @@ from eventbus import BusOptions, Event, configure_logging
 from eventbus.log import LogError, log_timing
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, UserCallback
 
-from ._bench_figures import BenchResult, Spread
-from ._bench_runner import Workload, run_bench, synthetic_events
+from ._bench_figures import BenchResult, CallbackFigures, Spread
+from ._bench_runner import (
+    DEFAULT_METRICS,
+    Workload,
+    report_metrics,
+    run_bench,
+    synthetic_events,
+)
 from ._common import (
     STDOUT,
     CliError,
@@ -50,14 +57,17 @@ class NoOpHandler:
         pass
 
 
-BUILTINS: dict[str, Callable[[], Any]] = {
-    "noop": NoOp,
-    "noop-handler": NoOpHandler,
-    "early-stopping": lambda: EarlyStopping(metric="metric_0", patience=5),
-    "best-checkpoints": lambda: BestCheckpoints(metric="metric_0", k=3),
-    "metrics-logger": lambda: MetricsLogger(logger=_SilentLogger()),
-    "progress": lambda: ProgressDisplay(stream=io.StringIO(), tty=False),
+#: The built-in callbacks, each made given the metric the watching ones watch.
+BUILTINS: dict[str, Callable[[str], Any]] = {
+    "noop": lambda metric: NoOp(),
+    "noop-handler": lambda metric: NoOpHandler(),
+    "early-stopping": lambda metric: EarlyStopping(metric=metric, patience=5),
+    "best-checkpoints": lambda metric: BestCheckpoints(metric=metric, k=3),
+    "metrics-logger": lambda metric: MetricsLogger(logger=_SilentLogger()),
+    "progress": lambda metric: ProgressDisplay(stream=io.StringIO(), tty=False),
 }
+#: The built-ins that watch one metric (``--metric``).
+WATCHING = ("early-stopping", "best-checkpoints")
 
 
 class _SilentLogger:
@@ -74,7 +84,11 @@ def register(subparsers: Any) -> None:
         description=(
             "Drive a synthetic workload (or a recorded log) through a real bus with the "
             "callbacks attached, and report what each callback costs per call and per "
-            "health-check period, against its budget and against a plain loop."
+            "health-check period, against its budget and against a plain loop. Synthetic "
+            f"reports carry {', '.join(DEFAULT_METRICS)} (random numbers; --metrics "
+            "changes them). Each callback instance has its row, named as a live run names "
+            "it (a second EarlyStopping is EarlyStopping.after_report#2); a callback that "
+            "raises is timed raising, its faults and first error in the table."
         ),
     )
     parser.add_argument(
@@ -98,7 +112,13 @@ def register(subparsers: Any) -> None:
         "--rate", type=float, default=None, help="reports per second per rank (default 10)"
     )
     workload.add_argument(
-        "--metrics", type=int, default=None, help="metrics per report (default 8)"
+        "--metrics",
+        type=metrics_option,
+        default=None,
+        metavar="N|NAMES",
+        help="what each report carries: names, comma-separated (--metrics loss,accuracy), "
+        f"or how many (the first N of the default names, then metric_{len(DEFAULT_METRICS)}, "
+        f"...); each a random number (default: {', '.join(DEFAULT_METRICS)})",
     )
     workload.add_argument(
         "--checkpoint-every", type=int, default=None, help="rounds per checkpoint (default 10)"
@@ -117,7 +137,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--log",
         type=Path,
-        help="drive the bench from a recorded event log (its periods, unless --period)",
+        help="drive the bench from a recorded event log (its periods, unless --period, and "
+        "its reports' metrics; the synthetic workload's options are refused with it)",
+    )
+    parser.add_argument(
+        "--metric",
+        default=None,
+        metavar="NAME",
+        help=f"the metric {' and '.join(WATCHING)} watch (default: loss if the reports "
+        "carry it, else their first metric)",
     )
     parser.add_argument(
         "--period",
@@ -160,19 +188,38 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_run)
 
 
+def metrics_option(text: str) -> int | tuple[str, ...]:
+    """``--metrics``: a whole number (how many), else names, comma-separated, each
+    stripped of spaces; ``Workload`` checks either (one line naming the flag)."""
+    try:
+        return int(text)
+    except ValueError:
+        return tuple(name.strip() for name in text.split(","))
+
+
 #: The bus's warning, once per period over budget; the bench sums them up once instead.
 BUS_BUDGET_WARNING = "callbacks over budget"
+#: The bus's warnings the bench says itself: a callback's faults and the bus disabling
+#: it are in the table, once, not at every period of every pass.
+BUS_FAULT_WARNINGS = ("handler failed", "handler state changed")
 
 
 def _run(args: argparse.Namespace) -> int:
     outputs = _outputs(args)  # checked now: a missing directory is said before the bench
     # Warnings and errors only: a callback's info lines would repeat at every pass.
-    configure_logging("WARNING", quiet=[BUS_BUDGET_WARNING])
+    configure_logging("WARNING", quiet=[BUS_BUDGET_WARNING, *BUS_FAULT_WARNINGS])
     specs = [*args.callbacks, *args.more_callbacks] or ["noop"]
-    make_callbacks = _factory(specs)
+    workload = _workload(args)  # checked before any callback is imported
+    chosen = _chosen_metric(args)
+    for spec in specs:  # each loaded once now: a typo is said before the workload is built
+        if spec not in BUILTINS:
+            load_object(spec)
     if args.plot is not None:
         _require_matplotlib()
-    events, start, period = _events(args)
+    events, start, period = _events(args, workload)
+    metrics = workload.metric_names if workload is not None else report_metrics(events)
+    metric, note = builtin_metric(specs, chosen, metrics, source="the log" if args.log else "")
+    make_callbacks = _factory(specs, metric)
     options = BusOptions.build(None, period=period, **given(args, "budget", "timeout"))
     progress = _progress_bar() if sys.stderr.isatty() else None
     try:
@@ -186,8 +233,85 @@ def _run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise as_cli_error(exc) from None
+    watched = metric if any(spec in WATCHING for spec in specs) else ""
+    notes = (*result.notes, note) if note else result.notes
+    result = msgspec.structs.replace(result, builtins_metric=watched, notes=notes)
     _write_outputs(args, result, specs, outputs)
+    nothing = nothing_measured(result)
+    if nothing:
+        print(f"eventbus bench: error: nothing measured: {nothing}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _workload(args: argparse.Namespace) -> Workload | None:
+    """The synthetic workload the options say, or ``None`` with ``--log``: a log is its
+    own workload, and an option that would shape another is refused, not ignored."""
+    names = Workload.__struct_fields__
+    if args.log is not None:
+        shaping = [_flag(name) for name in given(args, *names)]
+        if shaping:
+            raise CliError(
+                f"{', '.join(shaping)}: not with --log (they shape the synthetic workload; "
+                "the log's events are the workload)"
+            )
+        return None
+    # The workload's options are named as its fields; those not given keep its defaults.
+    return Workload(**given(args, *names))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _chosen_metric(args: argparse.Namespace) -> str | None:
+    metric: str | None = args.metric
+    if metric is None:
+        return None
+    if not metric.strip():
+        raise CliError(f"--metric must name a metric, got {metric!r}")
+    return metric.strip()
+
+
+def builtin_metric(
+    specs: list[str], chosen: str | None, metrics: tuple[str, ...], *, source: str = ""
+) -> tuple[str, str]:
+    """The metric the watching built-ins watch (``chosen``, else ``loss`` if the reports
+    carry it, else their first), and one line when what they would be timed doing is
+    not what a run does: the reports do not carry that metric (a round without it is
+    their cheap path), or ``--metric`` is given with no built-in to watch it."""
+    metric = chosen or ("loss" if "loss" in metrics or not metrics else metrics[0])
+    watching = [spec for spec in dict.fromkeys(specs) if spec in WATCHING]
+    if not watching:
+        if chosen is None:
+            return metric, ""
+        return metric, (
+            f"--metric is for the built-ins {' and '.join(WATCHING)}, and neither is benched: "
+            "ignored"
+        )
+    if metric in metrics:
+        return metric, ""
+    whose = f"{source}'s reports" if source else "the workload's reports"
+    carried = ", ".join(metrics[:8]) + (", ..." if len(metrics) > 8 else "")
+    carry = f"they carry {carried}" if metrics else "they carry no metrics"
+    them = " and ".join(watching)
+    watch, their = ("watches", "its") if len(watching) == 1 else ("watch", "their")
+    return metric, (
+        f"{them} {watch} {metric!r}, which {whose} do not carry ({carry}): what is timed is "
+        f"{their} path for a round without it, not what a run would do (--metric NAME "
+        "picks another)"
+    )
+
+
+def nothing_measured(result: BenchResult) -> str:
+    """Why nothing was measured, or ``""``: no callback was called. A callback that
+    raised was measured (raising, its faults in the table): the bench goes on."""
+    if any(f.calls for f in result.callbacks):
+        return ""
+    return (
+        "no callback was called by this workload (the bench times before_run, after_report "
+        "and after_exception, which needs worker failures: --failure-rate)"
+    )
 
 
 def _outputs(args: argparse.Namespace) -> dict[str, Path]:
@@ -247,6 +371,8 @@ def _write_outputs(
             )
     except CliError as exc:
         failed.append(str(exc))
+    for note in result.notes:
+        print(f"eventbus bench: note: {note}", file=sys.stderr)
     warning = over_budget_warning(result)
     if warning:
         print(f"eventbus bench: warning: {warning}", file=sys.stderr)
@@ -276,8 +402,17 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
         ),
         ("through the bus", f"{result.bus_ms.median:.1f} ms", ""),
         ("callbacks alone (floor)", f"{result.floor_ms.median:.1f} ms", ""),
-        ("runtime per event", f"{overhead.median:.0f} ns", ""),
+        (
+            "runtime per event",
+            "not measured" if result.overhead_note else f"{overhead.median:.0f} ns",
+            "",
+        ),
     ]
+    if result.metrics:
+        summary.insert(1, ("metrics", carried_metrics(result.metrics), ""))
+    faults = sum(f.faults for f in result.callbacks)
+    if faults:
+        summary.append(("callback faults", f"{faults:,}", "bad"))
     if result.floor_ratio is not None:
         summary.append(("ratio to the floor", f"{result.floor_ratio.median:.1f}x", ""))
     rows = [
@@ -305,23 +440,27 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
         rows=rows,
         notes=[
             f"Per call: timed directly, without the runtime, over {runs} (exact percentiles).",
+            *callback_notes(result),
+            *result.notes,
             _cost_line(result, runs),
         ],
     )
 
 
-def _factory(specs: list[str]) -> Callable[[], list[Any]]:
+def _factory(specs: list[str], metric: str) -> Callable[[], list[Any]]:
     def make() -> list[Any]:
-        return [BUILTINS[s]() if s in BUILTINS else load_object(s) for s in specs]
+        return [BUILTINS[s](metric) if s in BUILTINS else load_object(s) for s in specs]
 
-    make()  # fail early, with the CLI's one-line errors
+    make()  # fail before the bench, with the CLI's one-line errors
     return make
 
 
-def _events(args: argparse.Namespace) -> tuple[list[Event], float | None, float]:
-    """The workload, when its first period starts, and the period: a log's own
+def _events(
+    args: argparse.Namespace, workload: Workload | None
+) -> tuple[list[Event], float | None, float]:
+    """The workload's events, when its first period starts, and the period: a log's own
     (where and how long its recorded bus's periods were), unless ``--period``."""
-    if args.log is not None:
+    if workload is None:
         with local_log(args.log) as log:  # read twice: a pipe is copied first
             with reading_log(log) as reader:
                 events = list(reader)
@@ -332,8 +471,6 @@ def _events(args: argparse.Namespace) -> tuple[list[Event], float | None, float]
                 raise CliError(f"{args.log}: {exc}") from None
         period = timing.period or BusOptions().period
         return events, timing.start, args.period if args.period is not None else period
-    # The workload's options are named as its fields; those not given keep its defaults.
-    workload = Workload(**given(args, *Workload.__struct_fields__))
     period = args.period if args.period is not None else BusOptions().period
     return synthetic_events(workload), None, period
 
@@ -346,16 +483,29 @@ def format_table(result: BenchResult) -> str:
         f"{result.events} events, {result.rounds} rounds, {result.periods} periods of "
         f"{result.period_s:g} s{partial} ({result.timeline_s:.1f} s of run time), budget "
         f"{result.budget_pct:.1f}% of a period",
+    ]
+    if result.metrics:
+        lines.append(carried_metrics(result.metrics))
+    if result.builtins_metric:
+        lines.append(f"the built-ins watch {result.builtins_metric!r} (--metric NAME)")
+    # A faults column only when a callback raised: the usual table stays as it was.
+    faulted = any(f.faults for f in result.callbacks)
+    lines += [
         "",
         f"{'callback':<40} {'calls':>7} {'mean µs':>9} {'p50 µs':>8} {'p99 µs':>8} "
-        f"{'max µs':>9} {'period %':>9} {'worst %':>8} {'over':>5}",
+        f"{'max µs':>9} {'period %':>9} {'worst %':>8} {'over':>5}"
+        + (f" {'faults':>7}" if faulted else ""),
     ]
     for f in sorted(result.callbacks, key=lambda f: f.mean_us * f.calls, reverse=True):
         lines.append(
             f"{f.name[:40]:<40} {f.calls:>7} {f.mean_us:>9.2f} {f.p50_us:>8.2f} "
             f"{f.p99_us:>8.2f} {f.max_us:>9.2f} {f.period_share_mean_pct:>8.3f}% "
             f"{f.period_share_max_pct:>7.3f}% {f.periods_over_budget:>5}"
+            + (f" {f.faults:>7}" if faulted else "")
         )
+    said = callback_notes(result)
+    if said:
+        lines += ["", *said]
     runs = f"{result.repeats} run{'s' if result.repeats > 1 else ''}"
     lines += [
         "",
@@ -367,7 +517,53 @@ def format_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+#: How many metric names a line shows before it counts the rest.
+METRICS_SHOWN = 8
+
+
+def carried_metrics(metrics: tuple[str, ...]) -> str:
+    """One line: what each report carries, as ``--metrics`` would name it."""
+    shown = ", ".join(metrics[:METRICS_SHOWN])
+    more = f", ... ({len(metrics)} in all)" if len(metrics) > METRICS_SHOWN else ""
+    count = f"{len(metrics)} metric{'s' if len(metrics) != 1 else ''}"
+    return f"reports carry {count}: {shown}{more}"
+
+
+def callback_notes(result: BenchResult) -> list[str]:
+    """One line per callback that raised (how often, and the first error) or that the
+    bus did not give every call (disabled, coalescing: why)."""
+    lines = []
+    for f in result.callbacks:
+        if f.faults:
+            lines.append(
+                f"{f.name}: {f.faults:,} of {f.calls:,} calls raised; first: {f.first_error}"
+                + _missing_metric_hint(f, result.metrics)
+            )
+        if f.bus_note:
+            lines.append(
+                f"{f.name}: through the bus, {f.bus_calls:,} calls ({f.bus_note}); its "
+                f"per-call figures are of all {f.calls:,}, called directly"
+            )
+    return lines
+
+
+def _missing_metric_hint(figures: CallbackFigures, metrics: tuple[str, ...]) -> str:
+    """For a ``KeyError`` on a metric the reports do not carry: how to make them."""
+    prefix = "KeyError: "
+    if not figures.first_error.startswith(prefix):
+        return ""
+    try:
+        key = ast.literal_eval(figures.first_error[len(prefix) :])
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return ""
+    if not isinstance(key, str) or key in metrics:
+        return ""
+    return f" ({key!r} is not among the reports' metrics: --metrics names them)"
+
+
 def _cost_line(result: BenchResult, runs: str) -> str:
+    if result.overhead_note:
+        return f"the runtime's cost per event: {result.overhead_note}"
     overhead = result.overhead_per_event_ns
     if overhead.median <= 0:
         return (

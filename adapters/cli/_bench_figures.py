@@ -30,6 +30,8 @@ __all__ = [
     "Spread",
     "Timings",
     "bench_result",
+    "not_measured",
+    "runtime_cost",
 ]
 
 #: Fewer runs than this cannot say how far a ratio may be off.
@@ -55,11 +57,15 @@ class Spread(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
-    """One callback method. Per call, timed directly with no runtime (``calls``,
-    ``*_us``); through the bus, as its accounting saw it (``bus_calls``,
-    ``bus_total_ms``) and per health-check period (``period_share_*_pct``: its
-    time as a percentage of a period; the mean is over the run's time, so a
-    partial last period weighs by its length)."""
+    """One callback method of one callback instance, named as a live run names its
+    subscription (a second instance of a class: ``EarlyStopping.after_report#2``).
+    Per call, timed directly with no runtime (``calls``, ``*_us``; ``faults``: the
+    calls that raised, ``first_error`` the first one's ``Type: message`` on one
+    line); through the bus, as its accounting saw it (``bus_calls``,
+    ``bus_total_ms``, ``bus_faults``; ``bus_skipped``: deliveries the bus did not
+    make, ``bus_note`` why: disabled, coalescing) and per health-check period
+    (``period_share_*_pct``: its time as a percentage of a period; the mean is over
+    the run's time, so a partial last period weighs by its length)."""
 
     name: str
     calls: int
@@ -73,6 +79,11 @@ class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
     period_share_max_pct: float
     periods_over_budget: int
     budget_pct: float
+    faults: int = 0
+    first_error: str = ""
+    bus_faults: int = 0
+    bus_skipped: int = 0
+    bus_note: str = ""
 
 
 class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,7 +91,12 @@ class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
     your callbacks", lists the fields). ``periods`` are whole periods of
     ``period_s``; ``partial_period_s`` is the length of the last, partial one (0:
     none). Timings are ``Spread``s over ``repeats`` runs; ``floor_ratio`` is
-    ``None`` when ``floor_ratio_note`` says why there is none."""
+    ``None`` when ``floor_ratio_note`` says why there is none. What the runtime adds
+    per event is never below 0 (a run that timed less is noise); ``overhead_note``
+    says why it is not measured at all (a callback the bus disabled did less work
+    than the floor). ``metrics``: the names the workload's reports carry;
+    ``builtins_metric``: the one the built-ins that watch a metric watched (``""``:
+    none was benched); ``notes``: what the command said about what it timed."""
 
     events: int
     rounds: int
@@ -101,6 +117,10 @@ class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
     callbacks: tuple[CallbackFigures, ...]
     period_lengths_s: list[float]
     per_period_pct: dict[str, list[float]]
+    overhead_note: str = ""
+    metrics: tuple[str, ...] = ()
+    builtins_metric: str = ""
+    notes: tuple[str, ...] = ()
 
 
 class Timings(msgspec.Struct, kw_only=True):
@@ -115,12 +135,14 @@ class Timings(msgspec.Struct, kw_only=True):
 class _Usage:
     """One handler's accounting over the periods."""
 
-    __slots__ = ("calls", "over", "shares", "total")
+    __slots__ = ("calls", "faults", "over", "shares", "skipped", "total")
 
     def __init__(self, periods: int) -> None:
         self.calls = 0
         self.total = 0.0
         self.over = 0
+        self.faults = 0
+        self.skipped = 0
         self.shares = [0.0] * periods
 
 
@@ -134,8 +156,16 @@ def bench_result(
     budget: float,
     timings: Timings,
     per_call: dict[str, list[float]],
+    faults: dict[str, int] | None = None,
+    first_errors: dict[str, str] | None = None,
+    short: dict[str, str] | None = None,
+    metrics: Sequence[str] = (),
 ) -> BenchResult:
     """The figures of the measured pass's budget reports and of the timed runs.
+
+    ``faults``, ``first_errors``: per callback, the direct calls that raised and the
+    first error. ``short``: the callbacks the bus did not give every delivery in
+    some pass, and why; then the runtime's cost per event is not measured.
 
     Shares are of the run's time (``period_share_mean_pct``) or of one whole
     period (per period, worst): a partial period's time is neither lost nor
@@ -152,9 +182,14 @@ def bench_result(
             figures.calls += usage.calls
             figures.total += usage.total
             figures.over += usage.over_budget
+            figures.faults += usage.faults
+            figures.skipped += usage.skipped
             figures.shares[index] = usage.total / period
             if not report.partial or usage.handler not in budgets:
                 budgets[usage.handler] = usage.budget / judged
+    faults = faults or {}
+    first_errors = first_errors or {}
+    short = short or {}
     callbacks = []
     for name, durations in per_call.items():
         if not durations:
@@ -175,10 +210,18 @@ def bench_result(
                 period_share_max_pct=max(used.shares, default=0.0) * 100,
                 periods_over_budget=used.over,
                 budget_pct=budgets.get(name, budget) * 100,
+                faults=faults.get(name, 0),
+                first_error=first_errors.get(name, ""),
+                bus_faults=used.faults,
+                bus_skipped=used.skipped,
+                bus_note=short.get(name, ""),
             )
         )
     partial = [length for report, length in zip(reports, lengths, strict=True) if report.partial]
     overhead, ratio, note = runtime_cost(timings, events)
+    unmeasured = not_measured(callbacks, short)
+    if unmeasured:
+        ratio, note = None, unmeasured
     return BenchResult(
         events=events,
         rounds=rounds,
@@ -203,14 +246,41 @@ def bench_result(
             for name in per_call
             if name in usages
         },
+        overhead_note=unmeasured,
+        metrics=tuple(metrics),
     )
+
+
+#: How many callbacks a "not measured" line names before it counts the rest.
+NAMED_AT_MOST = 3
+
+
+def not_measured(callbacks: Sequence[CallbackFigures], short: dict[str, str]) -> str:
+    """Why the runtime's cost per event cannot be measured, or ``""``: the bus did not
+    make every call the floor makes (it disabled a callback, say), so the difference
+    of the two is not what the runtime adds (it went negative: -5658695 ns)."""
+    if not short:
+        return ""
+    made = {f.name: f for f in callbacks}
+    said = []
+    for name, why in short.items():
+        figures = made.get(name)
+        calls = f"{figures.bus_calls:,} of {figures.calls:,} calls, " if figures else ""
+        said.append(f"{name} ({calls}{why.split(':', 1)[0]})")  # the state; the table says why
+    more = len(said) - NAMED_AT_MOST
+    listed = "; ".join(said[:NAMED_AT_MOST]) + (f"; and {more} more" if more > 0 else "")
+    return f"not measured: the bus did not make every call the floor makes: {listed}"
 
 
 def runtime_cost(timings: Timings, events: int) -> tuple[Spread, Spread | None, str]:
     """What the runtime adds per event (ns) and its ratio to the floor, run by run; the
     ratio only when there is enough to trust it, else the reason there is none."""
     runs = list(zip(timings.bus, timings.baseline, timings.floor, strict=True))
-    overhead = Spread.of([(bus - base - floor) / events * 1e9 for bus, base, floor in runs])
+    # A cost is never below 0: a run that timed less than the floor and the workload
+    # alone is noise, within which the runtime's cost lies.
+    overhead = Spread.of(
+        [max(0.0, (bus - base - floor) / events * 1e9) for bus, base, floor in runs]
+    )
     floor_ms = statistics.median(timings.floor) * 1e3
     if len(runs) < MIN_REPEATS_FOR_RATIO:
         why = f"{len(runs)} run(s) cannot say how sure a ratio is (--repeat 3 or more)"

@@ -8,6 +8,9 @@ budget reports of that run give each callback's share of each period.
 The same rounds are then fed to the callbacks directly, in a plain loop,
 timing each call: that is the floor (what the callbacks cost with no runtime
 around them) and the source of the per-call distribution (mean, p50, p99).
+A call that raises is timed raising and counted as the callback's fault (the
+bus, too, goes on past it). Each callback instance is named as the bus named
+its subscriptions, so a second one of a class (``#2``) has its own figures.
 The timings (through the bus, with nothing attached, the floor) are taken
 ``repeats`` times, interleaved, so that the figures say how sure they are;
 ``_bench_figures`` turns it all into a ``BenchResult``.
@@ -18,7 +21,7 @@ from __future__ import annotations
 import inspect
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, NamedTuple, Unpack
 
 import anyio
@@ -33,6 +36,7 @@ from eventbus import (
     EventBus,
     EventPlaceholder,
     FastForwardClock,
+    HandlerStateChanged,
     Report,
     RoundGathered,
     RunFinished,
@@ -40,6 +44,7 @@ from eventbus import (
     Stage,
     TrainRunContext,
     WorkerFailure,
+    describe_exception,
     is_derived,
 )
 from eventbus.log import BUS_DIAGNOSTICS
@@ -51,13 +56,43 @@ from handlers.wiring import attach_user_callbacks, implemented_hooks
 from ._bench_figures import BenchResult, Timings, bench_result
 from ._common import callback_name, split_callbacks
 
-__all__ = ["Workload", "run_bench", "synthetic_events"]
+__all__ = [
+    "DEFAULT_METRICS",
+    "MAX_METRICS",
+    "Workload",
+    "report_metrics",
+    "run_bench",
+    "synthetic_events",
+]
 
 Progress = Callable[[float], None]
 
 
 #: The most reports a synthetic workload makes: its events are built in memory.
 MAX_REPORTS = 2_000_000
+#: The most metrics a synthetic report carries.
+MAX_METRICS = 1000
+#: The most metric values a synthetic workload holds (reports x metrics), in memory.
+MAX_VALUES = 20_000_000
+#: What a synthetic report carries, by default and for ``metrics=N`` (the first N, then
+#: ``metric_8``, ...): names a training job reports, the loss first, so that a callback
+#: reading ``metrics["loss"]`` is timed doing what it does in a run.
+DEFAULT_METRICS = (
+    "loss",
+    "accuracy",
+    "learning_rate",
+    "grad_norm",
+    "val_loss",
+    "val_accuracy",
+    "throughput",
+    "step_time",
+)
+
+MetricCount = Annotated[int, Meta(ge=1, le=MAX_METRICS, description="whole number of metrics")]
+#: How ``metrics`` is said when it is refused.
+_METRICS_FORM = (
+    f"a whole number of metrics from 1 to {MAX_METRICS:,}, or their names (loss,accuracy)"
+)
 
 
 class Workload(Options, frozen=True, kw_only=True):
@@ -67,7 +102,9 @@ class Workload(Options, frozen=True, kw_only=True):
     Attributes:
         world_size: ranks reporting.
         rate: reports per second of each rank.
-        metrics: metrics per report.
+        metrics: what each report carries: their names, or how many (the first of
+            ``DEFAULT_METRICS``, then ``metric_8``, ``metric_9``, ...); each a random
+            number.
         checkpoint_every: rounds between checkpoints (0: none).
         failure_rate: the chance that a report comes with a worker failure.
         duration: seconds of the run (``events`` instead: that many reports).
@@ -76,7 +113,7 @@ class Workload(Options, frozen=True, kw_only=True):
 
     world_size: WorldSize = 8
     rate: Annotated[float, Meta(gt=0, le=1e6, description="number of reports a second")] = 10.0
-    metrics: Annotated[int, Meta(ge=0, le=1000, description="whole number of metrics")] = 8
+    metrics: MetricCount | tuple[str, ...] = len(DEFAULT_METRICS)
     checkpoint_every: Annotated[int, Meta(ge=0, le=MAX_REPORTS)] = 10
     failure_rate: Annotated[float, Meta(ge=0, le=1)] = 0.0
     duration: Seconds = 60.0
@@ -84,6 +121,7 @@ class Workload(Options, frozen=True, kw_only=True):
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _check_metrics(self.metrics)  # first: in words a user can act on
         super().__post_init__()
         reports = self.events or self.world_size * max(1, int(self.duration * self.rate))
         if reports > MAX_REPORTS:
@@ -93,13 +131,84 @@ class Workload(Options, frozen=True, kw_only=True):
                 f"x rate {self.rate:g}/s x duration {self.duration:g} s), more than "
                 f"{MAX_REPORTS:,}: lower one of them, or give events",
             )
+        values = reports * len(self.metric_names)
+        if values > MAX_VALUES:
+            raise OptionError(
+                "metrics",
+                f"the workload would hold {values:,} metric values ({reports:,} reports x "
+                f"{len(self.metric_names):,} metrics), more than {MAX_VALUES:,}: fewer "
+                "metrics, or a shorter workload",
+            )
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The names each report carries, in order."""
+        if not isinstance(self.metrics, int):
+            return tuple(self.metrics)  # a list, given from code, is checked as a tuple
+        more = tuple(f"metric_{i}" for i in range(len(DEFAULT_METRICS), self.metrics))
+        return (DEFAULT_METRICS + more)[: self.metrics]
+
+
+def _check_metrics(metrics: object) -> None:
+    """A count in range, or names: at least one, none empty, none twice, none a number
+    (``--metrics 8.5`` is a mistyped count, not a metric). Other types are left to the
+    struct's own check."""
+    if isinstance(metrics, int) and not isinstance(metrics, bool):
+        if not 1 <= metrics <= MAX_METRICS:
+            raise OptionError("metrics", f"metrics must be {_METRICS_FORM}, got {metrics!r}")
+        return
+    if not isinstance(metrics, tuple | list) or not all(isinstance(n, str) for n in metrics):
+        return
+    shown = ",".join(metrics)
+    if not any(metrics):
+        raise OptionError("metrics", f"metrics must be {_METRICS_FORM}, got {shown!r}")
+    if len(metrics) > MAX_METRICS:
+        raise OptionError(
+            "metrics", f"metrics names {len(metrics):,} metrics, more than {MAX_METRICS:,}"
+        )
+    seen: set[str] = set()
+    for position, name in enumerate(metrics, 1):
+        if not name:
+            raise OptionError(
+                "metrics",
+                f"metrics has an empty name (name {position} of {len(metrics)} in {shown!r})",
+            )
+        if _is_number(name):
+            raise OptionError("metrics", f"metrics must be {_METRICS_FORM}, got {shown!r}")
+        if name in seen:
+            raise OptionError("metrics", f"metrics names {name!r} twice (in {shown!r})")
+        seen.add(name)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def report_metrics(events: Iterable[Event]) -> tuple[str, ...]:
+    """The metric names the workload's reports (or, without reports, its rounds) carry,
+    in the order they first appear; at most ``MAX_METRICS``."""
+    seen: dict[str, None] = {}
+    rounds: dict[str, None] = {}
+    for event in events:
+        if len(seen) >= MAX_METRICS:
+            break
+        if isinstance(event, Report):
+            seen.update(dict.fromkeys(event.metrics))
+        elif isinstance(event, RoundGathered) and len(rounds) < MAX_METRICS:
+            for metrics in event.metrics:
+                rounds.update(dict.fromkeys(metrics))
+    return tuple(seen or rounds)[:MAX_METRICS]
 
 
 def synthetic_events(workload: Workload) -> list[Event]:
     """The events of a synthetic run, in time order, with their times set."""
     rng = random.Random(workload.seed)
     run_id = f"bench-{workload.seed}"
-    names = [f"metric_{i}" for i in range(workload.metrics)]
+    names = workload.metric_names
     per_rank = (
         -(-workload.events // workload.world_size)
         if workload.events is not None
@@ -173,6 +282,11 @@ def run_bench(
     ``start``: when the first period starts (a recorded log's bus start, so that
     periods fall where the run's did); the first event's time by default.
     ``repeats``: how many times each timing is taken, interleaved.
+
+    Each callback instance has its own figures, named as a live run names its
+    subscriptions (``EarlyStopping.after_report``, then ``EarlyStopping.after_report#2``).
+    A callback that raises is timed raising: its faults and first error are in its
+    figures, and the other callbacks are measured as usual.
     """
     bus_options = BusOptions.build(options, **keywords)
     repeats = checked("repeats", repeats, Annotated[int, Meta(ge=1, le=1000)])
@@ -198,22 +312,31 @@ def run_bench(
         _through_bus, make_callbacks(), workload, bus_options, begin, first if progress else None
     )
     workload = measured.published  # without the events this bus derives itself
+    names = measured.names
     timings = Timings(bus=[measured.seconds])
+    shortfalls = [_shortfalls(measured)]
     for run in range(repeats):
         # Fresh callbacks for each pass: stateful ones see the run once each time.
         if run:
             again = anyio.run(_through_bus, make_callbacks(), workload, bus_options, begin, None)
             timings.bus.append(again.seconds)
+            shortfalls.append(_shortfalls(again))
             step()
         # The same workload with nothing attached: what driving it costs, to take out.
         alone = anyio.run(_through_bus, [], workload, bus_options, begin, None)
         timings.baseline.append(alone.seconds)
         step()
-        calls = _direct_calls(make_callbacks(), measured.rounds, workload)
+        calls = _direct_calls(make_callbacks(), measured.rounds, workload, names)
         timings.floor.append(anyio.run(_floor, calls))
         step()
-    per_call = anyio.run(_per_call, _direct_calls(make_callbacks(), measured.rounds, workload))
+    direct = anyio.run(_per_call, _direct_calls(make_callbacks(), measured.rounds, workload, names))
     step()
+    # A handler the bus disabled (or coalesced) in any pass got fewer calls there than
+    # the floor makes: said per handler, the measured pass's words first.
+    short: dict[str, str] = {}
+    for found in shortfalls:
+        for name, why in found.items():
+            short.setdefault(name, why)
     return bench_result(
         events=len(workload),
         rounds=len(measured.rounds),
@@ -222,11 +345,23 @@ def run_bench(
         period=bus_options.period,
         budget=bus_options.budget,
         timings=timings,
-        per_call=per_call,
+        per_call=direct.durations,
+        faults=direct.faults,
+        first_errors=direct.first_errors,
+        short=short,
+        metrics=report_metrics(workload),
     )
 
 
 Rounds = list[tuple[list[dict[str, Any]], str | None]]
+
+
+class _Names(NamedTuple):
+    """How the bus named each callback's subscriptions: per training callback (in
+    order), its hooks' names; per plain handler, its name."""
+
+    training: list[dict[str, str]]
+    plain: list[str]
 
 
 class _Pass(NamedTuple):
@@ -234,6 +369,31 @@ class _Pass(NamedTuple):
     seconds: float
     rounds: Rounds
     published: list[Event]
+    names: _Names
+    changes: list[HandlerStateChanged]
+
+
+def _shortfalls(measured: _Pass) -> dict[str, str]:
+    """The handlers that did not get every delivery in a pass, and why (their first
+    change of state, and how many there were)."""
+    skipped: dict[str, int] = {}
+    for report in measured.reports:
+        for usage in report.handlers:
+            if usage.skipped:
+                skipped[usage.handler] = skipped.get(usage.handler, 0) + usage.skipped
+    changes: dict[str, list[HandlerStateChanged]] = {}
+    for change in measured.changes:
+        changes.setdefault(change.handler, []).append(change)
+    why: dict[str, str] = {}
+    for name, made in changes.items():
+        first = next((c for c in made if c.state != "normal"), None)
+        if first is None:
+            continue
+        more = f"; {len(made)} changes of state" if len(made) > 1 else ""
+        why[name] = f"{first.state}: {first.reason}{more}"
+    for name, count in skipped.items():
+        why.setdefault(name, f"{count:,} deliveries skipped")
+    return why
 
 
 async def _through_bus(
@@ -251,14 +411,23 @@ async def _through_bus(
     training, plain = split_callbacks(callbacks)
     clock = _StartClock(start)
     reports: list[BudgetReport] = []
+    changes: list[HandlerStateChanged] = []
     rounds: Rounds = []
+    hook_names: list[dict[str, str]] = []
     async with EventBus(bus_options, clock=clock) as bus:
         clock.go()
         bus.subscribe(
             BudgetReport, reports.append, name="bench.budget_reports", order=Stage.OBSERVE
         )
+        bus.subscribe(
+            HandlerStateChanged, changes.append, name="bench.state_changes", order=Stage.OBSERVE
+        )
         if training:
-            attach_user_callbacks(bus, training, world_size=world_size)
+            attachment = attach_user_callbacks(bus, training, world_size=world_size)
+            hook_names = [
+                {_hook_of(sub.name): sub.name for sub in subs}
+                for subs in attachment.user.subscriptions_by_callback
+            ]
             # The rounds, kept to feed the same ones to the floor loop: a subscriber
             # of the rounds like the callbacks, after them.
             bus.subscribe(
@@ -273,8 +442,9 @@ async def _through_bus(
         if not published:
             raise ValueError("the workload has no events but those the bus makes itself")
         workload_types = tuple({type(e) for e in published})
-        for handler in plain:
-            bus.subscribe(workload_types, handler, name=callback_name(handler))
+        plain_names = _plain_names(plain)
+        for handler, name in zip(plain, plain_names, strict=True):
+            bus.subscribe(workload_types, handler, name=name)
         copies = [msgspec.structs.replace(e, seq=-1) for e in published]  # a bus stamps them
         started = time.perf_counter()
         await _drive(bus, clock, copies, progress)
@@ -282,7 +452,25 @@ async def _through_bus(
         clock.set(max(e.time for e in published))  # the workload's timeline ends here
         await bus.wait_idle()
         seconds = time.perf_counter() - started
-    return _Pass(reports, seconds, rounds, published)
+    return _Pass(reports, seconds, rounds, published, _Names(hook_names, plain_names), changes)
+
+
+def _hook_of(subscription: str) -> str:
+    """The hook a training callback's subscription is for: ``after_report`` of
+    ``EarlyStopping.after_report#2``."""
+    return subscription.split("#", 1)[0].rsplit(".", 1)[-1]
+
+
+def _plain_names(plain: list[Any]) -> list[str]:
+    """Each plain handler's name; a second one of the same name is ``name#2``, as a
+    live run tells a second callback of one class apart."""
+    counts: dict[str, int] = {}
+    names = []
+    for handler in plain:
+        name = callback_name(handler)
+        counts[name] = counts.get(name, 0) + 1
+        names.append(name if counts[name] == 1 else f"{name}#{counts[name]}")
+    return names
 
 
 class _StartClock(FastForwardClock):
@@ -325,8 +513,11 @@ async def _drive(
 Call = tuple[str, Callable[..., Any], tuple[Any, ...]]
 
 
-def _direct_calls(callbacks: list[Any], rounds: Rounds, events: list[Event]) -> list[Call]:
-    """The calls the run made to each callback, to make again with no runtime around."""
+def _direct_calls(
+    callbacks: list[Any], rounds: Rounds, events: list[Event], names: _Names
+) -> list[Call]:
+    """The calls the run made to each callback, to make again with no runtime around,
+    each named as the bus named the callback's subscription (``names``)."""
     started = next((e for e in events if isinstance(e, RunStarted)), None)
     context = (
         TrainRunContext.from_started(started)
@@ -341,35 +532,70 @@ def _direct_calls(callbacks: list[Any], rounds: Rounds, events: list[Event]) -> 
     }
     calls: list[Call] = []
     training, plain = split_callbacks(callbacks)
-    for callback in training:
+    for index, callback in enumerate(training):
         hooks = implemented_hooks(callback)
+        named = names.training[index] if index < len(names.training) else {}
         for hook, args_list in arguments.items():
             if hook in hooks:
-                name = f"{callback_name(callback)}.{hook}"
+                name = named.get(hook, f"{type(callback).__name__}.{hook}")
                 calls.extend((name, hooks[hook], args) for args in args_list)
-    for handler in plain:  # a bus handler gets every event of the workload
-        calls.extend((callback_name(handler), handler, (event,)) for event in events)
+    # A bus handler gets every event of the workload.
+    for handler, name in zip(plain, names.plain or _plain_names(plain), strict=True):
+        calls.extend((name, handler, (event,)) for event in events)
     return calls
 
 
 async def _floor(calls: list[Call]) -> float:
-    """The floor: the same calls in a plain loop, timed as a whole."""
+    """The floor: the same calls in a plain loop, timed as a whole; a call that raises
+    is timed raising (``_per_call`` counts it)."""
     start = time.perf_counter()
     for _, method, args in calls:
-        result = method(*args)
-        if result is not None and inspect.isawaitable(result):
-            await result
+        try:
+            result = method(*args)
+            if result is not None and inspect.isawaitable(result):
+                await result
+        except Exception:
+            continue
     return time.perf_counter() - start
 
 
-async def _per_call(calls: list[Call]) -> dict[str, list[float]]:
+class _Direct(NamedTuple):
+    """Each call timed on its own, by callback: its durations, how many raised, and
+    the first error, in one line."""
+
+    durations: dict[str, list[float]]
+    faults: dict[str, int]
+    first_errors: dict[str, str]
+
+
+#: The longest first error a figure keeps: one line of a table.
+MAX_ERROR = 160
+
+
+async def _per_call(calls: list[Call]) -> _Direct:
     """Each call timed on its own: the distribution (mean, p50, p99) per callback."""
     per_call: dict[str, list[float]] = {}
+    faults: dict[str, int] = {}
+    first_errors: dict[str, str] = {}
     clock = time.perf_counter
     for name, method, args in calls:
         t0 = clock()
-        result = method(*args)
-        if result is not None and inspect.isawaitable(result):
-            await result
-        per_call.setdefault(name, []).append(clock() - t0)
-    return per_call
+        try:
+            result = method(*args)
+            if result is not None and inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            elapsed = clock() - t0
+            faults[name] = faults.get(name, 0) + 1
+            if name not in first_errors:
+                first_errors[name] = one_line(describe_exception(exc), MAX_ERROR)
+        else:
+            elapsed = clock() - t0
+        per_call.setdefault(name, []).append(elapsed)
+    return _Direct(per_call, faults, first_errors)
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line (every run of whitespace a space), at most ``limit`` long."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"

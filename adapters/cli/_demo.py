@@ -65,7 +65,7 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="FILE.json",
         help="write the run's summary (status, rounds, last checkpoint, final mean loss, "
-        "every stateful callback's final state) as JSON",
+        "every stateful callback's final state, what each callback cost) as JSON",
     )
     parser.add_argument(
         "--async-ranks",

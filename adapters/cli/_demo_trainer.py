@@ -30,7 +30,14 @@ from typing import Annotated, Any, TextIO
 import anyio
 from msgspec import Meta
 
-from eventbus import BudgetReport, CheckpointSaved, StatefulCallback, TrainRunContext, get_logger
+from eventbus import (
+    BudgetReport,
+    CallbackCost,
+    CheckpointSaved,
+    StatefulCallback,
+    TrainRunContext,
+    get_logger,
+)
 from eventbus.options import OptionError, Options, PeriodSeconds
 from eventbus.state import StateError, StateStore, is_stateful, state_key_of
 from handlers import (
@@ -131,6 +138,8 @@ class DemoSummary:
     status: str = ""
     callback_seconds: dict[str, float] = field(default_factory=dict)
     periods: int = 0
+    #: What each hook of the training callbacks cost (the run's ``RunResult.callbacks``).
+    callbacks: tuple[CallbackCost, ...] = ()
     log: Path | None = None
     resumed_from: Path | None = None
     restored: tuple[str, ...] = ()
@@ -141,7 +150,8 @@ class DemoSummary:
 
     def to_json(self) -> dict[str, Any]:
         """What ``--summary`` writes: what an uninterrupted run and a resumed one must
-        agree on (no times or run ids)."""
+        agree on (no times or run ids), and, apart under ``callback_costs``, what each
+        callback cost this process (times and calls: they differ from run to run)."""
         return {
             "status": self.status,
             "rounds": self.rounds,
@@ -152,6 +162,10 @@ class DemoSummary:
             "last_checkpoint": self.last_checkpoint,
             "final_mean_loss": self.final_loss,
             "states": self.states,
+            "callback_costs": {
+                "periods": self.periods,
+                "callbacks": [_cost_json(cost) for cost in self.callbacks],
+            },
         }
 
     def lines(self) -> list[str]:
@@ -172,8 +186,55 @@ class DemoSummary:
             f"early stopping: {self.early_stopping}",
             f"callback time: {total * 1e3:.3f} ms over {self.periods} health-check periods"
             + "".join(f"\n  {name}: {sec * 1e3:.3f} ms" for name, sec in worst),
+            *self._cost_lines(),
             *([f"event log: {self.log}"] if self.log is not None else []),
         ]
+
+    def _cost_lines(self) -> list[str]:
+        """Each callback hook's figures, one line each (none without callbacks)."""
+        if not self.callbacks:
+            return []
+        lines = ["callbacks:"]
+        for cost in self.callbacks:
+            if not cost.calls:
+                lines.append(f"  {cost.handler}: not called")
+                continue
+            troubles = [
+                f"{count} {what}"
+                for count, what in (
+                    (cost.faults, "failed"),
+                    (cost.timeouts, "timed out"),
+                    (cost.skipped, "skipped"),
+                )
+                if count
+            ]
+            lines.append(
+                f"  {cost.handler}: {_count(cost.calls, 'call')}, "
+                f"{cost.total * 1e3:.3f} ms total, {cost.mean * 1e6:.1f} µs mean, "
+                f"{cost.max * 1e3:.3f} ms max, over budget in {cost.periods_over_budget} "
+                f"of {_count(self.periods, 'period')}"
+                + "".join(f", {trouble}" for trouble in troubles)
+            )
+        return lines
+
+
+def _count(number: int, what: str) -> str:
+    return f"{number} {what}" if number == 1 else f"{number} {what}s"
+
+
+def _cost_json(cost: CallbackCost) -> dict[str, Any]:
+    """One callback hook's figures for ``--summary``, each unit in its key."""
+    return {
+        "handler": cost.handler,
+        "calls": cost.calls,
+        "total_ms": cost.total * 1e3,
+        "mean_us": cost.mean * 1e6,
+        "max_ms": cost.max * 1e3,
+        "periods_over_budget": cost.periods_over_budget,
+        "faults": cost.faults,
+        "timeouts": cost.timeouts,
+        "skipped": cost.skipped,
+    }
 
 
 def _class_names(keys: tuple[str, ...]) -> str:
@@ -350,6 +411,7 @@ async def run_demo(
     summary.last_checkpoint = result.last_checkpoint
     summary.states = {state_key_of(c): c.state() for c in run.callbacks if is_stateful(c)}
     summary.final_loss = final.loss
+    summary.callbacks = result.callbacks  # read after the run: up to the bus's close
     return summary
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -28,11 +29,14 @@ import anyio
 import msgspec
 
 from eventbus import (
+    BudgetReport,
     BusOptions,
+    CallbackCost,
     Event,
     EventBus,
     EventFilter,
     HandlerFailed,
+    HandlerStateChanged,
     HandlerTimedOut,
     Report,
     WorkerFailure,
@@ -48,7 +52,7 @@ from eventbus.log import (
     replay_file,
     rollbacks,
 )
-from eventbus.options import OptionError, checked
+from eventbus.options import OptionError, OptionTypeError, WaitSeconds, checked
 from handlers.wiring import attach_user_callbacks
 
 from ._common import (
@@ -110,6 +114,15 @@ def register(subparsers: Any) -> None:
     replay.add_argument("--period", type=float, default=None, help="health-check period (s)")
     replay.add_argument(
         "--timeout", type=float, default=None, help="deadline per call, seconds (default 30)"
+    )
+    replay.add_argument(
+        "--cost",
+        action="append",
+        default=[],
+        metavar="NAME=SECONDS",
+        help="charge each call of handler NAME (as the table names it: "
+        "EarlyStopping.after_report) SECONDS of virtual time, to see what its budget "
+        "policy does; repeatable. The replay is then on virtual time, deterministic",
     )
     _add_filters(replay)
     replay.set_defaults(func=_replay)
@@ -293,6 +306,47 @@ class ResumeStats(msgspec.Struct, kw_only=True):
     rounds: int
 
 
+#: How a run names a training callback's hook (``EarlyStopping.after_report``, ``...#2``):
+#: the handlers a user wrote or chose, apart from the library's own and plain handlers.
+_CALLBACK_HOOK = re.compile(
+    r"[^.\s]+\.(?:before_run|after_report|after_exception|after_run|on_event)(?:#\d+)?"
+)
+
+
+class _Costs:
+    """Each handler's figures summed over the log's budget reports (one a period)."""
+
+    def __init__(self) -> None:
+        self.periods = 0
+        self.span = 0.0
+        self.handlers: dict[str, CallbackCost] = {}
+
+    def add(self, report: BudgetReport) -> None:
+        self.periods += 1
+        self.span += max(0.0, report.end - report.start)
+        for usage in report.handlers:
+            was = self.handlers.get(usage.handler) or CallbackCost(handler=usage.handler)
+            self.handlers[usage.handler] = msgspec.structs.replace(
+                was,
+                calls=was.calls + usage.calls,
+                total=was.total + usage.total,
+                max=max(was.max, usage.max),
+                periods_over_budget=was.periods_over_budget + int(usage.over_budget),
+                faults=was.faults + usage.faults,
+                timeouts=was.timeouts + usage.timeouts,
+                skipped=was.skipped + usage.skipped,
+            )
+
+    def of(self, *, callbacks: bool) -> list[CallbackCost]:
+        """The training callbacks' hooks (or every other handler), costliest first."""
+        costs = [
+            msgspec.structs.replace(cost, mean=cost.total / cost.calls if cost.calls else 0.0)
+            for name, cost in self.handlers.items()
+            if bool(_CALLBACK_HOOK.fullmatch(name)) == callbacks
+        ]
+        return sorted(costs, key=lambda cost: cost.total, reverse=True)
+
+
 class LogStats(msgspec.Struct, kw_only=True):
     events: int = 0
     run_id: str = ""
@@ -313,6 +367,13 @@ class LogStats(msgspec.Struct, kw_only=True):
     #: Events the resumes rolled back (counted in the figures above too: they are in the log).
     rolled_back: int = 0
     resumes: list[ResumeStats] = msgspec.field(default_factory=list)
+    #: The log's budget reports (one a health-check period), and the seconds they cover.
+    periods: int = 0
+    periods_span: float = 0.0
+    #: What each training callback's hook cost, summed over the budget reports.
+    callbacks: list[CallbackCost] = msgspec.field(default_factory=list)
+    #: The same for every other handler: the library's own, and plain handlers.
+    other_handlers: list[CallbackCost] = msgspec.field(default_factory=list)
 
 
 def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats:
@@ -324,6 +385,7 @@ def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats
     world = 0
     first = last = None
     handler_failures = handler_timeouts = rolled_back = 0
+    costs = _Costs()
     for event in reader:
         by_type[type(event).__name__] += 1
         if plan is not None and plan.is_rolled_back(event):
@@ -344,6 +406,8 @@ def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats
             handler_failures += 1
         elif isinstance(event, HandlerTimedOut):
             handler_timeouts += 1
+        elif isinstance(event, BudgetReport):
+            costs.add(event)
     return LogStats(
         events=sum(by_type.values()),
         run_id=reader.header.run_id,
@@ -372,6 +436,10 @@ def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats
             )
             for r in (plan.resumes if plan is not None else ())
         ],
+        periods=costs.periods,
+        periods_span=costs.span,
+        callbacks=costs.of(callbacks=True),
+        other_handlers=costs.of(callbacks=False),
     )
 
 
@@ -423,6 +491,39 @@ def _print_stats(stats: LogStats, args: argparse.Namespace) -> None:
             print("by rank:")
             for rank, count in stats.by_rank.items():
                 print(f"  {rank:<22} {count:>10}")
+        _print_costs(stats)
+
+
+def _print_costs(stats: LogStats) -> None:
+    """Each handler's cost from the budget reports: the training callbacks' hooks,
+    then every other handler (the library's own, and plain handlers)."""
+    if not stats.periods:
+        print("callback costs: none recorded (the log holds no budget reports)")
+        return
+    print(
+        f"callback costs: {stats.periods} health-check period(s) over "
+        f"{stats.periods_span:.3f} s; share: % of that time"
+    )
+    header = (
+        f"{'calls':>8} {'failed':>6} {'t/o':>4} {'skipped':>7} {'total ms':>10} "
+        f"{'mean µs':>9} {'max ms':>9} {'share':>8}  over budget"
+    )
+    for title, costs in (
+        ("callbacks", stats.callbacks),
+        ("library and plain handlers", stats.other_handlers),
+    ):
+        if not costs:
+            print(f"  {title}: none")
+            continue
+        print(f"  {title[:40]:<40} {header}")
+        for c in costs:
+            share = c.total / stats.periods_span * 100 if stats.periods_span > 0 else 0.0
+            print(
+                f"  {c.handler[:40]:<40} {c.calls:>8} {c.faults:>6} {c.timeouts:>4} "
+                f"{c.skipped:>7} {c.total * 1e3:>10.3f} {c.mean * 1e6:>9.2f} "
+                f"{c.max * 1e3:>9.3f} {share:>7.2f}%  "
+                f"{c.periods_over_budget} of {stats.periods} period(s)"
+            )
 
 
 def _pairs(counts: dict[int, int]) -> str:
@@ -455,6 +556,59 @@ def _wire(specs: list[str]) -> Callable[[EventBus], None]:
     return setup
 
 
+def _cost_flags(specs: list[str]) -> dict[str, float]:
+    """``--cost NAME=SECONDS`` flags as seconds by handler name; a bad one is one line
+    naming the flag."""
+    costs: dict[str, float] = {}
+    for spec in specs:
+        name, equals, text = spec.rpartition("=")
+        name = name.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            equals = ""
+        if not (name and equals):
+            raise CliError(
+                f"--cost must be NAME=SECONDS (seconds per call of handler NAME), got {spec!r}"
+            )
+        if name in costs:
+            raise CliError(f"--cost {name} is given twice")
+        try:
+            costs[name] = checked(f"--cost {name}", seconds, WaitSeconds)
+        except (OptionError, OptionTypeError) as exc:
+            raise CliError(str(exc)) from None
+    return costs
+
+
+class _BudgetVerdicts:
+    """What the budgets said during a replay: periods over budget per handler, and
+    the handlers' state changes (printed when ``--cost`` charged some)."""
+
+    def __init__(self) -> None:
+        self.periods = 0
+        self.over: Counter[str] = Counter()
+        self.changes: list[HandlerStateChanged] = []
+
+    def attach(self, bus: EventBus) -> None:
+        bus.add_tap(self._batch)  # a tap, not a handler: no row of its own in the table
+
+    def _batch(self, batch: list[Event]) -> None:
+        for event in batch:
+            if isinstance(event, BudgetReport):
+                self.periods += not event.partial
+                self.over.update(event.over_budget)
+            elif isinstance(event, HandlerStateChanged):
+                self.changes.append(event)
+
+    def lines(self) -> list[str]:
+        lines = [
+            f"over budget: {name} in {count} of {self.periods} periods"
+            for name, count in self.over.items()
+        ]
+        lines.extend(f"{c.handler}: {c.state} ({c.reason})" for c in self.changes)
+        return lines
+
+
 def _replay(args: argparse.Namespace) -> int:
     if not args.callbacks:
         raise CliError("nothing to replay against: give --callbacks MODULE:NAME ...")
@@ -462,8 +616,18 @@ def _replay(args: argparse.Namespace) -> int:
     options = BusOptions.build(None, **given(args, "period", "timeout"))
     if args.speed is not None:
         checked("speed", args.speed, Speed)
+    costs = _cost_flags(args.cost)
+    if costs and args.speed is not None:
+        raise CliError("--cost charges virtual time: it needs an instant replay, without --speed")
     keep = _filter(args)
-    setup = _wire(args.callbacks)
+    wire = _wire(args.callbacks)
+    verdicts = _BudgetVerdicts()
+
+    def setup(bus: EventBus) -> None:
+        wire(bus)
+        if costs:
+            verdicts.attach(bus)
+
     with local_log(args.log) as log:  # read three times: a pipe is copied first
         with reading_log(log, skip_corrupt=args.skip_corrupt):
             pass  # a bad file is reported before any bus starts
@@ -476,14 +640,20 @@ def _replay(args: argparse.Namespace) -> int:
                     period=args.period,
                     filter=keep,
                     skip_corrupt=args.skip_corrupt,
-                    real_time=True,
+                    real_time=not costs,  # charged costs: virtual time, deterministic
+                    costs=costs or None,
                     timeout=options.timeout,
                 )
             )
         except (LogError, OptionError) as exc:
+            if isinstance(exc, OptionError) and exc.option.startswith("costs"):
+                raise CliError("--cost" + str(exc)[len("costs") :]) from None
             raise as_cli_error(exc) from None
     with writing(STDOUT):
         _print_replay(summary)
+        if costs:
+            for line in verdicts.lines():
+                print(line)
     if summary.truncated is not None:
         raise CliError(summary.truncated.describe(args.log))
     return 1 if summary.failed or summary.timed_out else 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ._page import PALETTE, Chart, Document, escape, facts, table
+from ._page import Chart, Document, escape, facts, series_style, table
 from ._series import SeriesGroup
 
 __all__ = ["BENCH_HEADERS", "bench_report"]
@@ -49,25 +49,23 @@ def bench_report(
     chart = Chart(
         "chart-cost",
         "Each callback's share of every period",
-        x_label="period",
-        y_label="% of period",
+        x_label="health-check period",
+        y_label="share of the period",
+        y_unit="%",
         log_y=True,
         note="log scale; the dashed line is the budget",
     )
     lines = group.lines()
     chart.x = lines.x
     for position, (label, column) in enumerate(zip(lines.names, lines.columns, strict=True)):
-        chart.line(
-            label,
-            column,
-            colour=PALETTE[position % len(PALETTE)],
-            dash=[] if position < len(PALETTE) else [6, 3],
-        )
-    chart.threshold = {
-        "y": budget_pct,
-        "colour": "#D55E00",
-        "label": f"budget {budget_pct:.3g}% of a period",
-    }
+        colour, dash = series_style(position)
+        chart.line(label, column, colour=colour, dash=dash)
+    if budget_pct > 0:  # a log scale has no 0
+        chart.threshold = {
+            "y": budget_pct,
+            "colour": "#D55E00",
+            "label": f"budget {budget_pct:.3g}% of a period",
+        }
     document = Document(title, subtitle)
     document.section(
         "summary",

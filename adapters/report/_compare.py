@@ -95,8 +95,9 @@ def _cost_chart(a: RunDigest, b: RunDigest, labels: tuple[str, str]) -> Chart:
     chart = Chart(
         "chart-cost",
         "All handlers' share of each period",
-        x_label="period",
-        y_label="% of period",
+        x_label="health-check period",
+        y_label="share of the period",
+        y_unit="%",
         log_y=True,
         note="log scale; the dashed line is the budget",
     )
@@ -113,7 +114,7 @@ def _cost_chart(a: RunDigest, b: RunDigest, labels: tuple[str, str]) -> Chart:
         )
     budgets = [g.band(g.series(BUDGET)).high for g in groups]
     highest = max((max(values) for values in budgets if values), default=None)
-    if highest is not None:
+    if highest is not None and highest > 0:  # a log scale has no 0
         chart.threshold = {
             "y": highest,
             "colour": "#000000",

@@ -2,35 +2,99 @@
 
 The bus writes one ``BudgetReport`` per health-check period: for each
 handler its calls, total time, longest call, timeouts, faults and skipped
-(coalesced) deliveries. That is all a log keeps of the cost, so the
-per-call percentiles here are those of each period's mean call, weighted by
-its calls (on a log scale of 16 steps an octave, so within 4.5%); the
-longest call is exact. ``eventbus bench`` times every call and gives exact
+deliveries. That is all a log keeps of the cost, so the per-call
+percentiles here are those of each period's mean call, weighted by its
+calls (on a log scale of 16 steps an octave, so within 4.5%); the longest
+call is exact. ``eventbus bench`` times every call and gives exact
 percentiles instead.
+
+A report counts skipped deliveries without their cause; the cause is the
+state the handler was in (``HandlerStateChanged``: coalescing, or disabled
+by the budget policy or by its fault policy). A state change logged between
+a period's ``HealthCheckTick`` and its ``BudgetReport`` is that period's
+budget verdict and holds from the next period; any other holds from the
+period it is logged in. A period's skips are put down to the one cause the
+handler was under during it; under none, or under two, the log cannot tell,
+and they are counted as skipped, with no cause.
+
+The library's own handlers (the event log's, the gathering's, the state
+store's) are told from the user's callbacks by name (``is_library``), so
+the page can keep them apart.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
-from eventbus import BudgetReport, HandlerStateChanged
+from eventbus import BudgetReport, HandlerStateChanged, HealthCheckTick
 
-from ._limits import MAX_HANDLERS, MAX_LABEL, MAX_SPANS, clip
+from ._limits import MAX_HANDLERS, MAX_LABEL, MAX_SPANS, MAX_STATES, clip
 from ._series import SeriesGroup
 
 __all__ = [
     "ALL_CALLBACKS",
     "BUDGET",
+    "LIBRARY_TOTAL",
+    "SKIP_CAUSES",
+    "UNKNOWN_CAUSE",
     "CallbackCost",
     "CostDigest",
     "Span",
+    "is_library",
+    "skip_cause",
     "weighted_quantile",
 ]
 
 #: The series of the cost chart that is not one handler.
 ALL_CALLBACKS = "all handlers"
+LIBRARY_TOTAL = "the library's handlers together"
 BUDGET = "budget"
 OTHER_HANDLERS = "(other handlers)"
+
+#: Why deliveries were skipped, as a log can tell it: each cause's incident kind (its
+#: marker on the chart) and how the page names it.
+COALESCED = "coalesced"
+DISABLED = "disabled"
+FAULT_POLICY = "fault policy"
+UNKNOWN_CAUSE = "unknown"
+SKIP_CAUSES: dict[str, tuple[str, str]] = {
+    COALESCED: ("skipped-coalesced", "coalesced"),
+    DISABLED: ("skipped-disabled", "disabled"),
+    FAULT_POLICY: ("skipped-fault-policy", "stopped by the fault policy"),
+    UNKNOWN_CAUSE: ("skipped", ""),  # the log does not say: "skipped", no cause
+}
+#: Words of the reasons the fault policy gives when it disables a handler
+#: (``3 faults (max_faults=3)``, ``on_error='raise': it failed the run``, ``raised
+#: ValueError: the run ends``); the budget policy's name the budget.
+_FAULT_WORDS = re.compile(r"fault|on_error|the run ends")
+
+#: Handlers the library subscribes itself, by exact name, and the prefixes of the
+#: names of this project's packages' handlers (``eventbus.recorder.fsync``,
+#: ``handlers.ReportCallbackHandler``, ``adapters.transformers.trainer_state``).
+LIBRARY_NAMES = frozenset(
+    {"state-store", "Reporter.sync", "bench.budget_reports", "bench.rounds", "bench.state_changes"}
+)
+LIBRARY_PREFIXES = ("eventbus.", "handlers.", "adapters.")
+
+
+def is_library(name: str) -> bool:
+    """Whether ``name`` is one of the library's own handlers (the event log's, the
+    gathering's, the state store's...), not one of the user's callbacks."""
+    return name in LIBRARY_NAMES or name.startswith(LIBRARY_PREFIXES)
+
+
+def skip_cause(state: str, reason: str) -> str | None:
+    """The cause of the skips of a handler in ``state`` (None: normal, no skips)."""
+    if state == "coalescing":
+        return COALESCED
+    if state == "disabled":
+        if "budget" not in reason and _FAULT_WORDS.search(reason):
+            return FAULT_POLICY
+        return DISABLED
+    return None
+
+
 #: Histogram steps per octave of the mean call time (2 ** (1/16): 4.4% apart).
 STEPS = 16
 
@@ -48,6 +112,7 @@ class CallbackCost:
         "periods",
         "periods_over",
         "skipped",
+        "skipped_by",
         "timeouts",
         "total",
     )
@@ -60,11 +125,17 @@ class CallbackCost:
         self.timeouts = 0
         self.faults = 0
         self.skipped = 0
+        #: skipped deliveries by cause (``SKIP_CAUSES``)
+        self.skipped_by: dict[str, int] = {}
         self.periods = 0
         self.periods_over = 0
         self.budget_pct = 0.0
         #: log-scale step of a period's mean call -> calls at that mean
         self.histogram: dict[int, int] = {}
+
+    @property
+    def library(self) -> bool:
+        return is_library(self.name)
 
     @property
     def mean(self) -> float:
@@ -113,11 +184,15 @@ class CostDigest:
         self.shares = SeriesGroup(buckets)
         self._all = self.shares.series(ALL_CALLBACKS)
         self._budget = self.shares.series(BUDGET)
-        #: Timeouts, faults and skipped deliveries per period (their sums per bucket).
+        self._library = self.shares.series(LIBRARY_TOTAL)
+        #: Timeouts, faults and skipped deliveries (by cause) per period (their sums per
+        #: bucket).
         self.incidents = SeriesGroup(buckets)
-        self._incidents = tuple(
-            self.incidents.series(kind) for kind in ("timeouts", "faults", "skipped")
-        )
+        self._timeouts = self.incidents.series("timeouts")
+        self._faults = self.incidents.series("faults")
+        self._skips = {
+            cause: self.incidents.series(kind) for cause, (kind, _) in SKIP_CAUSES.items()
+        }
         self.periods = 0
         self.partial_periods = 0
         self.periods_over = 0
@@ -127,6 +202,15 @@ class CostDigest:
         self.spans: list[Span] = []
         self.spans_dropped = 0
         self._open_spans: dict[str, Span] = {}
+        #: The cause of each handler's skips now (not normal), and the causes it was
+        #: under in the open period (``MAX_STATES`` handlers followed: the skips of
+        #: the rest have no cause).
+        self._cause_now: dict[str, str] = {}
+        self._causes: dict[str, set[str]] = {}
+        self._followed: set[str] = set()
+        #: The period whose tick came and whose report has not: its verdicts hold
+        #: from the next period.
+        self._closing: int | None = None
 
     def add_report(self, report: BudgetReport) -> None:
         length = report.end - report.start
@@ -134,6 +218,7 @@ class CostDigest:
             self.period_length = length
         judged = max(length, self.period_length)
         if not judged > 0 or not math.isfinite(judged):
+            self._next_period()
             return  # an empty period: no time to share
         self.periods += 1
         self.partial_periods += report.partial
@@ -144,16 +229,25 @@ class CostDigest:
         shares = self.shares
         shares.add(self._all, period, report.total / judged * 100.0)
         shares.add(self._budget, period, report.budget / judged * 100.0)
-        timeouts = faults = skipped = 0
+        timeouts = faults = 0
+        skipped = dict.fromkeys(SKIP_CAUSES, 0)
         folded = -1.0  # the handlers past MAX_HANDLERS, added up as one
+        library = 0.0
         for usage in report.handlers:
-            cost = self._cost(clip(usage.handler))
+            name = clip(usage.handler)
+            cost = self._cost(name)
             cost.calls += usage.calls
             cost.total += usage.total
             cost.longest = max(cost.longest, usage.max)
             cost.timeouts += usage.timeouts
             cost.faults += usage.faults
             cost.skipped += usage.skipped
+            if usage.skipped:
+                cause = self._cause_of_skips(name)
+                cost.skipped_by[cause] = cost.skipped_by.get(cause, 0) + usage.skipped
+                skipped[cause] += usage.skipped
+            if is_library(name):
+                library += usage.total
             cost.periods += 1
             cost.periods_over += usage.over_budget
             cost.budget_pct = usage.budget / judged * 100.0
@@ -166,12 +260,52 @@ class CostDigest:
                 shares.add(shares.series(cost.name), period, usage.total / judged * 100.0)
             timeouts += usage.timeouts
             faults += usage.faults
-            skipped += usage.skipped
         if folded >= 0:
             shares.add(shares.series(OTHER_HANDLERS), period, folded / judged * 100.0)
-        for index, count in zip(self._incidents, (timeouts, faults, skipped), strict=True):
+        if library > 0:
+            shares.add(self._library, period, library / judged * 100.0)
+        counts = [(self._timeouts, timeouts), (self._faults, faults)]
+        counts += [(self._skips[cause], count) for cause, count in skipped.items()]
+        for index, count in counts:
             if count:
                 self.incidents.add(index, period, float(count))
+        self._next_period()
+
+    def _cause_of_skips(self, handler: str) -> str:
+        """The one cause ``handler`` was under in the open period, else unknown."""
+        causes = self._causes.get(handler)
+        if causes is None or len(causes) != 1:
+            return UNKNOWN_CAUSE
+        (cause,) = causes
+        return cause
+
+    def _next_period(self) -> None:
+        """A report closed the open period: the next one starts under today's states."""
+        self._closing = None
+        self._causes = {handler: {cause} for handler, cause in self._cause_now.items()}
+
+    def new_bus(self) -> None:
+        """A (resumed) process started: its handlers start normal."""
+        self._cause_now.clear()
+        self._causes.clear()
+        self._closing = None
+
+    def tick(self, event: HealthCheckTick) -> None:
+        """Period ``event.period`` ended: the state changes until its report are its
+        budget verdicts."""
+        self._closing = event.period
+
+    def _follow(self, handler: str, cause: str | None, *, verdict: bool) -> None:
+        if handler not in self._followed:
+            if len(self._followed) >= MAX_STATES:
+                return  # its skips have no cause
+            self._followed.add(handler)
+        if cause is None:
+            self._cause_now.pop(handler, None)
+        else:
+            self._cause_now[handler] = cause
+            if not verdict:  # it holds in the open period too
+                self._causes.setdefault(handler, set()).add(cause)
 
     def _cost(self, name: str) -> CallbackCost:
         cost = self.handlers.get(name)
@@ -184,10 +318,14 @@ class CostDigest:
         return cost
 
     def state_changed(self, event: HandlerStateChanged) -> None:
-        """A handler was disabled, started coalescing, or went back to normal: spans of
-        the period it happened in (the one after the last reported)."""
-        period = self.last_period + 1
+        """A handler was disabled, started coalescing, or went back to normal: spans
+        from the period it holds from (the one after the last reported, or for a
+        budget verdict the one after the period it judged), and the cause of its skips.
+        """
+        verdict = self._closing is not None
+        period = self._closing + 1 if self._closing is not None else self.last_period + 1
         handler = clip(event.handler)
+        self._follow(handler, skip_cause(event.state, event.reason), verdict=verdict)
         open_span = self._open_spans.pop(handler, None)
         if open_span is not None:
             open_span.end = period
@@ -200,6 +338,8 @@ class CostDigest:
         self.spans.append(span)
         self._open_spans[handler] = span
 
-    def ranked(self) -> list[CallbackCost]:
-        """The handlers, the costliest first."""
-        return sorted(self.handlers.values(), key=lambda cost: (-cost.total, cost.name))
+    def ranked(self, *, library: bool | None = None) -> list[CallbackCost]:
+        """The handlers, the costliest first: all, or only the library's own
+        (``library=True``) or only the user's (``False``)."""
+        chosen = [c for c in self.handlers.values() if library is None or c.library == library]
+        return sorted(chosen, key=lambda cost: (-cost.total, cost.name))

@@ -27,6 +27,7 @@ from eventbus import (
     HandlerFailed,
     HandlerStateChanged,
     HandlerTimedOut,
+    HealthCheckTick,
     Report,
     ReportRejected,
     RoundGathered,
@@ -152,6 +153,7 @@ class RunDigest:
             HandlerFailed: self._handler_failed,
             HandlerTimedOut: self._handler_timed_out,
             HandlerStateChanged: self.cost.state_changed,
+            HealthCheckTick: self.cost.tick,
             ReportRejected: self._rejected,
             CheckpointMismatch: self._mismatch,
             EventPlaceholder: self._placeholder,
@@ -244,6 +246,7 @@ class RunDigest:
         self._mark("restart", f"workers restarted (world size {event.world_size})")
 
     def _started(self, event: RunStarted) -> None:
+        self.cost.new_bus()
         self.run_id = clip(event.run_id) or self.run_id
         self.name = clip(event.name)
         self.world_size = event.world_size

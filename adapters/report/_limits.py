@@ -24,6 +24,7 @@ __all__ = [
     "MAX_RANK_LINES",
     "MAX_RESTORES",
     "MAX_SPANS",
+    "MAX_STATES",
     "MAX_TRACEBACK",
     "SHORT_TEXT",
     "TEXT_BUDGET",
@@ -47,6 +48,8 @@ MAX_HANDLERS = 64
 COST_LINES = 8
 #: Disabled or coalescing spans kept.
 MAX_SPANS = 200
+#: Handlers whose state is followed, for the cause of their skipped deliveries.
+MAX_STATES = 1024
 #: Worker failures and callback faults listed with their text.
 MAX_LISTED = 100
 #: Restores, rejected reports and unsaved states listed.

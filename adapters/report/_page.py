@@ -7,14 +7,17 @@ Policy forbids every fetch, so the page works offline and cannot call out.
 Every text from the log is escaped; the JSON block escapes ``<``, so no
 value can end it.
 
-Colours are the Okabe-Ito palette, distinguishable with the common kinds of
-colour blindness, and lines past the palette's length are dashed. Each chart
-has a text alternative: a sentence for screen readers and, one click away,
-its figures as a table.
+Lines take the Okabe-Ito palette, distinguishable with the common kinds of
+colour blindness, then four dark colours of Paul Tol's: no two lines of a
+chart share a colour (past those ten, hues are made far apart, and dashed).
+An axis's ticks carry its unit (``2%``, ``5 ms``). Each chart has a text
+alternative: a sentence for screen readers and, one click away, its figures
+as a table.
 """
 
 from __future__ import annotations
 
+import colorsys
 import html
 import json
 import math
@@ -30,17 +33,25 @@ from ._limits import MAX_DRAWN, SHORT_TEXT, TEXT_BUDGET, clip
 __all__ = [
     "MARKER_STYLES",
     "PALETTE",
+    "SERIES_COLOURS",
     "Chart",
     "Document",
     "TextBudget",
     "escape",
     "facts",
     "figure",
+    "series_style",
     "table",
+    "with_unit",
 ]
 
 #: Okabe-Ito, without its yellow (too faint on white).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000")
+#: A chart's lines, one colour each: Okabe-Ito without its yellow and its black (the
+#: black line is "all handlers"), then Paul Tol's wine, olive, indigo and brown.
+SERIES_COLOURS = (*PALETTE[:-1], "#882255", "#999933", "#332288", "#661100")
+#: Units an axis may carry (the ticks and the legend show them).
+UNITS = ("", "%", "s", "ms", "µs")
 #: How each kind of marker or span is drawn, and named in the chart's key.
 MARKER_STYLES: dict[str, dict[str, Any]] = {
     "checkpoint": {"colour": "#009E73", "dash": [2, 3], "name": "checkpoint", "line": "dotted"},
@@ -49,16 +60,54 @@ MARKER_STYLES: dict[str, dict[str, Any]] = {
     "resume": {"colour": "#CC79A7", "dash": [8, 3], "name": "resume", "line": "dashed"},
     "timeouts": {"colour": "#D55E00", "dash": [], "name": "timeouts", "line": "solid"},
     "faults": {"colour": "#CC79A7", "dash": [4, 2], "name": "faults", "line": "dashed"},
-    "skipped": {
+    # Skipped deliveries, by what the log says caused them (``_cost.SKIP_CAUSES``).
+    "skipped-coalesced": {
         "colour": "#E69F00",
         "dash": [2, 3],
         "name": "skipped (coalesced)",
         "line": "dotted",
     },
+    "skipped-disabled": {
+        "colour": "#777777",
+        "dash": [2, 3],
+        "name": "skipped (disabled)",
+        "line": "dotted",
+    },
+    "skipped-fault-policy": {
+        "colour": "#882255",
+        "dash": [2, 3],
+        "name": "skipped (stopped by the fault policy)",
+        "line": "dotted",
+    },
+    "skipped": {"colour": "#999933", "dash": [2, 3], "name": "skipped", "line": "dotted"},
     "disabled": {"colour": "#777777", "name": "disabled", "line": "solid"},
     "coalescing": {"colour": "#E69F00", "name": "coalescing", "line": "solid"},
 }
 UPLOT_VERSION = "1.6.32"
+
+
+def series_style(position: int) -> tuple[str, list[int]]:
+    """The colour and dash of a chart's ``position``-th line (from 0): the ten
+    ``SERIES_COLOURS``, solid, then hues 137.5 degrees apart (the golden angle: the
+    first hundred are all far apart), dashed."""
+    if position < len(SERIES_COLOURS):
+        return SERIES_COLOURS[position], []
+    hue = (position - len(SERIES_COLOURS)) * 137.508 % 360.0
+    red, green, blue = colorsys.hls_to_rgb(hue / 360.0, 0.42, 0.7)
+    return f"#{round(red * 255):02X}{round(green * 255):02X}{round(blue * 255):02X}", [6, 3]
+
+
+def with_unit(value: float, unit: str, digits: int = 4) -> str:
+    """A chart's figure as the page writes it: ``digits`` significant digits and its
+    unit (``0.001078%``, ``12.5 ms``, ``1e-6%``; a percentage without a space), as
+    ``report.js`` writes them."""
+    text = f"{value:.{digits}g}"
+    if "e" in text:  # 1e-06 -> 1e-6, 1.2e+07 -> 1.2e7
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}e{int(exponent)}"
+    if not unit:
+        return text
+    return f"{text}{unit}" if unit == "%" else f"{text} {unit}"
 
 
 def escape(value: object) -> str:
@@ -102,13 +151,20 @@ class Chart:
         y_label: str,
         note: str = "",
         log_y: bool = False,
+        x_unit: str = "",
+        y_unit: str = "",
     ) -> None:
+        for unit in (x_unit, y_unit):
+            if unit not in UNITS:
+                raise ValueError(f"chart {ident}: unit {unit!r} is not one of {UNITS}")
         self.ident = ident
         self.title = title
         self.x_label = x_label
         self.y_label = y_label
         self.note = note
         self.log_y = log_y
+        self.x_unit = x_unit
+        self.y_unit = y_unit
         self.x: list[float] = []
         self.series: list[dict[str, Any]] = []
         self.bands: list[tuple[int, int, str]] = []
@@ -131,9 +187,8 @@ class Chart:
     ) -> int:
         """Add a series (``values`` along ``self.x``); returns its uPlot index."""
         if colour is None:
-            position = len(self.series)
-            colour = PALETTE[position % len(PALETTE)]
-            dash = dash or ([] if position < len(PALETTE) else [6, 3])
+            colour, default_dash = series_style(len(self.series))
+            dash = dash or default_dash
         kept = [None if v is None or not math.isfinite(v) else short(v) for v in values]
         if self.log_y:
             kept = [v if v is not None and v > 0 else None for v in kept]
@@ -165,6 +220,8 @@ class Chart:
             "x": [short(x) for x in self.x],
             "xLabel": self.x_label,
             "yLabel": self.y_label,
+            "xUnit": self.x_unit,
+            "yUnit": self.y_unit,
             "logY": self.log_y,
             "series": self.series,
             "bands": self.bands,
@@ -221,13 +278,10 @@ class Chart:
             low = min(points, key=lambda p: p[1])
             high = max(points, key=lambda p: p[1])
             rows.append(
-                [
-                    s["label"],
-                    str(len(points)),
-                    f"{points[0][1]:.4g} at {points[0][0]:g}",
-                    f"{points[-1][1]:.4g} at {points[-1][0]:g}",
-                    f"{low[1]:.4g} at {low[0]:g}",
-                    f"{high[1]:.4g} at {high[0]:g}",
+                [s["label"], str(len(points))]
+                + [
+                    f"{with_unit(y, self.y_unit)} at {with_unit(x, self.x_unit, 6)}"
+                    for x, y in (points[0], points[-1], low, high)
                 ]
             )
         text = table(

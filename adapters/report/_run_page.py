@@ -6,11 +6,20 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from ._cost import ALL_CALLBACKS, BUDGET, CallbackCost, CostDigest
+from ._cost import (
+    ALL_CALLBACKS,
+    BUDGET,
+    LIBRARY_TOTAL,
+    SKIP_CAUSES,
+    UNKNOWN_CAUSE,
+    CallbackCost,
+    CostDigest,
+    is_library,
+)
 from ._digest import Damage, RunDigest
 from ._limits import COST_LINES, MAX_LABEL, clip
 from ._metrics import MetricCharts, MetricSeries
-from ._page import PALETTE, Chart, Document, TextBudget, escape, facts, table
+from ._page import PALETTE, Chart, Document, TextBudget, escape, facts, series_style, table
 
 __all__ = [
     "COST_HEADERS",
@@ -20,11 +29,13 @@ __all__ = [
     "metric_chart",
     "run_report",
     "seconds",
+    "skipped_text",
 ]
 
 BAND_FILL = "rgba(0,114,178,0.18)"
-#: The handlers' lines: the palette but its black, which is all handlers together.
-HANDLER_COLOURS = PALETTE[:-1]
+#: The chart's line of all handlers together, and of the library's handlers together.
+TOTAL_COLOUR = "#000000"
+LIBRARY_COLOUR = "#555555"
 COST_HEADERS = [
     "callback",
     "calls",
@@ -132,17 +143,28 @@ def metric_chart(ident: str, series: MetricSeries, charts: MetricCharts) -> Char
     return chart
 
 
-def cost_chart(ident: str, cost: CostDigest, title: str = "Callback cost per period") -> Chart:
-    """Each of the costliest handlers' share of every period, all handlers' together,
-    the budget line, and where timeouts, faults, skips and disabled handlers were."""
+def cost_chart(
+    ident: str,
+    cost: CostDigest,
+    title: str = "Callback cost per period",
+    *,
+    library: bool = False,
+) -> Chart:
+    """The costliest handlers' share of every period, against the budget line, and
+    where timeouts, faults, skips (by cause) and disabled handlers were: the user's
+    callbacks with all handlers together, or (``library``) the library's own handlers
+    with their sum."""
     group = cost.shares
-    names = [c.name for c in cost.ranked()[:COST_LINES]]
-    indices = [group.series(ALL_CALLBACKS)] + [group.series(name) for name in names]
+    names = [c.name for c in cost.ranked(library=library)[:COST_LINES]]
+    total = LIBRARY_TOTAL if library else ALL_CALLBACKS
+    indices = [group.series(total)] + [group.series(name) for name in names]
+    length = f" ({seconds(cost.period_length)} each)" if cost.period_length else ""
     chart = Chart(
         ident,
         title,
-        x_label="period",
-        y_label="% of period",
+        x_label=f"health-check period{length}",
+        y_label="share of the period",
+        y_unit="%",
         log_y=True,
         note="log scale; the dashed line is the budget of each handler and of all together",
     )
@@ -150,27 +172,33 @@ def cost_chart(ident: str, cost: CostDigest, title: str = "Callback cost per per
     chart.x = lines.x
     for position, (label, column) in enumerate(zip(lines.names, lines.columns, strict=True)):
         if position == 0:
-            chart.line(label, column, colour="#000000", width=2.5)
+            colour = LIBRARY_COLOUR if library else TOTAL_COLOUR
+            chart.line(label, column, colour=colour, width=2.5)
         else:
-            chart.line(
-                label,
-                column,
-                colour=HANDLER_COLOURS[(position - 1) % len(HANDLER_COLOURS)],
-                dash=[] if position <= len(HANDLER_COLOURS) else [6, 3],
-            )
+            colour, dash = series_style(position - 1)
+            chart.line(label, column, colour=colour, dash=dash)
     budget = group.band(group.series(BUDGET))
-    if budget.x:
+    if budget.x and max(budget.high) > 0:  # a log scale has no 0
         chart.threshold = {
             "y": max(budget.high),
             "colour": "#D55E00",
             "label": f"budget {max(budget.high):.3g}% of a period",
         }
     incidents = cost.incidents
-    for kind in incidents.names:
-        for x, count in incidents.totals(incidents.series(kind)):
-            chart.mark(x, kind, f"{count:g} {kind}")
+    if not library:  # the run's incidents, once, on the main chart
+        labels = {kind: name for kind, name in SKIP_CAUSES.values()}
+        for kind in incidents.names:
+            for x, count in incidents.totals(incidents.series(kind)):
+                cause = labels.get(kind)
+                if cause is None:
+                    label = f"{count:g} {kind}"
+                else:
+                    label = f"{count:g} skipped" + (f" ({cause})" if cause else "")
+                chart.mark(x, kind, label)
     end = cost.last_period + 1
     for span in cost.spans:
+        if is_library(span.handler) != library:
+            continue
         chart.span(
             span.start,
             span.end if span.end is not None else end,
@@ -178,6 +206,27 @@ def cost_chart(ident: str, cost: CostDigest, title: str = "Callback cost per per
             clip(f"{span.handler} {span.state}: {span.reason}", MAX_LABEL),
         )
     return chart
+
+
+def skipped_text(cost: CallbackCost) -> str:
+    """A handler's skipped deliveries with their causes: ``40 (30 coalesced, 10
+    disabled)``; a count the log gives no cause for is only counted."""
+    if not cost.skipped:
+        return "0"
+    known = [
+        (count, SKIP_CAUSES[cause][1])
+        for cause, count in sorted(cost.skipped_by.items(), key=lambda item: -item[1])
+        if cause != UNKNOWN_CAUSE
+    ]
+    if not known:
+        return f"{cost.skipped:,}"
+    unknown = cost.skipped - sum(count for count, _ in known)
+    if unknown == 0 and len(known) == 1:
+        return f"{cost.skipped:,} {known[0][1]}"
+    parts = [f"{count:,} {label}" for count, label in known]
+    if unknown:
+        parts.append(f"{unknown:,} cause not in the log")
+    return f"{cost.skipped:,} ({', '.join(parts)})"
 
 
 def cost_rows(costs: Sequence[CallbackCost], cost: CostDigest) -> list[list[str]]:
@@ -202,14 +251,13 @@ def cost_rows(costs: Sequence[CallbackCost], cost: CostDigest) -> list[list[str]
                 f"{c.periods_over}",
                 f"{c.timeouts}",
                 f"{c.faults}",
-                f"{c.skipped}",
+                skipped_text(c),
             ]
         )
     return rows
 
 
-def _cost_table(cost: CostDigest) -> str:
-    ranked = cost.ranked()
+def _cost_table(ranked: Sequence[CallbackCost], cost: CostDigest) -> str:
     rows = cost_rows(ranked, cost)
     flagged = [COST_HEADERS.index(h) for h in ("over budget", "timeouts", "faults")]
     marked = {
@@ -219,6 +267,41 @@ def _cost_table(cost: CostDigest) -> str:
         if count
     }
     return table(COST_HEADERS, rows, numeric=range(1, len(COST_HEADERS)), classes=marked)
+
+
+def _cost_section(document: Document, cost: CostDigest) -> str:
+    """The callback cost section: the user's callbacks, then the library's own handlers
+    (the event log's, the gathering's, the state store's), each a chart and a table."""
+    body = (
+        f'<p class="note">{cost.periods} health-check periods of {seconds(cost.period_length)}'
+        f" ({cost.partial_periods} partial). p50 and p99 are of each period's mean call, "
+        "weighted by its calls: a log keeps each period's calls, total and longest call, "
+        "not every call (<code>eventbus bench</code> times every call).</p>"
+    )
+    yours, ours = cost.ranked(library=False), cost.ranked(library=True)
+    body += document.add_chart(cost_chart("chart-cost", cost))
+    if ours:
+        body += document.add_chart(
+            cost_chart(
+                "chart-cost-library",
+                cost,
+                "The library's own handlers per period (event log, gathering, state store)",
+                library=True,
+            )
+        )
+    body += "<h3>Your callbacks</h3>" + (
+        _cost_table(yours, cost) if yours else '<p class="empty">None reported a cost.</p>'
+    )
+    if ours:
+        body += (
+            "<h3>The library's own handlers</h3>"
+            '<p class="note">What the library runs beside your callbacks on the same bus, '
+            "charged to the same budget: the event log's, the gathering of reports and "
+            "failures, the state store's.</p>" + _cost_table(ours, cost)
+        )
+    if cost.spans_dropped:
+        body += f'<p class="note">{cost.spans_dropped} more state changes not drawn.</p>'
+    return body
 
 
 def _summary(digest: RunDigest, text: TextBudget) -> str:
@@ -421,15 +504,7 @@ def run_report(digest: RunDigest) -> str:
     document.section("metrics", "Metrics over rounds", _metrics(document, digest))
     cost = digest.cost
     if cost.periods:
-        body = (
-            f'<p class="note">{cost.periods} health-check periods of {seconds(cost.period_length)}'
-            f" ({cost.partial_periods} partial). p50 and p99 are of each period's mean call, "
-            "weighted by its calls: a log keeps each period's calls, total and longest call, "
-            "not every call (<code>eventbus bench</code> times every call).</p>"
-        )
-        body += document.add_chart(cost_chart("chart-cost", cost)) + _cost_table(cost)
-        if cost.spans_dropped:
-            body += f'<p class="note">{cost.spans_dropped} more state changes not drawn.</p>'
+        body = _cost_section(document, cost)
     else:
         body = '<p class="empty">No budget reports: the log has no callback cost.</p>'
     document.section("cost", "Callback cost", body)

@@ -4,7 +4,8 @@ A log is the run's history: one header, then one record per event in
 sequence order (length-prefixed msgpack with a CRC, or JSON lines). The
 recorder is a tap of the bus, so it costs one call per batch; the reader
 yields what a torn or corrupt file still holds and says what was lost; a
-replay feeds a log back into a bus, on virtual time or at recorded speed.
+replay feeds a log back into a bus, on virtual time or at recorded speed,
+charging callbacks the costs a test gives them (``costs=``).
 A resumed run appends to its log, so the log is the run's one history;
 ``rollbacks`` marks what the resumes in it rolled back (a replay skips it).
 """
@@ -24,6 +25,7 @@ from ._reader import LogContents, LogReader, LogStreamError, read_log
 from ._recorder import FsyncPolicy, LogInUse, LogRecorder, RunIdMismatch
 from ._replay import (
     BUS_DIAGNOSTICS,
+    Costs,
     HandlerSummary,
     LogTiming,
     ReplaySummary,
@@ -38,6 +40,7 @@ __all__ = [
     "LOG_FORMAT_VERSION",
     "LOG_MAGIC",
     "CorruptLogError",
+    "Costs",
     "FsyncPolicy",
     "HandlerSummary",
     "LogContents",

@@ -15,18 +15,26 @@ so that each reaches a handler once; a bus without one gets the recorded ones.
 Placeholders are never delivered, since no handler can act on them, nor are
 the events a resume rolled back (the resumed run redid them: see
 ``rollbacks``); both are counted in the ``ReplaySummary``.
+
+On virtual time a callback costs nothing, so nothing is ever over budget. To
+test a budget policy, ``costs=`` charges handlers a cost: the virtual clock
+advances by it during each call, so the bus's timing, deadlines, budgets and
+periods see a call of that length, and the replay goes as a live run with
+those costs would: an event whose recorded time the clock has passed waits
+for the handlers before it, as it would behind a slow callback. Still
+instant: nothing sleeps.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Annotated, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Annotated, Any, Literal
 
 import anyio
+import anyio.from_thread
 import msgspec
-from msgspec.structs import force_setattr, replace
 
 from .._bus import BusStats, EventBus
 from .._clock import FastForwardClock, MonotonicClock, VirtualClock
@@ -41,13 +49,22 @@ from .._events import (
     HealthCheckTick,
     is_derived,
 )
-from ..options import BusOptions, OptionError, checked
+from .._subscription import Subscription
+from ..options import (
+    MAX_SECONDS,
+    BusOptions,
+    OptionError,
+    OptionTypeError,
+    WaitSeconds,
+    checked,
+)
 from ._format import TruncatedTail
 from ._history import Rollbacks, rollbacks
 from ._reader import LogReader, require_file
 
 __all__ = [
     "BUS_DIAGNOSTICS",
+    "Costs",
     "HandlerSummary",
     "LogTiming",
     "ReplaySummary",
@@ -71,10 +88,18 @@ Source = str | os.PathLike[str] | Iterable[Event]
 #: How fast a replay at recorded pace goes: 1 is as recorded, 2 twice as fast.
 Speed = Annotated[float, msgspec.Meta(gt=0, le=1e6, description="multiple of recorded speed")]
 
+#: What handlers cost in a replay (``costs=``): seconds per call by handler name (as the
+#: bus names it: ``Subscription.name``, ``"EarlyStopping.after_report"``, ``"...#2"`` for a
+#: second instance), a function of (handler name, event) giving seconds, or ``"measured"``:
+#: each call its own wall time. Handlers not named cost 0. A cost is a ``WaitSeconds``
+#: (0 s to a week, the longest deadline).
+Costs = Mapping[str, float] | Callable[[str, Event], float] | Literal["measured"]
+
 
 class HandlerSummary(msgspec.Struct, frozen=True, kw_only=True):
     """One handler over a replay; ``total``/``max``: seconds spent in it, as the
-    bus measures them (on its clock, so zero on a virtual clock)."""
+    bus measures them (on its clock, so zero on a virtual clock unless ``costs=``
+    charged it some)."""
 
     name: str
     calls: int
@@ -128,6 +153,7 @@ async def replay(
     filter: EventFilter | None = None,
     include_diagnostics: bool = False,
     skip_corrupt: bool = False,
+    costs: Costs | None = None,
 ) -> ReplaySummary:
     """Publish the events of ``source`` into a running ``bus``, and return once every
     replayed event was handled.
@@ -144,12 +170,32 @@ async def replay(
             (ticks, budget reports, handler faults), which the replay bus makes
             again otherwise.
         skip_corrupt: go on past damaged records instead of raising.
+        costs: what each call of the bus's handlers costs, charged to the virtual
+            clock during the call (``Costs``: seconds by handler name, a function
+            of the handler's name and the event, or ``"measured"``); handlers not
+            named cost 0. A name no handler has is an ``OptionError`` listing the
+            handlers; so is a cost out of range (0 s to a week), or one that reaches
+            the deadline of an async or blocking handler (which a live run would
+            cancel there). Only for an instant replay.
     """
     instant = speed is None
     if instant and not isinstance(bus.clock, VirtualClock):
         raise ValueError("an instant replay needs a bus with a VirtualClock (or give speed=)")
     if speed is not None:
         speed = checked("speed", speed, Speed)
+    charges: _Charges | None = None
+    if costs is not None:
+        if not instant:
+            raise OptionError("costs", "costs= is for an instant replay (speed=None)")
+        assert isinstance(bus.clock, VirtualClock)
+        if isinstance(costs, str) and isinstance(bus.clock, FastForwardClock):
+            raise OptionError(
+                "costs",
+                f"costs={costs!r} on a FastForwardClock: its clock measures every call already",
+            )
+        charges = _Charges.of(costs, bus.subscriptions, bus.clock)
+        if not charges.wrapped:
+            charges = None  # nothing to charge: the replay goes as without costs
     reader: LogReader | None = None
     events: Iterable[Event]
     plan: Rollbacks | None = None
@@ -159,27 +205,27 @@ async def replay(
     else:
         events = source
     keep = None if filter is None or filter.empty else filter
-    # The bus takes unpublished events (``seq=-1``) and stamps them in place. Events
-    # read here from a log are nobody else's: the selection unstamps them in place (a
-    # copy per event is a fifth of a replay); given events are the caller's: copied.
-    copy = reader is None
+    # Events are published as they are: handlers get copies stamped by the bus, which
+    # keeps the recorded time of each (a publisher may bring its own).
     derived = bus.gathering is not None  # the bus makes the derived events again
-    selection = _Selection(events, keep, include_diagnostics, derived, not copy, plan=plan)
+    selection = _Selection(events, keep, include_diagnostics, derived, plan=plan)
     started = time.perf_counter()
     publish = bus.publish
     try:
-        if isinstance(bus.clock, VirtualClock) and instant:
+        if charges is not None:
+            assert isinstance(bus.clock, VirtualClock)
+            await _replay_charged(bus, bus.clock, selection, charges)
+        elif isinstance(bus.clock, VirtualClock) and instant:
             clock = bus.clock
             now = clock.now
             for event in selection:
-                fresh = replace(event, seq=-1) if copy else event
                 t = event.time
                 if t > now():
                     if t >= bus.period_end:
-                        await _cross_period(bus, clock, t, fresh)
+                        await _cross_period(bus, clock, t, event)
                         continue
                     clock.set(t)
-                await publish(fresh)
+                await publish(event)
             last_time = selection.last_time
             if last_time is not None and last_time > clock.now():
                 # The recorded run went on (its last ticks): let the periods roll as they did.
@@ -198,6 +244,10 @@ async def replay(
     finally:
         if reader is not None:
             reader.close()
+        if charges is not None:
+            charges.remove()
+    if charges is not None and charges.error is not None:
+        raise charges.error
     stats = bus.stats()
     handlers = tuple(
         HandlerSummary(
@@ -227,13 +277,224 @@ async def replay(
     )
 
 
+async def _replay_charged(
+    bus: EventBus, clock: VirtualClock, selection: _Selection, charges: _Charges
+) -> None:
+    """The instant replay when handlers cost time, as a live run with those costs goes.
+
+    Before an event later than the clock, the bus finishes what it has: its
+    charges move the clock, maybe past that event's time, which then joins the
+    events waiting behind the slow handlers (the next batch, as in a live run)
+    instead of moving the clock. Idle gaps are skipped as in any instant replay.
+    """
+    now = clock.now
+    publish = bus.publish
+    for event in selection:
+        t = event.time
+        if t > now():
+            await bus.wait_idle()
+            if charges.error is not None:
+                return  # raised by ``replay``, once the bus is idle
+            if t > now():
+                if t >= bus.period_end:
+                    await _cross_period(bus, clock, t, event)
+                    continue
+                clock.set(t)
+        await publish(event)
+    await bus.wait_idle()
+    last_time = selection.last_time
+    if last_time is not None and last_time > now() and charges.error is None:
+        await _cross_period(bus, clock, last_time, None)
+
+
+class _Charges:
+    """Handlers' costs charged to a replay's virtual clock, during each call.
+
+    Each charged subscription's handler is wrapped, sync or async as it was,
+    so that the clock advances by the call's cost as the call ends (also when
+    it raised): the runner that times it on the bus's clock measures exactly
+    that, as it would a live call of that length. A blocking handler's call
+    runs in a worker thread, which has the event loop advance the clock.
+    ``remove()`` puts the handlers back. A cost function that raises, or gives
+    a cost out of range, cannot fail the handler it costs (the bus would take
+    it for the handler's fault): the call is charged nothing, and ``error``
+    keeps the first such error, for the replay to stop and raise.
+    """
+
+    def __init__(self, clock: VirtualClock, cost_of: Callable[[Subscription, Event], float]):
+        self.clock = clock
+        self.cost_of = cost_of
+        self.error: BaseException | None = None
+        self.wrapped: list[tuple[Subscription, Callable[[Any], Any], Callable[[Any], Any]]] = []
+
+    @classmethod
+    def of(cls, costs: Costs, subs: Iterable[Subscription], clock: VirtualClock) -> _Charges:
+        """The charges ``costs`` asks for on ``subs``, checked: a name no handler has
+        or a cost out of range is an ``OptionError`` here, before any event."""
+        subs = tuple(subs)
+        if isinstance(costs, str):
+            if costs != "measured":
+                raise OptionError(
+                    "costs",
+                    f"costs must be seconds by handler name, a function of (handler name, "
+                    f"event) or 'measured', got {costs!r}",
+                )
+            charges = cls(clock, _no_cost)
+            for sub in subs:
+                charges.wrap(sub, measured=True)
+            return charges
+        if isinstance(costs, Mapping):
+            fixed = _checked_costs(costs, subs)
+            charges = cls(clock, lambda sub, event: fixed[sub.name])
+            for sub in subs:
+                if fixed.get(sub.name):
+                    _check_deadline(sub, fixed[sub.name])
+                    charges.wrap(sub)
+            return charges
+        if not callable(costs):
+            raise OptionTypeError(
+                "costs",
+                "costs must be seconds by handler name, a function of (handler name, event) "
+                f"or 'measured', got {costs!r} ({type(costs).__name__})",
+            )
+        function = costs
+
+        def cost_of(sub: Subscription, event: Event) -> float:
+            cost = _checked_cost(sub.name, function(sub.name, event))
+            if cost:
+                _check_deadline(sub, cost)
+            return cost
+
+        charges = cls(clock, cost_of)
+        for sub in subs:
+            charges.wrap(sub)
+        return charges
+
+    def wrap(self, sub: Subscription, *, measured: bool = False) -> None:
+        """Charge ``sub``'s calls from now on."""
+        handler = sub.handler
+        advance = self.clock.advance
+        if sub.blocking:  # called in a worker thread: the event loop moves the clock
+            loop_advance = advance
+
+            def advance(seconds: float) -> None:
+                anyio.from_thread.run_sync(loop_advance, seconds)
+
+        cost_of = self.cost
+        wrapper: Callable[[Any], Any]
+        if measured:
+            clock = time.perf_counter
+            if sub.is_async:
+
+                async def measured_async(event: Event) -> Any:
+                    start = clock()
+                    try:
+                        return await handler(event)
+                    finally:
+                        advance(clock() - start)
+
+                wrapper = measured_async
+            else:
+
+                def measured_sync(event: Event) -> Any:
+                    start = clock()
+                    try:
+                        return handler(event)
+                    finally:
+                        advance(clock() - start)
+
+                wrapper = measured_sync
+        elif sub.is_async:
+
+            async def charged_async(event: Event) -> Any:
+                cost = cost_of(sub, event)
+                try:
+                    return await handler(event)
+                finally:
+                    if cost:
+                        advance(cost)
+
+            wrapper = charged_async
+        else:
+
+            def charged_sync(event: Event) -> Any:
+                cost = cost_of(sub, event)
+                try:
+                    return handler(event)
+                finally:
+                    if cost:
+                        advance(cost)
+
+            wrapper = charged_sync
+        sub.handler = wrapper
+        self.wrapped.append((sub, handler, wrapper))
+
+    def cost(self, sub: Subscription, event: Event) -> float:
+        """What this call of ``sub`` costs; 0, keeping the error, if the costs cannot say."""
+        if self.error is not None:
+            return 0.0
+        try:
+            return self.cost_of(sub, event)
+        except Exception as exc:
+            exc.add_note(f"costing {sub.name} for {type(event).__name__} seq {event.seq}")
+            self.error = exc
+            return 0.0
+
+    def remove(self) -> None:
+        """Put the handlers back (those the bus has not replaced meanwhile)."""
+        for sub, handler, wrapper in self.wrapped:
+            if sub.handler is wrapper:
+                sub.handler = handler
+        self.wrapped.clear()
+
+
+def _no_cost(sub: Subscription, event: Event) -> float:
+    return 0.0
+
+
+def _checked_cost(name: str, value: Any) -> float:
+    """``value`` as seconds if it is a cost (``WaitSeconds``), else the ``OptionError``
+    naming ``name``."""
+    if (type(value) is float or type(value) is int) and 0 <= value <= MAX_SECONDS:
+        return float(value)  # the usual case, without msgspec's conversion
+    cost: float = checked(f"costs[{name!r}]", value, WaitSeconds)
+    return cost
+
+
+def _checked_costs(costs: Mapping[Any, Any], subs: tuple[Subscription, ...]) -> dict[str, float]:
+    """Seconds by handler name, each named handler on the bus and each cost in range."""
+    names = {sub.name for sub in subs}
+    unknown = [name for name in costs if name not in names]
+    if unknown:
+        listed = ", ".join(sorted(map(repr, names))) or "none"
+        raise OptionError(
+            "costs",
+            f"costs: no handler named {', '.join(map(repr, unknown))} on the replay bus; "
+            f"its handlers: {listed}",
+        )
+    return {name: _checked_cost(name, value) for name, value in costs.items()}
+
+
+def _check_deadline(sub: Subscription, cost: float) -> None:
+    """An async or blocking call is cancelled at its deadline: a cost there cannot be
+    charged as it would go live (a plain sync call runs on, and is reported as an
+    overrun, as live)."""
+    if (sub.is_async or sub.blocking) and cost >= sub.timeout:
+        kind = "blocking" if sub.blocking else "async"
+        raise OptionError(
+            f"costs[{sub.name!r}]",
+            f"costs[{sub.name!r}]: {cost:g} s reaches the deadline of {sub.name} "
+            f"({sub.timeout:g} s), where a live run cancels a call of this {kind} handler; "
+            "charge less than its timeout",
+        )
+
+
 class _Selection:
     """The events to replay, in order, counting what the filters left out and
     the placeholders passed over, and noting the recorded time span (of every
     event, filtered or not; placeholders aside). Left out: the bus's own
     diagnostics (unless included) and, when the replay bus makes them again
     (``derived``), the derived events.
-    ``unstamp``: events are nobody else's; each is made publishable in place.
     ``plan``: the log's rollbacks; the events they mark are passed over (and
     counted) before anything else sees them, in a generator of their own, so
     that a log without any pays nothing per event."""
@@ -244,12 +505,10 @@ class _Selection:
         keep: EventFilter | None,
         include_diagnostics: bool,
         derived: bool,
-        unstamp: bool = False,
         *,
         plan: Rollbacks | None = None,
     ) -> None:
         self.events = events if plan is None else self._kept(events, plan)
-        self.unstamp = unstamp
         self.keep = keep
         self.left_out = () if include_diagnostics else BUS_DIAGNOSTICS
         self.derived = derived
@@ -264,7 +523,6 @@ class _Selection:
         # What to do with each event type, decided once per type: a dict lookup is a
         # fraction of ``isinstance`` against a tuple of types (per event, on the hot path).
         verdicts: dict[type, int] = {EventPlaceholder: _PLACEHOLDER}
-        unstamp = self.unstamp
         for event in self.events:
             verdict = verdicts.get(type(event))
             if verdict is None:
@@ -280,8 +538,6 @@ class _Selection:
                 self.filtered += 1
                 continue
             self.replayed += 1
-            if unstamp:
-                force_setattr(event, "seq", -1)
             yield event
 
     def _kept(self, events: Iterable[Event], plan: Rollbacks) -> Iterator[Event]:
@@ -343,6 +599,7 @@ async def replay_file(
     include_diagnostics: bool = False,
     skip_corrupt: bool = False,
     real_time: bool = False,
+    costs: Costs | None = None,
     **bus_options: Any,
 ) -> ReplaySummary:
     """Replay a log into a fresh bus, whose clock starts where the recorded bus's did,
@@ -358,6 +615,10 @@ async def replay_file(
         skip_corrupt: go on past damaged records instead of raising.
         real_time: time the handlers in real time (a ``FastForwardClock``: still
             instant, idle gaps skipped), as the command line's replay reports them.
+        costs: charge handlers' calls to the virtual clock, as for ``replay``
+            (``{"Slow.after_report": 0.05}``, a function of the handler's name and
+            the event, or ``"measured"``): the replay is then what a live run
+            with those costs does, periods, budget reports and policies included.
         **bus_options: the rest of the bus's options (``EventBus``).
     """
     require_file(path, "a replay")
@@ -390,5 +651,6 @@ async def replay_file(
             filter=filter,
             include_diagnostics=include_diagnostics,
             skip_corrupt=skip_corrupt,
+            costs=costs,
         )
     return summary

@@ -26,7 +26,7 @@ from .._subscription import attacher_of, handler_name, is_async_callable
 from ..log._format import LogFormat
 from ..log._reader import read_log
 from ..log._recorder import LogRecorder
-from ..log._replay import ReplaySummary, replay_file
+from ..log._replay import Costs, ReplaySummary, replay_file
 
 __all__ = [
     "BusRecording",
@@ -286,6 +286,7 @@ async def replay_log(
     *handlers: object,
     types: type[Event] | tuple[type[Event], ...] = Event,
     subscribe: Callable[[EventBus], Any] | None = None,
+    costs: Costs | None = None,
     **options: Any,
 ) -> ReplayResult:
     """Replay the log at ``path`` into a fresh bus on a ``VirtualClock``.
@@ -298,6 +299,15 @@ async def replay_log(
     else is a ``TypeError`` before the replay starts. ``subscribe(bus)`` may
     wire anything more. ``options`` go to ``eventbus.log.replay_file``
     (``filter``, ``period``, ``speed``, bus options such as ``timeout``).
+
+    On virtual time a call costs nothing; ``costs`` charges handlers a cost,
+    to test what a budget policy does when a callback gets slow:
+    ``costs={"Slow.after_report": 0.05}`` (seconds per call, by the name the
+    bus gives the handler: a training callback's hook is ``Class.hook``, a
+    second instance's ``Class.hook#2``), or a function of (handler name,
+    event) giving seconds; handlers not named cost 0. The same replay gives
+    the same budget reports and policy decisions every time. A name that no
+    handler has is an ``OptionError`` listing those there are.
     """
     received: tuple[list[Event], ...] = ()
 
@@ -307,7 +317,7 @@ async def replay_log(
         if subscribe is not None:
             subscribe(bus)
 
-    summary = await replay_file(path, setup, **options)
+    summary = await replay_file(path, setup, costs=costs, **options)
     return ReplayResult(summary=summary, received=received, handlers=handlers)
 
 

@@ -6,15 +6,55 @@
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var styles = data.markerStyles;
   var plots = [];
+  // Each chart's y axis as last drawn, by chart id: its scale and its tick labels
+  // (for the tests, and anyone checking a page in the console).
+  var axes = {};
   // Rounds and periods are whole numbers: ticks at 1, 2, 5, 10, 20, 50...
   var WHOLE = [];
   for (var scale = 1; scale <= 1e12; scale *= 10) WHOLE.push(scale, 2 * scale, 5 * scale);
 
-  function figure(v) {
-    if (v == null) return "";
-    var size = Math.abs(v);
-    if (size !== 0 && (size >= 1e6 || size < 1e-3)) return v.toExponential(0);
-    return String(+v.toPrecision(4));
+  // A figure as the page shows it: at most `digits` significant digits, no trailing
+  // zeros, an exponent for the very large and the very small (1e-6, not 0.000001),
+  // and its unit: "2%", "5 ms".
+  function format(v, unit, digits) {
+    if (v == null || !isFinite(v)) return "";
+    var size = Math.abs(v), text;
+    if (size !== 0 && (size >= 1e6 || size < 1e-3)) {
+      var parts = v.toExponential(digits - 1).split("e");
+      text = String(+parts[0]) + "e" + String(+parts[1]);
+    } else {
+      text = String(+v.toPrecision(digits));
+    }
+    if (!unit) return text;
+    return unit === "%" ? text + "%" : text + " " + unit;
+  }
+
+  // A log scale spans whole decades, from the power of ten at or under its lowest
+  // value to the one at or over its highest. uPlot's log ticks count up from the
+  // scale's minimum in steps of its decade: from a minimum that is not a multiple
+  // of that step (0.0099: the first step lands on 0.011), the step becomes a value
+  // its table of decimals lacks, rounds to 0, and the ticks never end ("RangeError:
+  // Invalid array length", a blank chart). A power of ten is always such a multiple.
+  function logRange(min, max) {
+    if (!(min > 0) || !(max > 0)) return [1, 10];  // nothing to draw: any decade
+    return uPlot.rangeLog(min, max, 10, true);
+  }
+
+  function range(spec) {
+    var threshold = spec.threshold ? spec.threshold.y : null;
+    if (spec.logY) {
+      return function (u, min, max) {
+        if (threshold > 0) {  // the budget line stays in sight
+          min = min > 0 ? Math.min(min, threshold) : threshold;
+          max = max > 0 ? Math.max(max, threshold * 1.1) : threshold * 1.1;
+        }
+        return logRange(min, max);
+      };
+    }
+    if (threshold == null) return undefined;
+    return function (u, min, max) {
+      return [Math.min(min, 0), Math.max(max, threshold * 1.1)];
+    };
   }
 
   function place(u, x) {
@@ -85,7 +125,11 @@
   }
 
   function options(spec, width) {
-    var series = [{label: spec.xLabel}];
+    var xUnit = spec.xUnit || "", yUnit = spec.yUnit || "";
+    var series = [{
+      label: spec.xLabel,
+      value: function (u, v) { return format(v, xUnit, 6); },
+    }];
     spec.series.forEach(function (s) {
       series.push({
         label: s.label,
@@ -95,12 +139,15 @@
         dash: s.dash || undefined,
         spanGaps: true,
         points: {show: !!s.points, size: 5},
+        value: function (u, v) { return v == null ? "-" : format(v, yUnit, 4); },
       });
     });
-    var range = spec.threshold ? function (u, min, max) {
-      var low = spec.logY ? min : Math.min(min, 0);
-      return [low, Math.max(max, spec.threshold.y * 1.1)];
-    } : undefined;
+    // Ticks are round numbers (1025, 0.0125): enough digits for them, never noise.
+    function yTicks(u, splits) {
+      var labels = splits.map(function (v) { return format(v, yUnit, 6); });
+      axes[spec.id] = {min: u.scales.y.min, max: u.scales.y.max, ticks: labels};
+      return labels;
+    }
     return {
       width: width,
       height: spec.height || 260,
@@ -110,11 +157,17 @@
       }),
       scales: {
         x: {time: false},
-        y: {distr: spec.logY ? 3 : 1, range: range},
+        y: {distr: spec.logY ? 3 : 1, range: range(spec)},
       },
       axes: [
-        {label: spec.xLabel, incrs: WHOLE},
-        {label: spec.yLabel, size: 70, values: function (u, splits) { return splits.map(figure); }},
+        {
+          label: spec.xLabel,
+          incrs: WHOLE,
+          values: function (u, splits) {
+            return splits.map(function (v) { return format(v, xUnit, 6); });
+          },
+        },
+        {label: spec.yLabel, size: 80, values: yTicks},
       ],
       cursor: {drag: {x: true, y: false}},
       legend: {live: true},
@@ -141,6 +194,7 @@
       p.plot.setSize({width: Math.max(p.box.clientWidth, 320), height: p.plot.height});
     });
   });
+  window.eventbusReport = {format: format, logRange: logRange, axes: axes};
   document.body.dataset.charts = String(drawn);
   document.body.dataset.ready = "1";
 })();
