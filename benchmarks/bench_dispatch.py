@@ -125,7 +125,7 @@ def through_bus(mode: str, deadline: bool, chunk: int = 0) -> Variant:
             timeout = 30.0 if deadline else math.inf
             async with EventBus(buffer=1024, timeout=timeout, budget=1.0) as bus:
                 for fn in fns:
-                    bus.subscribe(Report, fn, mode=mode)  # type: ignore[arg-type]
+                    bus.subscribe(Report, fn, delivery=mode)  # type: ignore[arg-type]
                 if not chunk:
                     elapsed = await time_publishing(bus, events)
                 else:
