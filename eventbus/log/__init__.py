@@ -10,6 +10,7 @@ A resumed run appends to its log, so the log is the run's one history;
 ``rollbacks`` marks what the resumes in it rolled back (a replay skips it).
 """
 
+from ._costs import Costs
 from ._format import (
     LOG_FORMAT_VERSION,
     LOG_MAGIC,
@@ -25,7 +26,6 @@ from ._reader import LogContents, LogReader, LogStreamError, read_log
 from ._recorder import FsyncPolicy, LogInUse, LogRecorder, RunIdMismatch
 from ._replay import (
     BUS_DIAGNOSTICS,
-    Costs,
     HandlerSummary,
     LogTiming,
     ReplaySummary,

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Iterable, Iterator
+from typing import Annotated, Any
 
 import anyio
 import anyio.from_thread
@@ -49,22 +49,18 @@ from .._events import (
     HealthCheckTick,
     is_derived,
 )
-from .._subscription import Subscription
 from ..options import (
-    MAX_SECONDS,
     BusOptions,
     OptionError,
-    OptionTypeError,
-    WaitSeconds,
     checked,
 )
+from ._costs import Charges, Costs
 from ._format import TruncatedTail
 from ._history import Rollbacks, rollbacks
 from ._reader import LogReader, require_file
 
 __all__ = [
     "BUS_DIAGNOSTICS",
-    "Costs",
     "HandlerSummary",
     "LogTiming",
     "ReplaySummary",
@@ -87,13 +83,6 @@ Source = str | os.PathLike[str] | Iterable[Event]
 
 #: How fast a replay at recorded pace goes: 1 is as recorded, 2 twice as fast.
 Speed = Annotated[float, msgspec.Meta(gt=0, le=1e6, description="multiple of recorded speed")]
-
-#: What handlers cost in a replay (``costs=``): seconds per call by handler name (as the
-#: bus names it: ``Subscription.name``, ``"EarlyStopping.after_report"``, ``"...#2"`` for a
-#: second instance), a function of (handler name, event) giving seconds, or ``"measured"``:
-#: each call its own wall time. Handlers not named cost 0. A cost is a ``WaitSeconds``
-#: (0 s to a week, the longest deadline).
-Costs = Mapping[str, float] | Callable[[str, Event], float] | Literal["measured"]
 
 
 class HandlerSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,7 +172,7 @@ async def replay(
         raise ValueError("an instant replay needs a bus with a VirtualClock (or give speed=)")
     if speed is not None:
         speed = checked("speed", speed, Speed)
-    charges: _Charges | None = None
+    charges: Charges | None = None
     if costs is not None:
         if not instant:
             raise OptionError("costs", "costs= is for an instant replay (speed=None)")
@@ -193,7 +182,7 @@ async def replay(
                 "costs",
                 f"costs={costs!r} on a FastForwardClock: its clock measures every call already",
             )
-        charges = _Charges.of(costs, bus.subscriptions, bus.clock)
+        charges = Charges.of(costs, bus.subscriptions, bus.clock)
         if not charges.wrapped:
             charges = None  # nothing to charge: the replay goes as without costs
     reader: LogReader | None = None
@@ -278,7 +267,7 @@ async def replay(
 
 
 async def _replay_charged(
-    bus: EventBus, clock: VirtualClock, selection: _Selection, charges: _Charges
+    bus: EventBus, clock: VirtualClock, selection: _Selection, charges: Charges
 ) -> None:
     """The instant replay when handlers cost time, as a live run with those costs goes.
 
@@ -305,188 +294,6 @@ async def _replay_charged(
     last_time = selection.last_time
     if last_time is not None and last_time > now() and charges.error is None:
         await _cross_period(bus, clock, last_time, None)
-
-
-class _Charges:
-    """Handlers' costs charged to a replay's virtual clock, during each call.
-
-    Each charged subscription's handler is wrapped, sync or async as it was,
-    so that the clock advances by the call's cost as the call ends (also when
-    it raised): the runner that times it on the bus's clock measures exactly
-    that, as it would a live call of that length. A blocking handler's call
-    runs in a worker thread, which has the event loop advance the clock.
-    ``remove()`` puts the handlers back. A cost function that raises, or gives
-    a cost out of range, cannot fail the handler it costs (the bus would take
-    it for the handler's fault): the call is charged nothing, and ``error``
-    keeps the first such error, for the replay to stop and raise.
-    """
-
-    def __init__(self, clock: VirtualClock, cost_of: Callable[[Subscription, Event], float]):
-        self.clock = clock
-        self.cost_of = cost_of
-        self.error: BaseException | None = None
-        self.wrapped: list[tuple[Subscription, Callable[[Any], Any], Callable[[Any], Any]]] = []
-
-    @classmethod
-    def of(cls, costs: Costs, subs: Iterable[Subscription], clock: VirtualClock) -> _Charges:
-        """The charges ``costs`` asks for on ``subs``, checked: a name no handler has
-        or a cost out of range is an ``OptionError`` here, before any event."""
-        subs = tuple(subs)
-        if isinstance(costs, str):
-            if costs != "measured":
-                raise OptionError(
-                    "costs",
-                    f"costs must be seconds by handler name, a function of (handler name, "
-                    f"event) or 'measured', got {costs!r}",
-                )
-            charges = cls(clock, _no_cost)
-            for sub in subs:
-                charges.wrap(sub, measured=True)
-            return charges
-        if isinstance(costs, Mapping):
-            fixed = _checked_costs(costs, subs)
-            charges = cls(clock, lambda sub, event: fixed[sub.name])
-            for sub in subs:
-                if fixed.get(sub.name):
-                    _check_deadline(sub, fixed[sub.name])
-                    charges.wrap(sub)
-            return charges
-        if not callable(costs):
-            raise OptionTypeError(
-                "costs",
-                "costs must be seconds by handler name, a function of (handler name, event) "
-                f"or 'measured', got {costs!r} ({type(costs).__name__})",
-            )
-        function = costs
-
-        def cost_of(sub: Subscription, event: Event) -> float:
-            cost = _checked_cost(sub.name, function(sub.name, event))
-            if cost:
-                _check_deadline(sub, cost)
-            return cost
-
-        charges = cls(clock, cost_of)
-        for sub in subs:
-            charges.wrap(sub)
-        return charges
-
-    def wrap(self, sub: Subscription, *, measured: bool = False) -> None:
-        """Charge ``sub``'s calls from now on."""
-        handler = sub.handler
-        advance = self.clock.advance
-        if sub.blocking:  # called in a worker thread: the event loop moves the clock
-            loop_advance = advance
-
-            def advance(seconds: float) -> None:
-                anyio.from_thread.run_sync(loop_advance, seconds)
-
-        cost_of = self.cost
-        wrapper: Callable[[Any], Any]
-        if measured:
-            clock = time.perf_counter
-            if sub.is_async:
-
-                async def measured_async(event: Event) -> Any:
-                    start = clock()
-                    try:
-                        return await handler(event)
-                    finally:
-                        advance(clock() - start)
-
-                wrapper = measured_async
-            else:
-
-                def measured_sync(event: Event) -> Any:
-                    start = clock()
-                    try:
-                        return handler(event)
-                    finally:
-                        advance(clock() - start)
-
-                wrapper = measured_sync
-        elif sub.is_async:
-
-            async def charged_async(event: Event) -> Any:
-                cost = cost_of(sub, event)
-                try:
-                    return await handler(event)
-                finally:
-                    if cost:
-                        advance(cost)
-
-            wrapper = charged_async
-        else:
-
-            def charged_sync(event: Event) -> Any:
-                cost = cost_of(sub, event)
-                try:
-                    return handler(event)
-                finally:
-                    if cost:
-                        advance(cost)
-
-            wrapper = charged_sync
-        sub.handler = wrapper
-        self.wrapped.append((sub, handler, wrapper))
-
-    def cost(self, sub: Subscription, event: Event) -> float:
-        """What this call of ``sub`` costs; 0, keeping the error, if the costs cannot say."""
-        if self.error is not None:
-            return 0.0
-        try:
-            return self.cost_of(sub, event)
-        except Exception as exc:
-            exc.add_note(f"costing {sub.name} for {type(event).__name__} seq {event.seq}")
-            self.error = exc
-            return 0.0
-
-    def remove(self) -> None:
-        """Put the handlers back (those the bus has not replaced meanwhile)."""
-        for sub, handler, wrapper in self.wrapped:
-            if sub.handler is wrapper:
-                sub.handler = handler
-        self.wrapped.clear()
-
-
-def _no_cost(sub: Subscription, event: Event) -> float:
-    return 0.0
-
-
-def _checked_cost(name: str, value: Any) -> float:
-    """``value`` as seconds if it is a cost (``WaitSeconds``), else the ``OptionError``
-    naming ``name``."""
-    if (type(value) is float or type(value) is int) and 0 <= value <= MAX_SECONDS:
-        return float(value)  # the usual case, without msgspec's conversion
-    cost: float = checked(f"costs[{name!r}]", value, WaitSeconds)
-    return cost
-
-
-def _checked_costs(costs: Mapping[Any, Any], subs: tuple[Subscription, ...]) -> dict[str, float]:
-    """Seconds by handler name, each named handler on the bus and each cost in range."""
-    names = {sub.name for sub in subs}
-    unknown = [name for name in costs if name not in names]
-    if unknown:
-        listed = ", ".join(sorted(map(repr, names))) or "none"
-        raise OptionError(
-            "costs",
-            f"costs: no handler named {', '.join(map(repr, unknown))} on the replay bus; "
-            f"its handlers: {listed}",
-        )
-    return {name: _checked_cost(name, value) for name, value in costs.items()}
-
-
-def _check_deadline(sub: Subscription, cost: float) -> None:
-    """An async or blocking call is cancelled at its deadline: a cost there cannot be
-    charged as it would go live (a plain sync call runs on, and is reported as an
-    overrun, as live)."""
-    if (sub.is_async or sub.blocking) and cost >= sub.timeout:
-        kind = "blocking" if sub.blocking else "async"
-        raise OptionError(
-            f"costs[{sub.name!r}]",
-            f"costs[{sub.name!r}]: {cost:g} s reaches the deadline of {sub.name} "
-            f"({sub.timeout:g} s), where a live run cancels a call of this {kind} handler; "
-            "charge less than its timeout",
-        )
 
 
 class _Selection:

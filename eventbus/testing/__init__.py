@@ -23,10 +23,11 @@ from .._bus import EventBus
 from .._clock import VirtualClock
 from .._events import Event, Report
 from .._subscription import attacher_of, handler_name, is_async_callable
+from ..log._costs import Costs
 from ..log._format import LogFormat
 from ..log._reader import read_log
 from ..log._recorder import LogRecorder
-from ..log._replay import Costs, ReplaySummary, replay_file
+from ..log._replay import ReplaySummary, replay_file
 
 __all__ = [
     "BusRecording",
