@@ -201,24 +201,8 @@ async def replay(
     started = time.perf_counter()
     publish = bus.publish
     try:
-        if charges is not None:
-            assert isinstance(bus.clock, VirtualClock)
-            await _replay_charged(bus, bus.clock, selection, charges)
-        elif isinstance(bus.clock, VirtualClock) and instant:
-            clock = bus.clock
-            now = clock.now
-            for event in selection:
-                t = event.time
-                if t > now():
-                    if t >= bus.period_end:
-                        await _cross_period(bus, clock, t, event)
-                        continue
-                    clock.set(t)
-                await publish(event)
-            last_time = selection.last_time
-            if last_time is not None and last_time > clock.now():
-                # The recorded run went on (its last ticks): let the periods roll as they did.
-                await _cross_period(bus, clock, last_time, None)
+        if isinstance(bus.clock, VirtualClock) and instant:
+            await _replay_instant(bus, bus.clock, selection, charges)
         else:
             assert speed is not None
             now = bus.clock.now
@@ -266,33 +250,39 @@ async def replay(
     )
 
 
-async def _replay_charged(
-    bus: EventBus, clock: VirtualClock, selection: _Selection, charges: Charges
+async def _replay_instant(
+    bus: EventBus, clock: VirtualClock, selection: _Selection, charges: Charges | None
 ) -> None:
-    """The instant replay when handlers cost time, as a live run with those costs goes.
+    """Publish each event at its recorded time, moving the virtual clock to it.
 
-    Before an event later than the clock, the bus finishes what it has: its
-    charges move the clock, maybe past that event's time, which then joins the
-    events waiting behind the slow handlers (the next batch, as in a live run)
-    instead of moving the clock. Idle gaps are skipped as in any instant replay.
+    With ``charges``, as a live run with those costs goes: before an event
+    later than the clock, the bus finishes what it has, whose charges move the
+    clock, maybe past that event's time; the event then joins those waiting
+    behind the slow handlers (the next batch) instead of moving the clock.
+    Idle gaps are skipped either way.
     """
     now = clock.now
     publish = bus.publish
     for event in selection:
         t = event.time
         if t > now():
-            await bus.wait_idle()
-            if charges.error is not None:
-                return  # raised by ``replay``, once the bus is idle
-            if t > now():
+            if charges is not None:
+                await bus.wait_idle()
+                if charges.error is not None:
+                    return  # raised by ``replay``, once the bus is idle
+            if charges is None or t > now():
                 if t >= bus.period_end:
                     await _cross_period(bus, clock, t, event)
                     continue
                 clock.set(t)
         await publish(event)
-    await bus.wait_idle()
+    if charges is not None:
+        await bus.wait_idle()  # the last charges move the clock
+        if charges.error is not None:
+            return
     last_time = selection.last_time
-    if last_time is not None and last_time > now() and charges.error is None:
+    if last_time is not None and last_time > now():
+        # The recorded run went on (its last ticks): let the periods roll as they did.
         await _cross_period(bus, clock, last_time, None)
 
 
