@@ -97,8 +97,8 @@ chromium:
 	apt-get -qq -o DPkg::Lock::Timeout=300 update >/dev/null && \
 	apt-get -qq -o DPkg::Lock::Timeout=300 install -y chromium >/dev/null
 
-# Every performance target, measured now, in one table (about 4 minutes);
-# `make bench-quick` is the same in under a minute, for before a commit.
+# Every performance target, measured now, in one table (about 10 minutes, half of them
+# a real HF Trainer's); `make bench-quick` is the same in about 2 minutes.
 bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/check.py
 

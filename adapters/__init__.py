@@ -9,8 +9,10 @@
   callback-overhead bench, show / replay / convert / stats for logs, and
   report).
 
-Both trainer adapters run the bus in a thread of its own, fed through a
-bounded hand-off (``adapters._bus_thread``). Third-party libraries
+Both trainer adapters feed the bus through a bounded hand-off
+(``adapters._bus_host``); Hugging Face's steps it in the trainer's hooks
+(``adapters._stepped_bus``), Ray's runs it in a thread of its own
+(``adapters._bus_thread``). Third-party libraries
 (transformers, torch, ray, matplotlib) are imported only here, when the
 module or feature that needs them is used, and are installed as extras.
 Options (``AdapterOptions``) are checked when an adapter is made, as

@@ -65,9 +65,10 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     path, or with ``True`` to ``<output_dir>/eventbus-<run_id>.msgpack``.
     ``options`` (an ``adapters.AdapterOptions``), or the same as keywords
     (``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``,
-    ``drain_timeout``, ``backend``, ``poll_interval``: how often the bus's
-    thread takes the reports, so the most a report waits), configure the bus
-    and its hand-off, each checked against its range here.
+    ``drain_timeout``, ``backend``, ``poll_interval``: how often the bus takes
+    the reports, so the most a report waits; ``bus_runs``: in the Trainer's
+    hooks or in a thread, see ``AdapterOptions``), configure the bus and its
+    hand-off, each checked against its range here.
 
     After a resume the restored callbacks are new objects in the same order:
     read them from ``callbacks``, not from references kept from before.
@@ -179,12 +180,13 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     ) -> None:
         """The hot hook: a copy of ``logs`` into a ``Report``, appended to the hand-off.
 
-        No lock, no wake-up of the bus (it takes the report at its next poll,
-        see ``adapters._bus_thread``), one call in the common case
-        (``BusThread.offer``), and the ``Report`` itself is made in the bus's
-        thread from a tuple (a ``DeferredEvent``: cheaper here). The slow cases (a
-        full hand-off, a callback's failure to raise here) go through
-        ``ThreadedRun.handoff``.
+        No lock, no wake-up of another thread: the report is appended
+        (``BusHost.offer``) and made into a ``Report`` by the bus from a tuple
+        (a ``DeferredEvent``: cheaper here). A bus stepped in the hooks then
+        takes it at once (``poll``: at most once per ``poll_interval``), so a
+        stop its callbacks ask for is seen below; a bus thread takes it at its
+        next look. The slow cases (a full hand-off, a callback's failure to
+        raise here) go through ``ThreadedRun.handoff``.
         """
         run = self._run
         thread = run.thread
@@ -198,7 +200,9 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             self._index = index + 1
             self._last_metrics = metrics
             deferred = (self._make_report, index, metrics)
-            if not thread.offer(deferred):
+            if thread.offer(deferred):
+                thread.poll()
+            else:
                 run.handoff(deferred)  # also raises a callback's failure of the run
         if self._stop or (self._stoppers and self.stop_requested):
             control.should_training_stop = True
@@ -264,6 +268,9 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     def _check(self, control: Any) -> None:
         """Every few hooks: a callback's failure ends training now (raised: the Trainer
         stops at once); a callback's wish to stop, at the Trainer's next step."""
+        thread = self._run.thread
+        if thread is not None:
+            thread.poll()
         self._run.check()
         if self.stop_requested:
             control.should_training_stop = True
@@ -387,7 +394,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
 
 
 class _ReportMaker:
-    """Makes ``on_log``'s reports in the bus's thread (see ``on_log``), for one run.
+    """Makes ``on_log``'s reports in the bus's loop (see ``on_log``), for one run.
 
     A class, not a closure: the callback stays picklable during a run.
     """

@@ -16,7 +16,8 @@ state store; it needs no ``transformers`` though (converting a checkpoint's
 states is plain JSON). It is read as defensively as our own snapshots
 (a regular file, at most ``max_bytes``), parsed with the standard ``json``
 module and written back atomically the way HF writes it (``indent=2,
-sort_keys=True``, trailing newline), so fields we do not own, NaN in
+sort_keys=True``, trailing newline; without re-encoding HF's part of it
+when the file is laid out so), so fields we do not own, NaN in
 ``log_history`` included, are kept as they are.
 """
 
@@ -117,7 +118,10 @@ def from_hf_callbacks(section: Any, *, checkpoint: str = "", where: str = HF_SEC
 def _read_json(path: Path, max_bytes: int) -> dict[str, Any]:
     """HF's file, read as defensively as our own (regular file, size bound), except
     that links are followed: Hub downloads are symlinks into a blob cache."""
-    data = read_regular_file(path, max_bytes=max_bytes)
+    return _parse(path, read_regular_file(path, max_bytes=max_bytes))
+
+
+def _parse(path: Path, data: bytes) -> dict[str, Any]:
     try:
         document = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError, huge int literals
@@ -137,14 +141,49 @@ def _rewrite_section(
     """Set ``stateful_callbacks`` to ``section(old section)``, keeping every other field,
     atomically and formatted as HF formats the file."""
     try:
-        document = _read_json(path, max_bytes)
+        data = read_regular_file(path, max_bytes=max_bytes)
     except FileNotFoundError:
         if not create:
             raise
-        document = {}
-    document[HF_SECTION] = section(document.get(HF_SECTION))
-    text = json.dumps(document, indent=2, sort_keys=True) + "\n"
-    atomic_write(path, text.encode("utf-8"))
+        data = b"{}"
+    text = _spliced(data, section)
+    if text is None:
+        document = _parse(path, data)
+        document[HF_SECTION] = section(document.get(HF_SECTION))
+        text = json.dumps(document, indent=2, sort_keys=True) + "\n"
+    # HF writes the file with a plain open(): atomic, yes; durable beyond HF's own, no.
+    atomic_write(path, text.encode("utf-8"), durable=False)
+
+
+#: Where HF's formatting (``indent=2``) puts the section's value: a top-level key is the
+#: only one indented by two spaces, and JSON strings hold no raw newline.
+_SECTION_AT = f'\n  "{HF_SECTION}": '
+_DECODER = json.JSONDecoder()
+
+
+def _spliced(data: bytes, section: Callable[[Any], HFCallbacks]) -> str | None:
+    """HF's text with only the section's value replaced, or None where the file is not
+    laid out as HF lays it out (then the whole document is re-encoded).
+
+    Why: re-encoding HF's whole file at every save costs about 12 us per entry
+    of its ``log_history`` (one per log: 6 ms at step 500 with
+    ``logging_steps=1``), in the trainer's thread. The bytes are the same.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    at = text.find(_SECTION_AT)
+    whole = text.startswith("{") and text.rstrip().endswith("}")  # not cut short
+    if not whole or at < 0 or text.find(_SECTION_AT, at + 1) >= 0:
+        return None
+    start = at + len(_SECTION_AT)
+    try:
+        old, end = _DECODER.raw_decode(text, start)
+    except (ValueError, RecursionError):
+        return None
+    value = json.dumps(section(old), indent=2, sort_keys=True).replace("\n", "\n  ")
+    return text[:start] + value + text[end:]
 
 
 def read_hf_trainer_state(

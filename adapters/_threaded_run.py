@@ -1,15 +1,17 @@
-"""What the trainer adapters share: one run at a time on a ``BusThread``.
+"""What the trainer adapters share: one run at a time on a bus host.
 
-Both adapters turn a trainer's hooks into events and hand them to a bus in
-its own thread; both end a run the same way (``RunFinished`` once everything
-before it was handled, then drain and close, bounded by ``drain_timeout``);
+Both adapters turn a trainer's hooks into events and hand them to a bus,
+stepped in the trainer's hooks (``adapters._stepped_bus``) or in a thread of
+its own (``adapters._bus_thread``), as ``AdapterOptions.bus_runs`` says;
+both end a run the same way (``RunFinished`` once everything before it was
+handled, then drain and close, bounded by ``drain_timeout``);
 both show users the same figures. That is here, once: ``ThreadedRun`` (the
 run, driven from the trainer's thread) and ``ThreadedAdapter`` (what users read
 of it); how the bus runs is an ``AdapterOptions``, given to the adapters as
 keywords.
 
 A callback that fails the run (``on_error="raise"``, or ``KeyboardInterrupt``
-or ``SystemExit`` raised in it) does so in the bus's thread. The next
+or ``SystemExit`` raised in it) does so in the bus's loop. The next
 hand-off ends the run, ``after_run`` included, then raises that exception in
 the trainer's thread, as itself, as ``open_run`` raises it out of ``async
 with``: the trainer stops the way the callback asked, and the run's end is
@@ -28,8 +30,10 @@ from typing import Any
 from eventbus import BusClosed, CloseReport, Event, EventBus, RunFinished, RunStatus, get_logger
 from handlers.wiring import CallbackAttachment, log_run_end, status_of, stop_of
 
-from ._bus_thread import BusThread, DeferredEvent, kind_of
+from ._bus_host import BusHost, DeferredEvent, kind_of
+from ._bus_thread import BusThread
 from ._options import AdapterOptions
+from ._stepped_bus import SteppedBus, loop_running_here
 
 __all__ = [
     "ThreadedAdapter",
@@ -53,7 +57,7 @@ def log_path(
 
 
 class ThreadedRun:
-    """One run at a time on a ``BusThread``, driven from the trainer's thread.
+    """One run at a time on a bus host, driven from the trainer's thread.
 
     What the adapters share: the bus options, starting the bus's thread,
     handing events off, and ending the run (``RunFinished`` once everything
@@ -65,17 +69,27 @@ class ThreadedRun:
     interrupt), then the exception is raised. One that fails while the run
     ends is raised by ``finish``. Either way it is raised once.
 
+    ``steps_in_hooks``: whether ``bus_runs="auto"`` steps the bus in the
+    trainer's hooks (an adapter whose hooks run in an event loop says no, and
+    then ``"in_hooks"`` is refused).
+
     Pickles as its options only (Ray ships adapters to another process): the
-    thread is made where the run starts.
+    bus is made where the run starts.
     """
 
-    def __init__(self, name: str, options: AdapterOptions) -> None:
+    def __init__(self, name: str, options: AdapterOptions, *, steps_in_hooks: bool = True) -> None:
         self.name = name
         self.options = options
+        self.steps_in_hooks = steps_in_hooks
+        if options.bus_runs == "in_hooks" and not steps_in_hooks:
+            raise ValueError(
+                f"{name}: bus_runs='in_hooks' is not possible here (the trainer's hooks run "
+                "in an event loop of their own); use 'in_thread' or 'auto'"
+            )
         self._reset()
 
     def _reset(self) -> None:
-        self.thread: BusThread | None = None
+        self.thread: BusHost | None = None
         self.run_id = ""
         #: The last run's close report (None while running, or if the bus was abandoned).
         self.close_report: CloseReport | None = None
@@ -84,7 +98,7 @@ class ThreadedRun:
         self._dropped_before = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "options": self.options}
+        return {"name": self.name, "options": self.options, "steps_in_hooks": self.steps_in_hooks}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -128,12 +142,21 @@ class ThreadedRun:
             self._dropped_before += self.thread.dropped
         if name is not None:
             self.name = name
-        thread = BusThread(setup, options=self.options, log=log, run_id=run_id, name=self.name)
+        host = self._host_class()
+        thread = host(setup, options=self.options, log=log, run_id=run_id, name=self.name)
         thread.start()
         self.thread = thread
         self.run_id = run_id
         self.close_report = None
         self.raised = None
+
+    def _host_class(self) -> type[BusHost]:
+        """Where this run's bus runs (see ``AdapterOptions.bus_runs``)."""
+        where = self.options.bus_runs
+        if where == "auto":
+            steppable = self.options.backend == "asyncio" and not loop_running_here()
+            where = "in_hooks" if self.steps_in_hooks and steppable else "in_thread"
+        return SteppedBus if where == "in_hooks" else BusThread
 
     def handoff(self, event: Event | DeferredEvent, *, after_idle: bool = False) -> None:
         """Give ``event`` (or a ``DeferredEvent`` for it) to the bus; ``after_idle``: publish it
@@ -147,7 +170,7 @@ class ThreadedRun:
         if thread is not None and (after_idle or not thread.offer(event)):
             self._handoff(thread, event, after_idle)
 
-    def _handoff(self, thread: BusThread, event: Event | DeferredEvent, after_idle: bool) -> None:
+    def _handoff(self, thread: BusHost, event: Event | DeferredEvent, after_idle: bool) -> None:
         """What ``BusThread.offer`` leaves: a failure, a full deque, a closed bus."""
         if thread.failure is not None:
             self._end_by_failure(thread)
@@ -200,7 +223,7 @@ class ThreadedRun:
                 raise failure
         return self.close_report
 
-    def _end_by_failure(self, thread: BusThread) -> None:
+    def _end_by_failure(self, thread: BusHost) -> None:
         failure = thread.failure
         if failure is None or failure is self.raised:
             return
@@ -210,7 +233,7 @@ class ThreadedRun:
         raise failure
 
     def _end(
-        self, thread: BusThread, status: RunStatus, error: str | None, before: Iterable[Event] = ()
+        self, thread: BusHost, status: RunStatus, error: str | None, before: Iterable[Event] = ()
     ) -> None:
         if not thread.running:
             return
@@ -254,7 +277,8 @@ class ThreadedAdapter:
         return self._run.attachment
 
     @property
-    def bus_thread(self) -> BusThread | None:
+    def bus_thread(self) -> BusHost | None:
+        """The current (or last) run's bus host (a thread's, or stepped in the hooks)."""
         return self._run.thread
 
     @property

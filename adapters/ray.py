@@ -106,7 +106,9 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
         if options is None:
             keywords.setdefault("handoff_timeout", 1.0)  # it is Ray's loop that waits
         self._run = ThreadedRun(
-            "eventbus-ray-controller", AdapterOptions.build(options, **keywords)
+            "eventbus-ray-controller",
+            AdapterOptions.build(options, **keywords),
+            steps_in_hooks=False,  # Ray calls its callbacks in its controller's event loop
         )
         self.lifecycle = RunLifecycleCallback(self)
         self._reset()

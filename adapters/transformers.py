@@ -1,8 +1,10 @@
 """Hugging Face Trainer adapter: our callbacks, bus and state store behind one ``TrainerCallback``.
 
 ``EventBusCallback`` turns the Trainer's hooks into our events and hands
-them to a bus running in a background thread (``adapters._bus_thread``), so
-the training loop never waits for our callbacks beyond a bounded hand-off:
+them to a bus stepped in the Trainer's own thread, in its hooks
+(``adapters._stepped_bus``; ``bus_runs="in_thread"``: a thread of its own),
+so our callbacks run where HF's own callbacks run, with no second thread
+taking the GIL from the training loop:
 
 - ``on_train_begin`` -> ``RunStarted`` (rank ``args.process_index``, world
   size ``args.world_size``), after restoring our callbacks' state when the
@@ -25,9 +27,9 @@ exception is raised into the Trainer at its next hook, so ``train()`` stops
 with it.
 
 Our callbacks ask to stop by setting ``should_stop`` (as ``EarlyStopping``
-does); the next Trainer hook sets ``control.should_training_stop``. Callbacks
-run in the bus thread, so that is usually a step or so after the report that
-decided it.
+does); the next Trainer hook sets ``control.should_training_stop``: the
+deciding report's own ``on_log`` when steps last longer than
+``poll_interval``, else within ``poll_interval`` of it.
 
 HF's ``trainer_state.json`` format (``read_hf_trainer_state`` and friends)
 needs no ``transformers``: it is importable from here without it. The

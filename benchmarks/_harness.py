@@ -7,7 +7,9 @@ directory first on ``sys.path``).
 from __future__ import annotations
 
 import resource
+import selectors
 import statistics
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -17,6 +19,7 @@ from handlers import UserCallback
 
 __all__ = [
     "CountRounds",
+    "CountingSelector",
     "figure",
     "peak_rss_mb",
     "print_targets",
@@ -24,6 +27,20 @@ __all__ = [
     "target",
     "time_publishing",
 ]
+
+
+class CountingSelector(selectors.DefaultSelector):
+    """asyncio's selector, counting per thread the returns from a ``select`` that could
+    block: each is one wake-up of that thread's event loop, whatever woke it."""
+
+    wakeups: dict[str, int] = {}  # noqa: RUF012  # one count per thread name, shared
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(timeout)
+        if timeout is None or timeout > 0:
+            name = threading.current_thread().name
+            CountingSelector.wakeups[name] = CountingSelector.wakeups.get(name, 0) + 1
+        return ready
 
 
 class CountRounds(UserCallback):

@@ -1,7 +1,10 @@
-"""Trainer-side cost of one Hugging Face ``on_log`` with our adapter attached.
+"""Trainer-side cost of one Hugging Face ``on_log`` handed to a bus thread.
 
 What the training thread pays per ``on_log`` when ``EventBusCallback`` (one
-trivial ``UserCallback`` behind it) hands the report to the bus thread,
+trivial ``UserCallback`` behind it, ``bus_runs="in_thread"``: the hand-off of
+Ray's and trio's adapters, and of a notebook's; the default host, stepped in
+the hooks, is measured by what users feel, in ``bench_trainer_overhead.py``)
+hands the report to the bus thread,
 against HF's own ``CallbackHandler`` calling one trivial ``TrainerCallback``
 (both called through a ``CallbackHandler``, as the Trainer calls them: the
 same keywords, the same loop), in the same run, interleaved, on pre-built
@@ -35,7 +38,6 @@ import selectors
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +48,7 @@ for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETR
 import anyio  # noqa: E402
 import anyio.from_thread  # noqa: E402
 import transformers  # noqa: E402
-from _harness import CountRounds, target  # noqa: E402
+from _harness import CountingSelector, CountRounds, target  # noqa: E402
 from transformers.trainer_callback import (  # noqa: E402
     CallbackHandler,
     TrainerCallback,
@@ -70,20 +72,6 @@ class TrivialHF(TrainerCallback):  # type: ignore[misc]  # transformers is untyp
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
         self.calls += 1
-
-
-class CountingSelector(selectors.DefaultSelector):
-    """asyncio's selector, counting per thread the returns from a ``select`` that could
-    block: each is one wake-up of that thread's event loop, whatever woke it."""
-
-    wakeups: dict[str, int] = {}  # noqa: RUF012  # one count per thread name, shared
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        ready = super().select(timeout)
-        if timeout is None or timeout > 0:
-            name = threading.current_thread().name
-            CountingSelector.wakeups[name] = CountingSelector.wakeups.get(name, 0) + 1
-        return ready
 
 
 def handler_for(callback: Any) -> Any:
@@ -155,7 +143,7 @@ def measure(quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"code": os.path.dirname(adapters.__file__ or "")}
 
     trivial = CountRounds()
-    ours = EventBusCallback([trivial], state=False)
+    ours = EventBusCallback([trivial], state=False, bus_runs="in_thread", poll_interval=0.005)
     ours.on_train_begin(args, state, control)
     thread = ours.bus_thread
     assert thread is not None

@@ -32,6 +32,10 @@ def mean_metrics(metrics: Sequence[dict[str, Any]]) -> dict[str, float | int]:
     A metric every rank reported as an int stays an int when its mean is
     whole (``step=1``, not ``step=1.0``); otherwise the mean is a float.
     """
+    if len(metrics) == 1:  # one rank (a single-process trainer): its numbers as they are
+        alone = _one_rank(metrics[0])
+        if alone is not None:
+            return alone
     names: dict[str, None] = {}
     for m in metrics:
         for k, v in m.items():
@@ -46,6 +50,22 @@ def mean_metrics(metrics: Sequence[dict[str, Any]]) -> dict[str, float | int]:
         value = mean_of(metrics, name)
         if value is not None:
             out[name] = value
+    return out
+
+
+def _one_rank(metrics: dict[str, Any]) -> dict[str, float | int] | None:
+    """``mean_metrics`` of one rank's plain ints and floats, in one pass (every report of a
+    single-process trainer comes here); None for anything else a number may be."""
+    out: dict[str, float | int] = {}
+    for name, value in metrics.items():
+        kind = type(value)
+        if kind is float:
+            if math.isfinite(value):
+                out[name] = value
+        elif kind is int:
+            out[name] = value
+        elif kind is not bool and isinstance(value, (int, float)):  # a subclass: the long way
+            return None
     return out
 
 

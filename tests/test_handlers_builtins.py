@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import io
 import json
 from collections.abc import Mapping
@@ -12,6 +13,12 @@ import structlog
 
 from eventbus import Report, RunResult, TrainRunContext
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay
+from handlers._metrics import mean_metrics
+
+
+class IntValue(enum.IntEnum):
+    ONE = 1
+
 
 CTX = TrainRunContext(run_id="r", name="demo", world_size=2)
 
@@ -108,6 +115,27 @@ def test_metrics_logger_logs_every_nth_round_with_means() -> None:
     assert [(e["event"], e["round"], e["loss"], e["ranks"]) for e in logs] == [
         ("round", 0, 4.0, 2),
         ("round", 2, 2.0, 2),
+    ]
+
+
+@pytest.mark.parametrize(
+    "one_rank",
+    [
+        {"loss": 0.5, "step": 3, "epoch": 1.0},
+        {"loss": float("nan"), "lr": float("inf"), "step": -2, "note": "x", "done": True},
+        {"flag": False, "big": 10**30, "none": None},
+        {"enum": IntValue.ONE, "loss": 0.5},  # a subclass of int: the long way
+    ],
+)
+def test_one_ranks_means_are_its_numbers_as_the_long_way_gives_them(
+    one_rank: dict[str, Any],
+) -> None:
+    """A single-process trainer's every round takes the one-rank path: it must give
+    what the mean over several ranks gives (ints stay ints, NaN and bools are left out)."""
+    fast = mean_metrics([one_rank])
+    assert fast == mean_metrics([one_rank, one_rank])
+    assert [type(v) for v in fast.values()] == [
+        type(v) for v in mean_metrics([one_rank, one_rank]).values()
     ]
 
 

@@ -418,6 +418,25 @@ def test_atomic_write_leaves_no_temporary_file_and_keeps_the_replaced_files_mode
     assert [p.name for p in tmp_path.iterdir()] == ["trainer_state.json"]
 
 
+def test_atomic_write_syncs_file_and_directory_unless_told_it_need_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        synced.append(fd)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    target = tmp_path / "state.json"
+    atomic_write(target, b"durable")
+    assert len(synced) == 2  # the file, then the directory holding its new name
+    atomic_write(target, b"whole, not durable", durable=False)
+    assert len(synced) == 2 and target.read_bytes() == b"whole, not durable"
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
 def test_atomic_write_replaces_a_symlink_never_writes_through_it(tmp_path: Path) -> None:
     outside = tmp_path / "outside.json"
     outside.write_text("keep")

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,6 +26,9 @@ import transformers  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
+from adapters._bus_thread import BusThread  # noqa: E402
+from adapters._stepped_bus import SteppedBus  # noqa: E402
+from adapters._threaded_run import ThreadedRun  # noqa: E402
 from adapters.transformers import EventBusCallback, run_with_failures  # noqa: E402
 from eventbus import (  # noqa: E402  #noqa: E402
     CheckpointSaved,
@@ -43,6 +47,16 @@ from eventbus.state import STATE_FILENAME  # noqa: E402
 from handlers import UserCallback  # noqa: E402
 
 MAX_STEPS = 10
+
+
+@pytest.fixture(scope="module", autouse=True, params=["in_hooks", "in_thread"])
+def bus_runs(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test here through both hosts of the bus: stepped in the Trainer's hooks (the
+    default) and in a thread of its own (``bus_runs="in_thread"``, as in a notebook)."""
+    host = SteppedBus if request.param == "in_hooks" else BusThread
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ThreadedRun, "_host_class", lambda self: host)
+        yield request.param
 
 
 class TinyModel(nn.Module):  # type: ignore[misc]  # torch is untyped to mypy
@@ -186,7 +200,7 @@ def make_trainer(
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def first_run(tmp_path_factory: pytest.TempPathFactory, bus_runs: str) -> dict[str, Any]:
     """10 steps, a report every 2 steps, checkpoints at steps 5 and 10, the log recorded."""
     output = tmp_path_factory.mktemp("hf-run")
     inputs, counter = Inputs(), RoundCounter()
@@ -274,8 +288,22 @@ def test_a_callback_asking_to_stop_stops_training(tmp_path: Path) -> None:
     trainer = make_trainer(tmp_path, callback, max_steps=200, logging_steps=1, save_steps=1000)
     trainer.train()
     assert stopper.should_stop
-    # The bus thread decides after the 2nd report (step 2); the next hooks see it.
+    # The bus decides after the 2nd report (step 2); the next hooks see it.
     assert 2 <= trainer.state.global_step < 200
+
+
+def test_stepped_in_the_hooks_a_stop_is_seen_in_the_deciding_reports_own_hook(
+    tmp_path: Path, bus_runs: str
+) -> None:
+    """Steps longer than ``poll_interval``: each report is handled in its ``on_log``, so
+    the step after the deciding report never runs."""
+    if bus_runs != "in_hooks":
+        pytest.skip("a bus thread decides when it looks: a step or so later")
+    stopper = StopAfter(rounds=2)
+    callback = EventBusCallback([stopper], poll_interval=1e-4)
+    trainer = make_trainer(tmp_path, callback, max_steps=200, logging_steps=1, save_steps=1000)
+    trainer.train()
+    assert trainer.state.global_step == 2
 
 
 def test_failing_and_hanging_callbacks_do_not_stop_training(tmp_path: Path) -> None:

@@ -326,6 +326,42 @@ def test_merge_keeps_hf_entries_and_replaces_stale_ones(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trainer_state.json"]  # no temp left
 
 
+def test_merge_rewrites_only_the_sections_text_byte_for_byte_as_a_full_rewrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HF's ``log_history`` grows by an entry per log; re-encoding it at every save
+    cost the trainer milliseconds. Only the section is encoded now, and the file is
+    the one a full rewrite (HF's formatting) would give, NaN included."""
+    history = [{"loss": float("nan") if i == 3 else 1.0 / (i + 1), "step": i} for i in range(300)]
+    document: dict[str, Any] = {"global_step": 300, "log_history": history, "zeta": {"a": 1}}
+    document["stateful_callbacks"] = {"TrainerControl": {"args": {}, "attributes": {}}}
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    fresh: CallbackState = {"args": {"k": [1, 2]}, "attributes": {"rounds": 7, "best": None}}
+    encoded: list[Any] = []
+    dumps = json.dumps
+
+    def spied(obj: Any, **keywords: Any) -> str:
+        encoded.append(obj)
+        return dumps(obj, **keywords)
+
+    monkeypatch.setattr(json, "dumps", spied)
+    merge_stateful_callbacks(path, Snapshot(checkpoint=str(tmp_path), states={"m.Counter": fresh}))
+    monkeypatch.undo()
+    document["stateful_callbacks"]["Counter"] = fresh
+    assert path.read_text() == json.dumps(document, indent=2, sort_keys=True) + "\n"
+    assert all("log_history" not in obj for obj in encoded)  # HF's part was not re-encoded
+
+    # Laid out otherwise (compact, or cut short): the whole file is parsed, as before.
+    path.write_text(json.dumps(document))
+    merge_stateful_callbacks(path, Snapshot(checkpoint=str(tmp_path), states={"m.Counter": fresh}))
+    assert json.loads(path.read_text())["stateful_callbacks"]["Counter"] == fresh
+    text = json.dumps(document, indent=2, sort_keys=True)
+    path.write_text(text[: text.index('"zeta"')])  # a file HF was killed writing
+    with pytest.raises(StateFormatError, match="not JSON"):
+        merge_stateful_callbacks(path, Snapshot())
+
+
 def test_merge_refuses_a_file_that_is_not_hf_state(tmp_path: Path) -> None:
     path = tmp_path / "trainer_state.json"
     path.write_text("[1, 2]")

@@ -232,9 +232,11 @@ class Steps(UserCallback):
         self.steps.append(metrics[0]["step"])
 
 
-def test_on_log_via_hfs_handler_wakes_the_bus_at_most_once_per_poll_interval(
+def test_on_log_via_hfs_handler_wakes_the_bus_thread_at_most_once_per_poll_interval(
     tmp_path: Path,
 ) -> None:
+    """With ``bus_runs="in_thread"`` (``test_trainer_thread_costs.py`` has the default,
+    stepped in the hooks)."""
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
         os.environ.setdefault(name, "1")
     transformers = pytest.importorskip("transformers")
@@ -244,13 +246,13 @@ def test_on_log_via_hfs_handler_wakes_the_bus_at_most_once_per_poll_interval(
 
     steps = Steps()
     interval = 0.05
-    callback = EventBusCallback([steps], state=False, poll_interval=interval)
+    callback = EventBusCallback([steps], state=False, poll_interval=interval, bus_runs="in_thread")
     args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none")
     state, control = TrainerState(max_steps=3000), TrainerControl()
     handler = CallbackHandler([callback], None, None, None, None)
     handler.on_train_begin(args, state, control)
     thread = callback.bus_thread
-    assert thread is not None and thread.poll_interval == interval
+    assert isinstance(thread, BusThread) and thread.poll_interval == interval
     t0 = time.monotonic()
     w0 = thread.wakeups
     for step in range(1, 3001):

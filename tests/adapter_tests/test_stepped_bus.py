@@ -1,0 +1,226 @@
+"""The bus stepped in the trainer's own thread (``adapters._stepped_bus``), without a Trainer.
+
+It must keep every promise of the bus thread it replaces by default (order,
+checkpoints after the reports before them, a callback's failure of the run
+reaching the trainer, bounded ends) while never starting a thread, and say
+clearly where it cannot run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+from structlog.testing import capture_logs
+
+from adapters import AdapterOptions
+from adapters._bus_thread import BusThread
+from adapters._stepped_bus import SteppedBus
+from adapters._threaded_run import ThreadedRun
+from eventbus import (
+    CheckpointSaved,
+    ErrorPolicy,
+    EventBus,
+    Report,
+    RunResult,
+    RunStarted,
+    Stage,
+    TrainRunContext,
+)
+from handlers import UserCallback
+from handlers.wiring import attach_user_callbacks
+
+#: Longer than any test here: a step by the poll timer would not come in time.
+NEVER = 600.0
+
+
+def report(index: int) -> Report:
+    return Report(run_id="run", rank=0, world_size=1, index=index, metrics={"i": index})
+
+
+class Rounds(UserCallback):
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.threads: set[str] = set()
+        self.results: list[RunResult] = []
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], ckpt: str | None
+    ) -> None:
+        self.rounds += 1
+        self.threads.add(threading.current_thread().name)
+
+    def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
+        self.results.append(result)
+
+
+def test_the_bus_runs_in_the_callers_thread_and_starts_none() -> None:
+    rounds = Rounds()
+    before = threading.active_count()
+    bus = SteppedBus(lambda b: attach_user_callbacks(b, [rounds], world_size=1), poll_interval=0.05)
+    bus.start()
+    assert bus.running and threading.active_count() == before
+    bus.handoff(RunStarted(run_id="run", name="run", world_size=1))
+    for i in range(5):
+        assert bus.offer(report(i))
+    assert rounds.rounds == 0  # handed off, not yet stepped: a hand-off is an append
+    assert bus.wait_idle()
+    assert rounds.rounds == 5 and rounds.threads == {threading.current_thread().name}
+    close = bus.close()
+    assert close is not None and close.drained and not bus.running
+    assert threading.active_count() == before
+
+
+def test_poll_steps_at_most_once_per_poll_interval() -> None:
+    seen: list[int] = []
+    bus = SteppedBus(lambda b: b.subscribe(Report, lambda e: seen.append(e.index)))
+    bus.poll_interval = NEVER
+    bus.start()
+    steps = bus.wakeups
+    for i in range(100):
+        bus.offer(report(i))
+        bus.poll()
+    assert bus.wakeups == steps and seen == []  # within the interval: no step
+    bus._next_take = 0.0  # the interval has passed since the bus last took reports
+    bus.poll()
+    assert bus.wakeups == steps + 1 and seen == list(range(100))  # one step took them all
+    bus.poll()
+    assert bus.wakeups == steps + 1  # nothing handed off, and its timers are not due
+    bus._next_look = 0.0
+    bus.poll()
+    assert bus.wakeups == steps + 2  # a step for its timers alone
+    bus.close()
+
+
+def test_a_checkpoint_is_published_after_the_reports_before_it_in_its_own_hook() -> None:
+    rounds = Rounds()
+    at_checkpoint: dict[str, int] = {}
+
+    def setup(bus: EventBus) -> None:
+        attach_user_callbacks(bus, [rounds], world_size=1)
+        bus.subscribe(
+            CheckpointSaved,
+            lambda e: at_checkpoint.setdefault(e.checkpoint, rounds.rounds),
+            order=Stage.OBSERVE,
+        )
+
+    bus = SteppedBus(setup, poll_interval=NEVER)
+    bus.start()
+    bus.handoff(RunStarted(run_id="run", name="run", world_size=1))
+    for i in range(30):
+        bus.handoff(report(i))
+    bus.handoff_after_idle(CheckpointSaved(run_id="run", checkpoint="c30", index=29))
+    assert at_checkpoint == {"c30": 30}  # taken in the hook that saved it
+    bus.close()
+
+
+def test_a_full_hand_off_steps_the_bus_instead_of_dropping() -> None:
+    seen: list[int] = []
+    bus = SteppedBus(lambda b: b.subscribe(Report, lambda e: seen.append(e.index)), buffer=8)
+    bus.poll_interval = NEVER
+    bus.start()
+    for i in range(100):
+        assert bus.handoff(report(i))
+    bus.close()
+    assert seen == list(range(100)) and bus.dropped == 0
+
+
+def test_an_async_callback_that_waits_goes_on_at_the_next_steps() -> None:
+    """A hook waits for the bus at most ``STEP_SLICE``; what an async callback awaits
+    finishes at a later step, and its deadline is enforced by the loop's clock."""
+
+    class Sleeps(UserCallback):
+        timeout: ClassVar[float | None] = 5.0
+
+        def __init__(self) -> None:
+            self.done = 0
+
+        async def after_report(
+            self, run_context: TrainRunContext, metrics: list[dict[str, Any]], ckpt: str | None
+        ) -> None:
+            await anyio.sleep(0.05)
+            self.done += 1
+
+    sleeps = Sleeps()
+    bus = SteppedBus(lambda b: attach_user_callbacks(b, [sleeps], world_size=1))
+    bus.start()
+    bus.handoff(RunStarted(run_id="run", name="run", world_size=1))
+    bus.handoff(report(0))
+    assert not bus._step(0.001)  # the slice ended before the callback did
+    assert sleeps.done == 0
+    assert bus.wait_idle(timeout=5.0)
+    assert sleeps.done == 1
+    bus.close()
+
+
+def test_a_callback_failing_the_run_reaches_the_trainer_and_after_run_runs_once() -> None:
+    class FailsTheRun(Rounds):
+        on_error: ClassVar[ErrorPolicy] = "raise"
+
+        def after_report(
+            self, run_context: TrainRunContext, metrics: list[dict[str, Any]], ckpt: str | None
+        ) -> None:
+            raise KeyboardInterrupt  # as a Ctrl-C inside a callback
+
+    callback = FailsTheRun()
+    run = ThreadedRun("eventbus-test", AdapterOptions(poll_interval=NEVER))
+    run.start(
+        lambda bus: attach_user_callbacks(bus, [callback], world_size=1), run_id="run", log=None
+    )
+    assert isinstance(run.thread, SteppedBus)
+    run.handoff(RunStarted(run_id="run", name="run", world_size=1))
+    run.handoff(report(0))
+    with pytest.raises(KeyboardInterrupt):
+        run.finish("finished")
+    (result,) = callback.results
+    assert result.status == "cancelled"
+    assert not run.running
+
+
+def test_a_bus_still_busy_at_close_is_abandoned_with_a_warning_and_its_loop_closed() -> None:
+    class Hangs(UserCallback):
+        async def after_report(
+            self, run_context: TrainRunContext, metrics: list[dict[str, Any]], ckpt: str | None
+        ) -> None:
+            await anyio.sleep(3600)
+
+    bus = SteppedBus(lambda b: attach_user_callbacks(b, [Hangs()], world_size=1))
+    bus.start()
+    bus.handoff(RunStarted(run_id="run", name="run", world_size=1))
+    bus.handoff(report(0))
+    with capture_logs() as logs:
+        assert bus.close(timeout=0.2) is None
+    assert any("abandoned" in log["event"] for log in logs)
+    assert bus._loop is not None and bus._loop.is_closed()
+
+
+def test_setup_that_fails_fails_start_with_its_cause() -> None:
+    def setup(bus: EventBus) -> None:
+        raise ValueError("bad wiring")
+
+    bus = SteppedBus(setup)
+    with pytest.raises(RuntimeError, match="failed to start") as caught:
+        bus.start()
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_trio_and_a_running_loop_are_refused_in_words_and_auto_picks_a_thread() -> None:
+    with pytest.raises(ValueError, match="asyncio, not trio; use bus_runs='in_thread'"):
+        SteppedBus(lambda b: None, backend="trio")
+    trio_run = ThreadedRun("t", AdapterOptions(backend="trio"))
+    assert trio_run._host_class() is BusThread
+    assert ThreadedRun("t", AdapterOptions())._host_class() is SteppedBus
+    assert ThreadedRun("t", AdapterOptions(bus_runs="in_thread"))._host_class() is BusThread
+    assert ThreadedRun("t", AdapterOptions(), steps_in_hooks=False)._host_class() is BusThread
+    with pytest.raises(ValueError, match="bus_runs='in_hooks' is not possible here"):
+        ThreadedRun("t", AdapterOptions(bus_runs="in_hooks"), steps_in_hooks=False)
+
+    async def in_a_notebook() -> None:  # a loop runs in this thread, as in Jupyter
+        assert ThreadedRun("t", AdapterOptions())._host_class() is BusThread
+        with pytest.raises(RuntimeError, match="an event loop already runs in this thread"):
+            SteppedBus(lambda b: None).start()
+
+    asyncio.run(in_a_notebook())
