@@ -61,6 +61,8 @@ class Stop:
 
 
 STOP = Stop()
+#: What ``handed_off`` counts in the deque: not the markers (a barrier, the stop).
+_HANDED_OFF = (Event, tuple, AfterIdle)
 
 
 class BusHost(ABC):
@@ -140,7 +142,7 @@ class BusHost(ABC):
         Counted on the bus's side, not per hand-off: the trainer's path stays
         one append. Exact once the bus is idle or ended.
         """
-        waiting = sum(1 for item in list(self._queue) if isinstance(item, Event | tuple))
+        waiting = sum(1 for item in list(self._queue) if isinstance(item, _HANDED_OFF))
         return self._taken + waiting
 
     # --- hand-off (the trainer's thread) --------------------------------------------

@@ -287,3 +287,14 @@ def test_an_idle_bus_thread_backs_off_and_the_next_event_still_arrives(backend: 
     assert seen == [0]
     close = thread.close()
     assert close is not None and close.drained
+
+
+def test_handed_off_counts_a_checkpoint_waiting_in_the_deque_as_it_counts_it_taken() -> None:
+    thread = BusThread(lambda bus: None, poll_interval=NEVER)
+    thread.start()
+    thread.handoff(report(0))
+    thread.handoff_after_idle(CheckpointSaved(run_id="run", checkpoint="c", index=0))
+    assert thread.handed_off == 2  # waiting, not yet looked at
+    assert thread.wait_idle()
+    assert thread.handed_off == 2  # taken: the barrier wait_idle added is not counted
+    thread.close()

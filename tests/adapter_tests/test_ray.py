@@ -45,6 +45,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: E402
 
 import adapters.ray as ray_adapter  # noqa: E402
+from adapters._bus_thread import BusThread  # noqa: E402
 from adapters.ray import EventBusUserCallback, recorded_logs  # noqa: E402
 from eventbus import ErrorPolicy, RoundGathered, RunFinished, RunResult, RunStarted, TrainRunContext  # noqa: E402  #noqa: E402
 from eventbus.log import read_log, replay_file  # noqa: E402
@@ -332,6 +333,8 @@ def test_the_callback_pickles_as_configuration_and_keeps_its_lifecycle(tmp_path:
     assert lifecycle.owner is copy and copy.run_id == ""
 
     lifecycle.after_controller_start(fake_run_context(tmp_path))
+    # Ray calls its callbacks in its controller's event loop: the bus gets a thread.
+    assert isinstance(copy.bus_thread, BusThread)
     copy.after_report(run_context=None, metrics=[{"a": 1}, {"a": 2}], checkpoint=None)
     copy.after_report(run_context=None, metrics=["not a dict", {"a": 2}], checkpoint=None)
     # A started callback pickles too (Ray may ship it on): without its thread or bus.
@@ -349,6 +352,11 @@ def test_the_callback_pickles_as_configuration_and_keeps_its_lifecycle(tmp_path:
     ]
     assert replayed.calls == expected  # the bad report was caught, logged, never raised into Ray
     assert inputs.calls == []  # the driver's object is never called
+
+
+def test_a_bus_stepped_in_rays_hooks_is_refused_in_words() -> None:
+    with pytest.raises(ValueError, match="bus_runs='in_hooks' is not possible here"):
+        EventBusUserCallback([], bus_runs="in_hooks")
 
 
 class FailsTheRun(UserCallback):
