@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Unpack
 
+import msgspec
+
 try:
     from transformers import TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
@@ -53,6 +55,8 @@ from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
 __all__ = ["EventBusCallback", "run_with_failures"]
 
 _log = get_logger("adapters.transformers")
+#: A key only HF's end-of-training log has (``speed_metrics("train", ...)``).
+_SUMMARY_KEY = "train_runtime"
 
 
 class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc]  # untyped to mypy
@@ -70,8 +74,10 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     hooks or in a thread, see ``AdapterOptions``), configure the bus and its
     hand-off, each checked against its range here.
 
-    After a resume the restored callbacks are new objects in the same order:
-    read them from ``callbacks``, not from references kept from before.
+    A resume restores the callbacks you passed in place, as ``open_run`` does:
+    references you kept see their saved state. One that cannot take it (slots,
+    no ``__dict__``) is replaced by a rebuilt instance, with a warning; read the
+    run's callbacks from ``callbacks``.
     """
 
     def __init__(
@@ -106,6 +112,10 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._world_size = 1
         self._index = 0
         self._last_metrics: dict[str, Any] = {}
+        #: This step's reports, held back in ``on_log`` because a save follows (``on_save``).
+        self._held: list[tuple[int, dict[str, Any]]] = []
+        #: HF's end-of-training figures (its last ``on_log``), for ``RunFinished.summary``.
+        self._summary: dict[str, Any] = {}
         self._stop = False
         self._stoppers: list[Any] = [cb for cb in self._callbacks if hasattr(cb, "should_stop")]
         self._make_report: Callable[[int, dict[str, Any]], Report] = _ReportMaker("", 0, 1)
@@ -140,6 +150,8 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._world_size = int(args.world_size)
         self._index = 0
         self._last_metrics = {}
+        self._held = []
+        self._summary = {}
         self._stop = False
         run_id = self.requested_run_id or f"{self._run_name(args)}-{uuid.uuid4().hex[:8]}"
         root = Path(self.state_root if self.state_root is not None else args.output_dir)
@@ -180,6 +192,12 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     ) -> None:
         """The hot hook: a copy of ``logs`` into a ``Report``, appended to the hand-off.
 
+        Two logs are not a step's report. HF's end-of-training log
+        (``train_runtime``, ``train_loss``, ...) describes the whole run: it
+        becomes ``RunFinished.summary``. A log followed by a save in the same
+        step (``control.should_save``, set before ``on_log``) is held until
+        ``on_save``, which makes the saved checkpoint its round's.
+
         No lock, no wake-up of another thread: the report is appended
         (``BusHost.offer``) and made into a ``Report`` by the bus from a tuple
         (a ``DeferredEvent``: cheaper here). A bus stepped in the hooks then
@@ -196,9 +214,15 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             metrics = dict(logs)  # HF's PrinterCallback pops from the shared dict
             if "step" not in metrics:
                 metrics["step"] = state.global_step
+            if _SUMMARY_KEY in metrics:
+                self._summary = metrics
+                return
             index = self._index
             self._index = index + 1
             self._last_metrics = metrics
+            if control.should_save:
+                self._held.append((index, metrics))
+                return
             deferred = (self._make_report, index, metrics)
             if thread.offer(deferred):
                 thread.poll()
@@ -208,26 +232,42 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             control.should_training_stop = True
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._held:  # a save was due and never came (it raised?): the reports go alone
+            self._release_held(None)
         self._check(control)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._check(control)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The checkpoint HF just wrote: the round of this step's last report names it
+        (so ``after_report`` sees it, as with ``open_run``; a step that saved without
+        logging gets a round of ``{"step": N}``), then, once that round was
+        handled, a ``CheckpointSaved`` has the state store snapshot our callbacks
+        into it."""
         if not self._run.running:
             return
         checkpoint = Path(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        location = str(checkpoint.resolve())
+        if not self._held:  # a save at a step that did not log: its round has the step alone
+            metrics = {"step": state.global_step}
+            self._held.append((self._index, metrics))
+            self._index += 1
+            self._last_metrics = metrics
+        self._release_held(location)
         event = CheckpointSaved(
             run_id=self._run.run_id,
-            checkpoint=str(checkpoint.resolve()),
+            checkpoint=location,
             index=self._index - 1,
             ranks=(self._rank,),
             metrics=self._last_metrics,
         )
         self._run.handoff(event, after_idle=True)
+        self._check(control)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._close("finished", None, reraise=True)
+        self._release_held(None)
+        self._close("finished", None, reraise=True, summary=self._summary)
 
     # --- failures -----------------------------------------------------------------------
 
@@ -246,6 +286,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 error=describe_exception(exc),
             )
             return
+        self._release_held(None)
         before = (
             [WorkerFailure.from_exception(self._run.run_id, self._rank, exc)]
             if isinstance(exc, Exception)
@@ -264,6 +305,15 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             raise
 
     # --- internals ------------------------------------------------------------------------
+
+    def _release_held(self, checkpoint: str | None) -> None:
+        """Hand off the held reports, the last naming ``checkpoint`` (its round's)."""
+        held, self._held = self._held, []
+        for position, (index, metrics) in enumerate(held, 1):
+            report = self._make_report(index, metrics)
+            if position == len(held) and checkpoint is not None:
+                report = msgspec.structs.replace(report, checkpoint=checkpoint)
+            self._run.handoff(report)
 
     def _check(self, control: Any) -> None:
         """Every few hooks: a callback's failure ends training now (raised: the Trainer
@@ -317,12 +367,13 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         *,
         before: Iterable[Event] = (),
         reraise: bool = False,
+        summary: dict[str, Any] | None = None,
     ) -> None:
         """End the run. A callback's failure not raised yet is raised only at the end of
         training (``on_train_end``): elsewhere the trainer has its own exception, or
         there is nobody to catch it."""
         atexit.unregister(self._close_at_exit)
-        self._run.finish(status, error, before=before, reraise=reraise)
+        self._run.finish(status, error, before=before, reraise=reraise, summary=summary)
 
     def _resume_checkpoint(self, args: Any, state: Any) -> str | None:
         """The checkpoint this ``train()`` resumed from, or None for a fresh run.
@@ -360,7 +411,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             if snapshot is None:
                 _log.warning("no callback states in the resumed checkpoint", checkpoint=checkpoint)
                 return None
-            self._callbacks, restored = store.restore(self._callbacks, snapshot)
+            self._callbacks, restored = store.restore(self._callbacks, snapshot, in_place=True)
         except (StateError, OSError, ValueError) as exc:
             if self.strict_state:
                 raise

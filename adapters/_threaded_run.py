@@ -204,8 +204,10 @@ class ThreadedRun:
         *,
         before: Iterable[Event] = (),
         reraise: bool = True,
+        summary: dict[str, Any] | None = None,
     ) -> CloseReport | None:
-        """End the run: ``before``, then ``RunFinished``, drain, close.
+        """End the run: ``before``, then ``RunFinished`` (with the trainer's ``summary``),
+        drain, close.
 
         A failure of the bus decides the status, and is raised here if the
         trainer has not seen it yet; with ``reraise=False`` (the trainer has an
@@ -215,7 +217,7 @@ class ThreadedRun:
         thread = self.thread
         if thread is None:
             return None
-        self._end(thread, status, error, before)
+        self._end(thread, status, error, before, summary)
         failure = thread.failure
         if failure is not None and failure is not self.raised:
             self.raised = failure
@@ -233,7 +235,12 @@ class ThreadedRun:
         raise failure
 
     def _end(
-        self, thread: BusHost, status: RunStatus, error: str | None, before: Iterable[Event] = ()
+        self,
+        thread: BusHost,
+        status: RunStatus,
+        error: str | None,
+        before: Iterable[Event] = (),
+        summary: dict[str, Any] | None = None,
     ) -> None:
         if not thread.running:
             return
@@ -255,6 +262,7 @@ class ThreadedRun:
             error=error,
             stopped_by=stopped_by,
             stop_reason=stop_reason,
+            summary=summary or {},
         )
         self.close_report = thread.close([final], timeout=max(0.0, deadline - time.monotonic()))
         result = attachment.lifecycle.result if attachment is not None else None

@@ -10,13 +10,20 @@ taking the GIL from the training loop:
   size ``args.world_size``), after restoring our callbacks' state when the
   Trainer resumes from a checkpoint;
 - ``on_log`` -> ``Report`` (a copy of ``logs`` plus ``step``; the index
-  counts this rank's reports);
-- ``on_save`` -> ``CheckpointSaved`` naming the real ``checkpoint-<step>``
-  directory. It is published once the reports before it were handled, so the
-  state store's snapshot, written into that directory, holds every callback's
-  state as of the checkpoint; the states are also merged into the
-  checkpoint's ``trainer_state.json`` (``stateful_callbacks``), atomically;
+  counts this rank's reports), except HF's end-of-training log
+  (``train_runtime``, ``train_loss``, ...), which describes the run, not a
+  round: it is ``RunFinished.summary`` (``RunResult.summary`` in ``after_run``);
+- ``on_save`` -> the ``checkpoint-<step>`` directory HF just wrote is the
+  checkpoint of that step's round (the reports of a step that saves wait for
+  its save), so ``after_report`` sees every save, as with ``open_run``; then a
+  ``CheckpointSaved``, published once that round was handled, so the state
+  store's snapshot, written into that directory, holds every callback's state
+  as of the checkpoint; the states are also merged into the checkpoint's
+  ``trainer_state.json`` (``stateful_callbacks``), atomically;
 - ``on_train_end`` -> ``RunFinished``, then the bus is drained and closed.
+
+A resume restores the callbacks you passed in place (``StateStore.restore``
+with ``in_place=True``, as ``open_run`` does).
 
 The Trainer has no hook for exceptions: ``run_with_failures(trainer)`` (or
 ``with callback.failures(): trainer.train()``) turns an exception escaping

@@ -271,13 +271,17 @@ class RunResumed(Event, frozen=True, kw_only=True):
 
 class RunFinished(Event, frozen=True, kw_only=True):
     """The run ended. ``stopped_by``/``stop_reason``: what asked it to stop early
-    (a callback's ``should_stop``, or ``Run.request_stop``), if anything did."""
+    (a callback's ``should_stop``, or ``Run.request_stop``), if anything did.
+    ``summary``: the trainer's own figures of the whole run, where it gives some
+    (Hugging Face's ``train_runtime``, ``train_loss``, ...): they describe the run,
+    not a round, so they come with its end."""
 
     run_id: str
     status: RunStatus
     error: str | None = None
     stopped_by: str | None = None
     stop_reason: str | None = None
+    summary: Metrics = msgspec.field(default_factory=dict)
 
 
 class HealthCheckTick(Event, frozen=True, kw_only=True):
@@ -508,6 +512,8 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     #: close (``after_run`` itself, the last period's budget verdict). Empty in logs
     #: recorded before it.
     callbacks: tuple[CallbackCost, ...] = ()
+    #: The trainer's own figures of the whole run (``RunFinished.summary``), if any.
+    summary: Metrics = msgspec.field(default_factory=dict)
 
 
 class BeforeRun(Event, frozen=True, kw_only=True, tag="RunBegan"):

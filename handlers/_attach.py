@@ -193,6 +193,7 @@ class CallbackAttachment:
             error=event.error,
             stopped_by=event.stopped_by,
             stop_reason=event.stop_reason,
+            summary=dict(event.summary),
         )
 
     async def finish(self, status: RunStatus = "finished", error: str | None = None) -> None:

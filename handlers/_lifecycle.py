@@ -42,7 +42,9 @@ CostsOf = Callable[[], tuple[CallbackCost, ...]]
 
 
 def _bare_result(event: RunFinished, context: TrainRunContext) -> RunResult:
-    return RunResult(run_id=context.run_id, status=event.status, error=event.error)
+    return RunResult(
+        run_id=context.run_id, status=event.status, error=event.error, summary=dict(event.summary)
+    )
 
 
 class RunCallbackHandler:

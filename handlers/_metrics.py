@@ -26,6 +26,24 @@ def mean_of(metrics: Sequence[dict[str, Any]], name: str) -> float | None:
     return total / count if count else None
 
 
+def note_missing_metric(
+    log: Any, callback: object, metric: str, misses: int, metrics: Sequence[dict[str, Any]]
+) -> None:
+    """One debug line, at a callback's first round without its metric (``misses == 1``).
+
+    Why quiet: trainers report rounds that lack a metric by design (Hugging
+    Face's evaluation logs have ``eval_loss``, not ``loss``), as Keras's and
+    Lightning's early stopping know; the callback counts them instead.
+    """
+    if misses == 1:
+        log.debug(
+            "round without the metric skipped (counted in rounds_without_metric)",
+            callback=repr(callback),
+            metric=metric,
+            reported=sorted({name for m in metrics for name in m})[:20],
+        )
+
+
 def mean_metrics(metrics: Sequence[dict[str, Any]]) -> dict[str, float | int]:
     """Per-name mean over ranks of every numeric metric (one summary line per round).
 

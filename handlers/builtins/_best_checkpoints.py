@@ -12,7 +12,7 @@ from eventbus import StatefulCallback, TrainRunContext, get_logger
 from eventbus.options import Count, checked
 
 from .._callback import UserCallback
-from .._metrics import mean_of
+from .._metrics import mean_of, note_missing_metric
 
 __all__ = ["BestCheckpoints"]
 
@@ -24,7 +24,9 @@ class BestCheckpoints(UserCallback, StatefulCallback, state_name="handlers.BestC
 
     ``top`` is a list of ``[value, checkpoint]``, best first (lists, so it
     survives a JSON round trip unchanged); ``best`` is the best checkpoint.
-    Ties keep the earlier checkpoint first.
+    Ties keep the earlier checkpoint first. A checkpoint whose round lacks
+    ``metric`` is not ranked (it is still the latest); such rounds are counted
+    in ``rounds_without_metric``, with one debug line at the first.
 
     ``delete_worse=True`` is Ray's ``num_to_keep`` and Lightning's
     ``save_top_k``: a checkpoint that leaves the top ``k`` is deleted from
@@ -67,6 +69,8 @@ class BestCheckpoints(UserCallback, StatefulCallback, state_name="handlers.BestC
         #: Checkpoints this callback deleted (this process only).
         self.deleted: list[str] = []
         self._warned_no_storage = False
+        #: Checkpoint rounds that had no finite ``metric`` at any rank (this process only).
+        self.rounds_without_metric = 0
 
     @property
     def state_key(self) -> str:
@@ -93,6 +97,9 @@ class BestCheckpoints(UserCallback, StatefulCallback, state_name="handlers.BestC
             entries = [e for e in self.top if e[1] != checkpoint] + [[value, checkpoint]]
             entries.sort(key=lambda e: sign * float(e[0]))  # stable: ties keep the earlier first
             self.top = entries[: self.k]
+        else:
+            self.rounds_without_metric += 1
+            note_missing_metric(_log, self, self.metric, self.rounds_without_metric, metrics)
         self.latest = checkpoint
         if self.delete_worse:
             for location in kept_before - {*self.checkpoints, checkpoint, None}:

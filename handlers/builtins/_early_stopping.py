@@ -10,7 +10,7 @@ from eventbus import StatefulCallback, TrainRunContext, get_logger
 from eventbus.options import Count, checked
 
 from .._callback import UserCallback
-from .._metrics import mean_of
+from .._metrics import mean_of, note_missing_metric
 
 __all__ = ["EarlyStopping"]
 
@@ -25,7 +25,8 @@ class EarlyStopping(UserCallback, StatefulCallback, state_name="handlers.EarlySt
 
     The round's value is the mean over ranks; it improves when it beats the
     best so far by more than ``threshold`` (lower for ``mode="min"``). Rounds
-    without the metric do not count. State (for the state store):
+    without the metric do not count: they are counted in ``rounds_without_metric``
+    (one debug line at the first). State (for the state store):
     ``{"args": ..., "attributes": {best, wait, should_stop, rounds}}``.
     """
 
@@ -50,6 +51,8 @@ class EarlyStopping(UserCallback, StatefulCallback, state_name="handlers.EarlySt
         self.rounds = 0
         self.should_stop = False
         self.stop_reason: str | None = None
+        #: Rounds that had no finite ``metric`` at any rank, skipped (this process only).
+        self.rounds_without_metric = 0
 
     @property
     def state_key(self) -> str:
@@ -60,6 +63,8 @@ class EarlyStopping(UserCallback, StatefulCallback, state_name="handlers.EarlySt
     ) -> None:
         value = mean_of(metrics, self.metric)
         if value is None:
+            self.rounds_without_metric += 1
+            note_missing_metric(_log, self, self.metric, self.rounds_without_metric, metrics)
             return
         self.rounds += 1
         if self.best is None or self._improves(value):
