@@ -6,7 +6,6 @@ imported when ``EventBusCallback`` or ``run_with_failures`` is first used.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import time
@@ -28,11 +27,9 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 from eventbus import (
     CheckpointSaved,
-    Event,
     EventBus,
     Report,
     RunStarted,
-    RunStatus,
     Stage,
     StateRestored,
     StateSnapshotted,
@@ -116,8 +113,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._held: list[tuple[int, dict[str, Any]]] = []
         #: HF's end-of-training figures (its last ``on_log``), for ``RunFinished.summary``.
         self._summary: dict[str, Any] = {}
-        self._stop = False
-        self._stoppers: list[Any] = [cb for cb in self._callbacks if hasattr(cb, "should_stop")]
+        self._watch_stops(self._callbacks)
         self._make_report: Callable[[int, dict[str, Any]], Report] = _ReportMaker("", 0, 1)
 
     # --- what users read -------------------------------------------------------------
@@ -126,20 +122,6 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     def callbacks(self) -> list[Any]:
         """Our callbacks, as the bus calls them (restored ones after a resume)."""
         return self._callbacks
-
-    def request_stop(self) -> None:
-        """Ask the Trainer to stop at its next hook."""
-        self._stop = True
-
-    @property
-    def stop_requested(self) -> bool:
-        """Whether ``request_stop`` was called or a callback's ``should_stop`` is true."""
-        if self._stop:
-            return True
-        for callback in self._stoppers:  # noqa: SIM110  # a loop: any() costs 3x, every hook asks
-            if callback.should_stop is True:
-                return True
-        return False
 
     # --- Trainer hooks (the training thread) ---------------------------------------------
 
@@ -152,7 +134,6 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._last_metrics = {}
         self._held = []
         self._summary = {}
-        self._stop = False
         run_id = self.requested_run_id or f"{self._run_name(args)}-{uuid.uuid4().hex[:8]}"
         root = Path(self.state_root if self.state_root is not None else args.output_dir)
         self._store = StateStore(root, strict=self.strict_state) if self.state_enabled else None
@@ -160,7 +141,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self.restored = self._restore(checkpoint) if checkpoint is not None else None
         if self._store is not None:
             self._store.register(self._callbacks)
-        self._stoppers = [cb for cb in self._callbacks if hasattr(cb, "should_stop")]
+        self._watch_stops(self._callbacks)
         self.log_path = log_path(self.log, args.output_dir, run_id)
         self._start_bus(run_id, bool(args.should_save))
         self._run.handoff(
@@ -352,28 +333,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             return attachment
 
         self._make_report = _ReportMaker(run_id, rank, world_size)
-        self._run.start(setup, run_id=run_id, log=self.log_path, name=f"eventbus-hf-rank{rank}")
-        # A process that exits without on_train_end still ends the run and closes the log.
-        atexit.register(self._close_at_exit)
-
-    def _close_at_exit(self) -> None:
-        if self._run.running:
-            self._close("failed", "the process exited during training")
-
-    def _close(
-        self,
-        status: RunStatus,
-        error: str | None,
-        *,
-        before: Iterable[Event] = (),
-        reraise: bool = False,
-        summary: dict[str, Any] | None = None,
-    ) -> None:
-        """End the run. A callback's failure not raised yet is raised only at the end of
-        training (``on_train_end``): elsewhere the trainer has its own exception, or
-        there is nobody to catch it."""
-        atexit.unregister(self._close_at_exit)
-        self._run.finish(status, error, before=before, reraise=reraise, summary=summary)
+        self._start_run(setup, run_id=run_id, log=self.log_path, name=f"eventbus-hf-rank{rank}")
 
     def _resume_checkpoint(self, args: Any, state: Any) -> str | None:
         """The checkpoint this ``train()`` resumed from, or None for a fresh run.

@@ -20,6 +20,7 @@ still recorded and delivered once.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import time
@@ -271,9 +272,59 @@ class ThreadedRun:
 
 
 class ThreadedAdapter:
-    """What users read of an adapter's run, the same for every adapter (a mixin)."""
+    """What users read of an adapter's run, the same for every adapter (a mixin), and how
+    a trainer's adapter starts, ends and asks to stop it."""
 
     _run: ThreadedRun
+    _stop = False
+    #: The callbacks that can ask to stop (a ``should_stop`` attribute), see ``_watch_stops``.
+    _stoppers: tuple[Any, ...] = ()
+
+    def request_stop(self) -> None:
+        """Ask the trainer to stop at its next hook."""
+        self._stop = True
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether ``request_stop`` was called or a callback's ``should_stop`` is true."""
+        if self._stop:
+            return True
+        for callback in self._stoppers:  # noqa: SIM110  # a loop: any() costs 3x, every hook asks
+            if callback.should_stop is True:
+                return True
+        return False
+
+    def _watch_stops(self, callbacks: Iterable[Any]) -> None:
+        """A new run's stop requests: none yet, from ``callbacks`` (the restored ones)."""
+        self._stop = False
+        self._stoppers = tuple(cb for cb in callbacks if hasattr(cb, "should_stop"))
+
+    def _start_run(
+        self, setup: Callable[[EventBus], Any], *, run_id: str, log: Path | None, name: str
+    ) -> None:
+        self._run.start(setup, run_id=run_id, log=log, name=name)
+        # A process that exits without the trainer's end hook still ends the run and
+        # closes the log.
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        if self._run.running:
+            self._close("failed", "the process exited during training")
+
+    def _close(
+        self,
+        status: RunStatus,
+        error: str | None,
+        *,
+        before: Iterable[Event] = (),
+        reraise: bool = False,
+        summary: dict[str, Any] | None = None,
+    ) -> None:
+        """End the run. A callback's failure not raised yet is raised only at the end of
+        training (``reraise``): elsewhere the trainer has its own exception, or there
+        is nobody to catch it."""
+        atexit.unregister(self._close_at_exit)
+        self._run.finish(status, error, before=before, reraise=reraise, summary=summary)
 
     @property
     def run_id(self) -> str:

@@ -114,10 +114,7 @@ class StateStore:
         ``StatePathError`` and an I/O failure ``OSError``; nothing is written then.
         """
         path = self.path_of(checkpoint)
-        states, errors = take_states(self._callbacks)
-        snapshot = Snapshot(
-            checkpoint=checkpoint, run_id=run_id, states=states, errors=errors, run=position
-        )
+        snapshot = self.capture(checkpoint, run_id=run_id, position=position)
         data = encode_snapshot(snapshot)
         if len(data) > self.max_bytes:
             snapshot, data = self._fit(snapshot, data, path)
@@ -130,6 +127,16 @@ class StateStore:
             path=str(path),
             keys=tuple(snapshot.states),
             errors=snapshot.errors,
+        )
+
+    def capture(
+        self, checkpoint: str = "", *, run_id: str = "", position: RunPosition | None = None
+    ) -> Snapshot:
+        """Every registered callback's state now, as ``snapshot`` would write it, in memory
+        (for a trainer that keeps the states inside its own checkpoint file)."""
+        states, errors = take_states(self._callbacks)
+        return Snapshot(
+            checkpoint=checkpoint, run_id=run_id, states=states, errors=errors, run=position
         )
 
     def _fit(self, snapshot: Snapshot, data: bytes, path: Path) -> tuple[Snapshot, bytes]:

@@ -1,0 +1,468 @@
+"""PyTorch Lightning adapter: our callbacks, bus and state store behind one Lightning ``Callback``.
+
+``EventBusCallback(callbacks)`` goes in ``Trainer(callbacks=[...])``. Rank 0
+runs the bus and our callbacks, as Ray's controller does; under DDP the other
+ranks only report to it. Its bus is stepped in the Trainer's own thread, in
+its hooks (``bus_runs="in_thread"``: a thread of its own), as the Hugging Face
+adapter's is:
+
+- ``on_train_start`` -> ``RunStarted``, after restoring our callbacks'
+  states in place when ``fit`` resumed (``ckpt_path=``);
+- each step at which Lightning logs (``log_every_n_steps``) -> one round:
+  a ``Report`` per rank of that rank's ``trainer.callback_metrics`` (as
+  floats, plus ``step``), gathered to rank 0, so ``metrics[i]`` is rank
+  ``i``'s. A step's round waits for the step's end: a checkpoint saved in
+  that step (the file Lightning writes, not the ``last.ckpt`` copy) is its
+  round's, so ``after_report`` sees every save; a step that saved without
+  logging gets a round of ``{"step": N}``;
+- each save: our stateful callbacks' states, as of that round, go into
+  Lightning's checkpoint (this callback's ``state_dict``, so
+  ``fit(ckpt_path=...)`` restores them) and, through a ``CheckpointSaved``,
+  into ``<file>.callback_state.json`` beside it for our tools (the state
+  root, by default the ``ModelCheckpoint`` folder, must hold it);
+- ``on_exception`` -> a ``WorkerFailure`` of the rank, and a failed run;
+  ``on_train_end`` -> ``RunFinished``; each exactly once.
+
+A callback's ``should_stop`` sets ``trainer.should_stop``: ``fit`` ends after
+the step whose round decided it when that step saved, else after the next
+step (under DDP every rank learns it at the step after each logging step).
+A callback that fails the run (``on_error="raise"``) raises into the Trainer
+at its next hook, after ``after_run``, as with the other adapters.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Unpack
+
+import msgspec
+
+try:
+    from lightning.fabric.plugins import CheckpointIO
+    from lightning.pytorch import Callback
+except ImportError as _exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "adapters.lightning needs PyTorch Lightning: pip install 'train-eventbus[lightning]'"
+    ) from _exc
+
+from eventbus import (
+    CheckpointSaved,
+    EventBus,
+    Report,
+    RunStarted,
+    StateRestored,
+    WorkerFailure,
+    describe_exception,
+    get_logger,
+)
+from eventbus.state import Snapshot, StateError, StateStore
+from handlers.wiring import (
+    CallbackAttachment,
+    attach_user_callbacks,
+    status_of,
+    training_callbacks,
+)
+
+from ._options import AdapterKeywords, AdapterOptions
+from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
+
+__all__ = ["EventBusCallback"]
+
+_log = get_logger("adapters.lightning")
+
+
+class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # untyped to mypy
+    """Runs ``callbacks`` (``handlers.UserCallback``s) on a bus fed by a Lightning Trainer.
+
+    The options are those of ``adapters.transformers.EventBusCallback``:
+    ``state_root`` (default: the ``ModelCheckpoint`` folder, else the
+    Trainer's ``default_root_dir``), ``state=False``, ``strict_state``,
+    ``log`` (``True``: ``<default_root_dir>/eventbus-<run_id>.msgpack``), and
+    the bus's ``options`` or keywords, each checked against its range here.
+
+    A resume restores the callbacks you passed in place, as ``open_run`` does;
+    one that cannot take its state in place is replaced, with a warning: read
+    the run's callbacks from ``callbacks``.
+    """
+
+    def __init__(
+        self,
+        callbacks: Iterable[Any] = (),
+        *,
+        name: str | None = None,
+        run_id: str | None = None,
+        state: bool = True,
+        state_root: str | os.PathLike[str] | None = None,
+        strict_state: bool = False,
+        log: bool | str | os.PathLike[str] = False,
+        options: AdapterOptions | None = None,
+        **keywords: Unpack[AdapterKeywords],
+    ) -> None:
+        self._callbacks = training_callbacks(callbacks)
+        self.name = name
+        self.requested_run_id = run_id
+        self.state_enabled = state
+        self.state_root = state_root
+        self.strict_state = strict_state
+        #: ``log``: not ``self.log``, which Lightning sets on every callback (the module's).
+        self.event_log = log
+        self._run = ThreadedRun("eventbus-lightning", AdapterOptions.build(options, **keywords))
+        #: What the last resume restored (None if nothing was restored).
+        self.restored: StateRestored | None = None
+        self.log_path: Path | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._trainer: Any = None
+        self._store: StateStore | None = None
+        #: The states Lightning's checkpoint held (``load_state_dict``), until the run starts.
+        self._loaded: Snapshot | None = None
+        self._rank = 0
+        self._world_size = 1
+        self._index = 0
+        self._last_metrics: dict[str, Any] = {}
+        #: The round of this step (a report per rank), until a save names it or the step ends.
+        self._held: list[Report] = []
+        #: Every rank asks rank 0 whether to stop at the next step (DDP, after a logging step).
+        self._sync_stop = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a spawned process (``ddp_spawn``) needs: the configuration, no run."""
+        state = dict(self.__dict__)
+        state.update(_trainer=None, _store=None)
+        return state
+
+    @property
+    def callbacks(self) -> list[Any]:
+        """Our callbacks, as the bus calls them (restored ones after a resume)."""
+        return self._callbacks
+
+    # --- Lightning's checkpoint ------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Our callbacks' states, for Lightning's checkpoint (a ``Snapshot``, as JSON
+        values). Filled again as the file is written, once its round was handled."""
+        if self._store is None or not self._run.running:
+            return {}
+        return msgspec.to_builtins(self._store.capture(run_id=self.run_id))  # type: ignore[no-any-return]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Kept until the run starts (``on_train_start``), which restores it in place."""
+        try:
+            self._loaded = msgspec.convert(state_dict, Snapshot)
+        except msgspec.ValidationError as exc:
+            if self.strict_state:
+                raise StateError(f"callback states in the checkpoint are malformed: {exc}") from exc
+            _log.warning(
+                "callback states in the checkpoint are malformed: not restored", error=str(exc)
+            )
+
+    # --- Trainer hooks ------------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Every checkpoint Lightning writes goes through us (``_StatesIntoCheckpoints``)."""
+        if stage == "fit":
+            strategy = trainer.strategy
+            if not isinstance(strategy.checkpoint_io, _StatesIntoCheckpoints):
+                strategy.checkpoint_io = _StatesIntoCheckpoints(strategy.checkpoint_io, self)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        strategy = trainer.strategy
+        io = strategy.checkpoint_io
+        if isinstance(io, _StatesIntoCheckpoints) and io.owner is self:
+            strategy.checkpoint_io = io.inner
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._run.running:
+            self._close("failed", "fit() ended without on_train_end (an exception?)")
+        loaded = self._loaded
+        self._reset()
+        self._rank, self._world_size = int(trainer.global_rank), int(trainer.world_size)
+        if self._rank != 0:
+            return
+        self._trainer = trainer
+        name = self._run_name(trainer)
+        run_id = self.requested_run_id or f"{name}-{uuid.uuid4().hex[:8]}"
+        root = Path(self.state_root) if self.state_root is not None else _checkpoint_dir(trainer)
+        self._store = StateStore(root, strict=self.strict_state) if self.state_enabled else None
+        resumed_from = str(Path(trainer.ckpt_path).resolve()) if trainer.ckpt_path else None
+        self.restored = self._restore(resumed_from, loaded) if resumed_from else None
+        if self._store is not None:
+            self._store.register(self._callbacks)
+        self._watch_stops(self._callbacks)
+        self.log_path = log_path(self.event_log, trainer.default_root_dir, run_id)
+        self._start_bus(run_id)
+        self._run.handoff(
+            RunStarted(
+                run_id=run_id,
+                name=name,
+                world_size=self._world_size,
+                config={
+                    "default_root_dir": str(trainer.default_root_dir),
+                    "max_steps": int(trainer.max_steps),
+                    "max_epochs": trainer.max_epochs,
+                    "log_every_n_steps": int(trainer.log_every_n_steps),
+                    "resumed_from": resumed_from,
+                    "global_step": int(trainer.global_step),
+                },
+                storage=str(root),
+                wall_time=time.time(),
+            )
+        )
+        if self.restored is not None:
+            self._run.handoff(self.restored)
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """The previous step ended: its round goes, alone if nothing saved it; then a stop
+        its callbacks asked for is passed on."""
+        if self._held:
+            self._release(None)
+        if self._world_size == 1:
+            if self._run.running:
+                self._check(trainer)
+        elif self._sync_stop:  # every rank, at the same step, learns rank 0's decision
+            self._sync_stop = False
+            if self._run.running:
+                self._check(None)
+            stop = self._rank == 0 and self.stop_requested
+            if trainer.strategy.broadcast(stop, src=0):
+                trainer.should_stop = True
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """A step at which Lightning logs: its round, held until the step's saves."""
+        if not _logs_now(trainer):
+            return
+        metrics = _floats(trainer.callback_metrics)
+        metrics["step"] = int(trainer.global_step)
+        everyone = self._gather(metrics)
+        self._sync_stop = self._world_size > 1
+        if everyone is None or not self._run.running:
+            return
+        self._hold(everyone)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._run.running:
+            self._release(None)
+            self._close("finished", None, reraise=True)
+        self._trainer = None
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """``fit`` failed on this rank: a ``WorkerFailure`` (an ``Exception``) and a failed
+        (an interrupt: cancelled) run. A callback's failure we raised ended it already."""
+        self._trainer = None
+        if exception is self._run.raised or self._rank != 0:
+            return
+        if not self._run.running:
+            _log.warning(
+                "training failed outside a run (before on_train_start?)",
+                error=describe_exception(exception),
+            )
+            return
+        self._release(None)
+        before = (
+            [WorkerFailure.from_exception(self.run_id, self._rank, exception)]
+            if isinstance(exception, Exception)
+            else []
+        )
+        self._close(*status_of(exception), before=before)
+
+    # --- saves (rank 0: the only one that writes) ------------------------------------
+
+    def _before_save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> str | None:
+        """Before Lightning writes ``path``: this step's round names it (the ``last.ckpt``
+        copy excepted), is handled, and our states as of then go into ``checkpoint``.
+        Returns the location our snapshot is made for, if any."""
+        trainer = self._trainer
+        if not self._run.running or trainer is None:
+            return None
+        location = str(Path(path).resolve())
+        is_copy = _is_last_copy(trainer, location)
+        if not is_copy and not self._held:  # a save at a step that did not log
+            step = {"step": int(trainer.global_step)}
+            self._hold([step] * self._world_size)
+        self._release(None if is_copy else location)
+        self.wait_idle(self._run.drain_timeout)
+        if self._store is not None and "callbacks" in checkpoint:  # not weights_only
+            states = self._store.capture(location, run_id=self.run_id)
+            checkpoint["callbacks"][self.state_key] = msgspec.to_builtins(states)
+        return None if is_copy else location
+
+    def _after_save(self, location: str) -> None:
+        """Once written: our snapshot beside it, after its round; a stop asked for then."""
+        event = CheckpointSaved(
+            run_id=self.run_id,
+            checkpoint=location,
+            index=self._index - 1,
+            ranks=tuple(range(self._world_size)),
+            metrics=self._last_metrics,
+        )
+        self._run.handoff(event, after_idle=True)
+        if self._world_size == 1 and self._trainer is not None:
+            self._check(self._trainer)
+
+    def _removed(self, path: str | os.PathLike[str]) -> None:
+        """Lightning removed a checkpoint (top-k): our snapshot beside it goes too."""
+        store = self._store
+        if store is None or not self._run.running:
+            return
+        self.wait_idle(self._run.drain_timeout)  # its snapshot may still be on its way
+        try:
+            store.path_of(path).unlink(missing_ok=True)
+        except (StateError, OSError) as exc:
+            _log.warning("snapshot of a removed checkpoint left", path=str(path), error=str(exc))
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _gather(self, metrics: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """Every rank's metrics, in rank order, on rank 0 (None on the others)."""
+        if self._world_size == 1:
+            return [metrics]
+        import torch.distributed as dist
+
+        gathered: list[Any] | None = [None] * self._world_size if self._rank == 0 else None
+        dist.gather_object(metrics, gathered, dst=0)
+        return gathered
+
+    def _hold(self, everyone: list[dict[str, Any]]) -> None:
+        if self._held:  # two rounds in one step (a save, then a log): the first goes alone
+            self._release(None)
+        index = self._index
+        self._index = index + 1
+        self._last_metrics = everyone[0]
+        world_size, run_id = self._world_size, self.run_id
+        self._held = [
+            Report(run_id=run_id, rank=rank, world_size=world_size, index=index, metrics=metrics)
+            for rank, metrics in enumerate(everyone)
+        ]
+
+    def _release(self, checkpoint: str | None) -> None:
+        """Hand off the held round, naming ``checkpoint`` (its step's save) if any."""
+        held, self._held = self._held, []
+        for report in held:
+            named = (
+                report
+                if checkpoint is None
+                else msgspec.structs.replace(report, checkpoint=checkpoint)
+            )
+            self._run.handoff(named)
+
+    def _check(self, trainer: Any | None) -> None:
+        """Let the bus take what it was given; a callback's failure is raised now; a wish to
+        stop goes to ``trainer`` (one process: there is no other rank to tell)."""
+        thread = self._run.thread
+        if thread is not None:
+            thread.poll()
+        self._run.check()
+        if trainer is not None and self.stop_requested:
+            trainer.should_stop = True
+
+    def _run_name(self, trainer: Any) -> str:
+        if self.name:
+            return self.name
+        return Path(str(trainer.default_root_dir)).name or "lightning"
+
+    def _start_bus(self, run_id: str) -> None:
+        callbacks, store, world_size = self._callbacks, self._store, self._world_size
+
+        def setup(bus: EventBus) -> CallbackAttachment:
+            attachment = attach_user_callbacks(bus, callbacks, world_size=world_size)
+            if store is not None:
+                store.attach(bus)
+            return attachment
+
+        self._start_run(setup, run_id=run_id, log=self.log_path, name="eventbus-lightning")
+
+    def _restore(self, checkpoint: str, loaded: Snapshot | None) -> StateRestored | None:
+        """Our callbacks from the states Lightning's checkpoint held, else from our
+        snapshot beside it, in place."""
+        store = self._store
+        if store is None:
+            return None
+        try:
+            if loaded is None:
+                try:
+                    loaded = store.load(checkpoint)
+                except FileNotFoundError:
+                    _log.warning(
+                        "no callback states in the resumed checkpoint", checkpoint=checkpoint
+                    )
+                    return None
+            snapshot = msgspec.structs.replace(loaded, checkpoint=checkpoint)
+            self._callbacks, restored = store.restore(self._callbacks, snapshot, in_place=True)
+        except (StateError, OSError, ValueError) as exc:
+            if self.strict_state:
+                raise
+            _log.warning("callback states not restored", checkpoint=checkpoint, error=f"{exc}")
+            return None
+        return restored
+
+
+class _StatesIntoCheckpoints(CheckpointIO):  # type: ignore[misc]  # untyped to mypy
+    """The strategy's checkpoint IO, with ``EventBusCallback`` told of every save."""
+
+    def __init__(self, inner: Any, owner: EventBusCallback) -> None:
+        self.inner, self.owner = inner, owner
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        location = self.owner._before_save(checkpoint, path)
+        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        if location is not None:
+            self.owner._after_save(location)
+
+    def load_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.load_checkpoint(*args, **kwargs)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+        self.owner._removed(path)
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+def _logs_now(trainer: Any) -> bool:
+    """Whether Lightning logs at this step: its own test (``log_every_n_steps``, or a
+    stop), where this Lightning has it."""
+    connector = getattr(trainer, "_logger_connector", None)
+    if connector is not None:
+        return bool(connector.should_update_logs)
+    every = int(trainer.log_every_n_steps)
+    return every > 0 and int(trainer.global_step) % every == 0
+
+
+def _floats(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Lightning's logged values as floats; one that is not a scalar is left out."""
+    values: dict[str, Any] = {}
+    for name, value in metrics.items():
+        try:
+            values[name] = float(value)
+        except (TypeError, ValueError, RuntimeError):  # a tensor of several values
+            continue
+    return values
+
+
+def _checkpoint_dir(trainer: Any) -> Path:
+    """Where the Trainer's ``ModelCheckpoint`` writes (resolved by its ``setup``)."""
+    checkpoint = getattr(trainer, "checkpoint_callback", None)
+    directory = getattr(checkpoint, "dirpath", None)
+    return Path(directory if directory else trainer.default_root_dir)
+
+
+def _is_last_copy(trainer: Any, location: str) -> bool:
+    """Whether ``location`` is a ``ModelCheckpoint``'s ``last.ckpt`` (its path is set
+    before it is written)."""
+    for callback in getattr(trainer, "checkpoint_callbacks", ()):
+        last = getattr(callback, "last_model_path", "")
+        if last and str(Path(last).resolve()) == location:
+            return True
+    return False
