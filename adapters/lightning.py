@@ -220,19 +220,28 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         """The previous step ended: its round goes, alone if nothing saved it; then a stop
-        its callbacks asked for is passed on."""
-        if self._held:
-            self._release(None)
+        its callbacks asked for is passed on (under DDP, to every rank at once: a failure
+        of rank 0's run is raised only once every rank was told to stop)."""
         if self._world_size == 1:
+            if self._held:
+                self._release(None)
             if self._run.running:
                 self._check(trainer)
         elif self._sync_stop:  # every rank, at the same step, learns rank 0's decision
             self._sync_stop = False
-            if self._run.running:
-                self._check(None)
-            stop = self._rank == 0 and self.stop_requested
+            failure: BaseException | None = None
+            try:
+                if self._held:
+                    self._release(None)
+                if self._run.running:
+                    self._check(None)
+            except BaseException as exc:
+                failure = exc
+            stop = self._rank == 0 and (failure is not None or self.stop_requested)
             if trainer.strategy.broadcast(stop, src=0):
                 trainer.should_stop = True
+            if failure is not None:
+                raise failure
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -258,7 +267,14 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         """``fit`` failed on this rank: a ``WorkerFailure`` (an ``Exception``) and a failed
         (an interrupt: cancelled) run. A callback's failure we raised ended it already."""
         self._trainer = None
-        if exception is self._run.raised or self._rank != 0:
+        if exception is self._run.raised:
+            return
+        if self._rank != 0:
+            _log.error(
+                f"training failed on rank {self._rank}; our callbacks run on rank 0, which "
+                "records it only if it fails too",
+                error=describe_exception(exception),
+            )
             return
         if not self._run.running:
             _log.warning(

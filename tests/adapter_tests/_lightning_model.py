@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from eventbus import RunResult, StatefulCallback, TrainRunContext
+from eventbus import StatefulCallback, TrainRunContext
 from handlers import UserCallback
 
 BATCHES_PER_EPOCH = 8
@@ -64,32 +64,9 @@ def make_trainer(root: Path, callbacks: list[Any], **overrides: Any) -> Any:
     return pl.Trainer(**options)
 
 
-class Inputs(UserCallback):
-    """Keeps what each hook received."""
-
-    def __init__(self) -> None:
-        self.rounds: list[list[dict[str, Any]]] = []
-        self.checkpoints: list[str | None] = []
-        self.exceptions: list[dict[int, Exception]] = []
-        self.results: list[RunResult] = []
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds.append(metrics)
-        self.checkpoints.append(checkpoint)
-
-    def after_exception(
-        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
-    ) -> None:
-        self.exceptions.append(worker_exceptions)
-
-    def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
-        self.results.append(result)
-
-
-class RoundCounter(UserCallback, StatefulCallback):
-    """A stateful callback: the rounds it saw (every ``every``-th), and the last step."""
+class NthRoundCounter(UserCallback, StatefulCallback):
+    """A stateful callback counting every ``every``-th round, and its step; two of them,
+    told apart by their ``state_key``."""
 
     state_args = ("every",)
     state_attributes = ("seen", "rounds", "last_step")
@@ -111,16 +88,3 @@ class RoundCounter(UserCallback, StatefulCallback):
         if (self.seen - 1) % self.every == 0:
             self.rounds += 1
             self.last_step = metrics[0]["step"]
-
-
-class StopAfter(UserCallback):
-    def __init__(self, rounds: int) -> None:
-        self.limit = rounds
-        self.rounds = 0
-        self.should_stop = False
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds += 1
-        self.should_stop = self.rounds >= self.limit

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -20,9 +19,17 @@ pytest.importorskip(
     "transformers", reason="transformers is not installed (pip install '.[transformers]')"
 )
 
-import anyio  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from _callbacks import (  # noqa: E402
+    FailsTheRun,
+    HangsAsync,
+    HangsInThread,
+    Inputs,
+    Raises,
+    RoundCounter,
+    StopAfter,
+)
 from torch import nn  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
@@ -32,19 +39,14 @@ from adapters._threaded_run import ThreadedRun  # noqa: E402
 from adapters.transformers import EventBusCallback, run_with_failures  # noqa: E402
 from eventbus import (  # noqa: E402  #noqa: E402
     CheckpointSaved,
-    ErrorPolicy,
     HandlerFailed,
     HandlerTimedOut,
     Report,
     RunFinished,
-    RunResult,
     RunStarted,
-    StatefulCallback,
-    TrainRunContext,
 )
 from eventbus.log import read_log  # noqa: E402
 from eventbus.state import STATE_FILENAME  # noqa: E402
-from handlers import UserCallback  # noqa: E402
 
 MAX_STEPS = 10
 
@@ -88,88 +90,6 @@ class Regression(Dataset):  # type: ignore[misc]
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return {"x": self.x[i], "y": self.y[i]}
-
-
-class Inputs(UserCallback):
-    """Keeps what each hook received."""
-
-    def __init__(self) -> None:
-        self.rounds: list[list[dict[str, Any]]] = []
-        self.checkpoints: list[str | None] = []
-        self.exceptions: list[dict[int, Exception]] = []
-        self.results: list[RunResult] = []
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds.append(metrics)
-        self.checkpoints.append(checkpoint)
-
-    def after_exception(
-        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
-    ) -> None:
-        self.exceptions.append(worker_exceptions)
-
-    def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
-        self.results.append(result)
-
-
-class RoundCounter(UserCallback, StatefulCallback):
-    """A stateful callback: how many rounds it saw, and the step of the last one."""
-
-    state_attributes = ("rounds", "last_step")
-
-    def __init__(self) -> None:
-        self.rounds = 0
-        self.last_step = -1
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds += 1
-        self.last_step = metrics[0]["step"]
-
-
-class StopAfter(UserCallback):
-    def __init__(self, rounds: int) -> None:
-        self.limit = rounds
-        self.rounds = 0
-        self.should_stop = False
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds += 1
-        self.should_stop = self.rounds >= self.limit
-
-
-class Raises(UserCallback):
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        raise RuntimeError("a callback that always fails")
-
-
-class HangsAsync(UserCallback):
-    timeout: ClassVar[float | None] = 0.2
-
-    async def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        await anyio.sleep(3600)
-
-
-class HangsInThread(UserCallback):
-    timeout: ClassVar[float | None] = 0.2
-    blocking: ClassVar[bool] = True
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.release.wait(30)
 
 
 def make_trainer(
@@ -363,20 +283,6 @@ def test_an_exception_in_training_becomes_a_worker_failure(tmp_path: Path) -> No
     (result,) = inputs.results
     assert result.status == "failed" and "RuntimeError" in (result.error or "")
     assert len(inputs.rounds) == 1  # the log at step 2 came before the failure
-
-
-class FailsTheRun(UserCallback):
-    """Raises ``exc`` at its first round; ``on_error="raise"``: that fails the run."""
-
-    on_error: ClassVar[ErrorPolicy] = "raise"
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        raise self.exc
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,19 +14,21 @@ pytest.importorskip("torch", reason="torch is not installed (pip install '.[ligh
 pytest.importorskip("lightning", reason="lightning is not installed (pip install '.[lightning]')")
 
 import torch
-from _lightning_model import (
-    Inputs,
-    Regression,
-    RoundCounter,
-    StopAfter,
-    make_trainer,
-)
+from _callbacks import FailsTheRun, HangsAsync, HangsInThread, Inputs, Raises, StopAfter
+from _lightning_model import NthRoundCounter, Regression, make_trainer
 
 from adapters._bus_thread import BusThread
 from adapters._stepped_bus import SteppedBus
 from adapters._threaded_run import ThreadedRun
 from adapters.lightning import EventBusCallback
-from eventbus import CheckpointSaved, Report, RunFinished, RunStarted
+from eventbus import (
+    CheckpointSaved,
+    HandlerFailed,
+    HandlerTimedOut,
+    Report,
+    RunFinished,
+    RunStarted,
+)
 from eventbus.log import read_log
 from eventbus.state import STATE_FILENAME
 from handlers import BestCheckpoints
@@ -42,7 +45,7 @@ def bus_runs(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def counter_key(every: int) -> str:
-    return f"{RoundCounter.__module__}.{RoundCounter.__qualname__}[every={every}]"
+    return f"{NthRoundCounter.__module__}.{NthRoundCounter.__qualname__}[every={every}]"
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory, bus_runs: str) -> dict[s
     """10 steps, a log every 2, a checkpoint every 5 (and ``last.ckpt``), the log recorded;
     two callbacks of one class, told apart by their keys."""
     root = tmp_path_factory.mktemp("lightning-run")
-    inputs, every, second = Inputs(), RoundCounter(every=1), RoundCounter(every=2)
+    inputs, every, second = Inputs(), NthRoundCounter(every=1), NthRoundCounter(every=2)
     best = BestCheckpoints(metric="loss")
     callback = EventBusCallback([inputs, every, second, best], log=True)
     trainer = make_trainer(root, [callback])
@@ -129,11 +132,11 @@ def test_resume_from_last_restores_in_place_as_if_uninterrupted(
 ) -> None:
     """A run that fails at step 8 resumes from ``last.ckpt`` (step 5): the objects passed
     end as the uninterrupted run's."""
-    failing = Inputs(), RoundCounter(every=1), RoundCounter(every=2)
+    failing = Inputs(), NthRoundCounter(every=1), NthRoundCounter(every=2)
     trainer = make_trainer(tmp_path, [EventBusCallback(failing)])
     with pytest.raises(RuntimeError, match="failed at step 8"):
         trainer.fit(Regression(fail_at_step=8))
-    inputs, every, second = Inputs(), RoundCounter(every=1), RoundCounter(every=2)
+    inputs, every, second = Inputs(), NthRoundCounter(every=1), NthRoundCounter(every=2)
     callback = EventBusCallback([inputs, every, second])
     trainer = make_trainer(tmp_path, [callback])
     trainer.fit(Regression(), ckpt_path="last")
@@ -191,3 +194,61 @@ def test_a_stop_decided_by_a_saving_steps_round_ends_fit_there(tmp_path: Path) -
     # The 5th round is step 5's, which saved: its save hands the round over, and the
     # Trainer stops after that very step.
     assert trainer.global_step == 5
+
+
+def test_failing_and_hanging_callbacks_do_not_stop_training(tmp_path: Path) -> None:
+    inputs, in_thread = Inputs(), HangsInThread()
+    callback = EventBusCallback([Raises(), HangsAsync(), in_thread, inputs], log=True)
+    trainer = make_trainer(tmp_path, [callback])
+    try:
+        trainer.fit(Regression())
+    finally:
+        in_thread.release.set()
+    assert trainer.global_step == 10
+    assert len(inputs.rounds) == 6  # every round still reached the healthy callback
+    assert callback.log_path is not None
+    events = read_log(callback.log_path).events
+    assert [e.handler for e in events if isinstance(e, HandlerFailed)] == (
+        ["Raises.after_report"] * 6
+    )
+    timed_out = {(e.handler, e.outcome) for e in events if isinstance(e, HandlerTimedOut)}
+    assert timed_out == {
+        ("HangsAsync.after_report", "cancelled"),
+        ("HangsInThread.after_report", "abandoned"),
+    }
+
+
+@pytest.fixture
+def sigint_kept() -> Iterator[None]:
+    """Lightning ignores SIGINT after an interrupt (its graceful shutdown): not in pytest."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)
+
+
+@pytest.mark.parametrize(
+    ("exc", "raised", "status"),
+    [
+        (RuntimeError("this callback fails the run"), RuntimeError, "failed"),
+        # Lightning turns an interrupt into its graceful shutdown: SystemExit(1).
+        (KeyboardInterrupt(), SystemExit, "cancelled"),
+    ],
+    ids=["raise", "interrupt"],
+)
+def test_a_callback_failing_the_run_stops_training_with_its_exception(
+    tmp_path: Path, exc: BaseException, raised: type[BaseException], status: str, sigint_kept: None
+) -> None:
+    inputs = Inputs()
+    callback = EventBusCallback([FailsTheRun(exc), inputs], log=True)
+    trainer = make_trainer(tmp_path, [callback], max_steps=200, log_every_n_steps=1)
+    with pytest.raises(raised) as caught:
+        trainer.fit(Regression())
+    if raised is RuntimeError:
+        assert caught.value is exc  # as itself, out of fit()
+    assert trainer.global_step < 200  # at a hook soon after the first round
+    (result,) = inputs.results  # after_run once, with the run's real end
+    assert result.status == status
+    assert inputs.exceptions == []  # a callback's failure, not a worker's
+    assert callback.log_path is not None
+    finished = [e for e in read_log(callback.log_path).events if isinstance(e, RunFinished)]
+    assert [e.status for e in finished] == [status]
