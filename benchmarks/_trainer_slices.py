@@ -26,6 +26,13 @@ Conditions (``CONDITIONS``):
   issue 24; ``ours-bare``: one trivial callback, no log, no state;
   ``ours-nolog``; ``ours-nostate``; ``ours-console``: ``MetricsLogger()``
   with its default logger, to stderr).
+- PyTorch Lightning ``Trainer``, the same model in a ``LightningModule``
+  that logs its loss every step (``log_every_n_steps=1``), a
+  ``ModelCheckpoint`` every ``save_steps`` (the last 3 kept): ``pl-none``,
+  ``pl-hand`` (four hand-written Lightning ``Callback``s doing the same
+  work, the first two keeping their state in Lightning's checkpoint) and
+  ``pl-ours`` (``adapters.lightning.EventBusCallback`` with our four, the
+  event log, and the states in each checkpoint and beside it).
 - A plain async training loop, 4 anyio tasks each doing a forward/backward
   step of its own copy of the model then reporting: ``loop`` (nothing to
   report to), ``open-run`` (``handlers.open_run``, nothing attached),
@@ -75,7 +82,8 @@ HF_CONDITIONS = (
     "ours-console",
 )
 LOOP_CONDITIONS = ("loop", "open-run", "open-run-full")
-CONDITIONS = HF_CONDITIONS + LOOP_CONDITIONS
+LIGHTNING_CONDITIONS = ("pl-none", "pl-hand", "pl-ours")
+CONDITIONS = HF_CONDITIONS + LOOP_CONDITIONS + LIGHTNING_CONDITIONS
 
 #: The model: a tiny BERT built from its config (nothing downloaded), random token ids.
 VOCAB, SEQUENCE, BATCH = 1000, 32, 8
@@ -447,6 +455,155 @@ def run_hf(
     return done
 
 
+# --- the Lightning conditions ---------------------------------------------------------
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def _lightning_hand_written(output: Path) -> list[Any]:
+    """What a user writes with Lightning alone for the same work as our four."""
+    from lightning.pytorch import Callback
+
+    class PLEarlyStopping(Callback):  # type: ignore[misc]  # lightning is untyped to mypy
+        def __init__(self, patience: int) -> None:
+            self.patience, self.wait = patience, 0
+            self.best: float | None = None
+
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            loss = float(trainer.callback_metrics["loss"])
+            if self.best is None or loss < self.best:
+                self.best, self.wait = loss, 0
+            else:
+                self.wait += 1
+                if self.wait >= self.patience:
+                    trainer.should_stop = True
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"best": self.best, "wait": self.wait}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.best, self.wait = state["best"], state["wait"]
+
+    class PLBestCheckpoints(Callback):  # type: ignore[misc]
+        def __init__(self, k: int) -> None:
+            self.k = k
+            self.top: list[list[Any]] = []
+
+        def on_save_checkpoint(self, trainer: Any, module: Any, checkpoint: Any) -> None:
+            loss = float(trainer.callback_metrics["loss"])
+            entry = [loss, f"step={trainer.global_step}"]
+            self.top = sorted([*self.top, entry], key=lambda e: e[0])[: self.k]
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"top": self.top}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.top = state["top"]
+
+    class PLMetricsFile(Callback):  # type: ignore[misc]
+        def __init__(self, path: Path) -> None:
+            self.stream = path.open("a")
+
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            line = {"step": trainer.global_step, **_floats(trainer.callback_metrics)}
+            self.stream.write(json.dumps(line) + "\n")
+            self.stream.flush()
+
+    class PLTrivial(Callback):  # type: ignore[misc]
+        calls = 0
+
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            self.calls += 1
+
+    return [
+        PLEarlyStopping(PATIENCE),
+        PLBestCheckpoints(3),
+        PLMetricsFile(output / "metrics.jsonl"),
+        PLTrivial(),
+    ]
+
+
+def run_lightning(
+    condition: str, args: argparse.Namespace, output: Path, channel: Channel
+) -> dict[str, Any]:
+    """Train until told to stop; returns what the run delivered."""
+    import warnings
+
+    import lightning.pytorch as pl
+
+    warnings.filterwarnings("ignore", module="lightning")  # its advice for real jobs
+    torch = _torch()
+    selectors.DefaultSelector = CountingSelector  # type: ignore[misc]  # the bus loop's
+    max_steps = args.slice * (args.slices + 2)
+    theirs: list[Any] = []
+    ours = None
+    if condition == "pl-hand":
+        theirs = _lightning_hand_written(output)
+    elif condition == "pl-ours":
+        from adapters.lightning import EventBusCallback
+
+        ours = EventBusCallback(_ours_callbacks(output), log=True)
+        theirs = [ours]
+
+    def settle() -> float:
+        if ours is None:
+            return 0.0
+        start = time.perf_counter()
+        ours.wait_idle()
+        return time.perf_counter() - start
+
+    baton = Baton(channel, SliceClock(lambda: None), args.slice, args.warmup, settle)
+
+    class BatonCallback(pl.Callback):  # type: ignore[misc]  # after ours: last in the list
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            if not baton.begin({"condition": condition, "pid": os.getpid()}):
+                trainer.should_stop = True
+
+        def on_train_batch_end(self, trainer: Any, *rest: Any) -> None:
+            if not baton.at_step(int(trainer.global_step)):
+                trainer.should_stop = True
+
+    class Classifier(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _model()
+
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+            loss = self.model(**batch).loss
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=5e-5)
+
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=output / "checkpoints",
+        every_n_train_steps=args.save_steps,
+        save_top_k=3,
+        monitor="step",
+        mode="max",
+    )
+    trainer = pl.Trainer(
+        default_root_dir=str(output),
+        max_steps=max_steps,
+        log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*theirs, BatonCallback(), checkpoints],
+    )
+    data = torch.utils.data.DataLoader(_random_tokens(BATCH * (max_steps + 1)), batch_size=BATCH)
+    trainer.fit(Classifier(), data)
+    done: dict[str, Any] = {"steps": int(trainer.global_step)}
+    if ours is not None:
+        done.update(dropped=ours.dropped, trivial_rounds=ours.callbacks[-1].calls)
+    return done
+
+
 # --- the async loop conditions ---------------------------------------------------------
 
 
@@ -562,7 +719,13 @@ def main() -> int:
     output = Path(args.output or tempfile.mkdtemp(prefix=f"bench_trainer_{args.condition}_"))
     output.mkdir(parents=True, exist_ok=True)
     try:
-        runner = run_hf if args.condition in HF_CONDITIONS else run_loop
+        runner = (
+            run_hf
+            if args.condition in HF_CONDITIONS
+            else run_lightning
+            if args.condition in LIGHTNING_CONDITIONS
+            else run_loop
+        )
         done = runner(args.condition, args, output, channel)
     finally:
         if not args.output:

@@ -1,4 +1,4 @@
-"""What our Hugging Face adapter costs a real ``Trainer``, in steps per second.
+"""What our trainer adapters cost a real ``Trainer``, in steps per second.
 
 A tiny BERT (hidden 32, 2 layers, 2 heads, batch 8 of 32 random token ids;
 built from a ``BertConfig``, nothing downloaded) trains on the CPU with one
@@ -41,6 +41,12 @@ switches) or was preempted, and the bus loop's wake-ups. The same
 comparison is repeated with the training thread's wait for a CPU (other
 processes' load) taken out of each slice's time.
 
+``--lightning`` (on without ``--quick``) adds the same three conditions on a
+PyTorch Lightning ``Trainer`` (``pl-none``, ``pl-hand``: four hand-written
+Lightning ``Callback``s; ``pl-ours``: ``adapters.lightning.EventBusCallback``),
+the model in a ``LightningModule`` that logs its loss every step
+(``log_every_n_steps=1``), a ``ModelCheckpoint`` every ``--save-steps``.
+
 ``--open-run`` (on without ``--quick``) adds a plain async loop: 4 anyio
 tasks, each a forward/backward step of its own copy of the model, then
 ``await reporter.report(...)``: ``loop`` (reporting nowhere), ``open-run``
@@ -58,6 +64,7 @@ scheduling group of their own, weighted above the machine's other
 sessions: other processes' load then mostly stays off the measurement.
 
     python benchmarks/bench_trainer_overhead.py [--quick] [--json] [--open-run | --no-open-run]
+        [--lightning | --no-lightning]
         [--rounds N] [--replicas K] [--conditions none hand ours ...]
         [--try NAME=FILE[@BASE] ...] [--nice N]
 """
@@ -343,6 +350,20 @@ def sections_for(args: argparse.Namespace) -> list[Section]:
             patches=patches,
         )
     ]
+    if args.lightning if args.lightning is not None else not quick:
+        sections.append(
+            Section(
+                name="lightning",
+                baseline="pl-none",
+                conditions=["pl-none", "pl-hand", "pl-ours"],
+                slice_steps=args.warmup + args.timed,
+                warmup=args.warmup,
+                save_steps=args.save_steps or args.timed,
+                rounds=args.rounds or (6 if quick else 20),
+                replicas=args.replicas or (1 if quick else 3),
+                unit="Lightning Trainer step",
+            )
+        )
     if args.open_run if args.open_run is not None else not quick:
         sections.append(
             Section(
@@ -425,6 +446,26 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "points",
             )
         )
+    lightning = results["sections"].get("lightning")
+    if lightning is not None:
+        hand = lightning["conditions"]["pl-hand"]["lost_pct"]["median"]
+        rows.append(
+            target(
+                "Lightning Trainer steps/s lost to EventBusCallback (4 callbacks, log, snapshots)",
+                lightning["conditions"]["pl-ours"]["lost_pct"]["median"],
+                TARGET_LOST_PCT,
+                "%",
+                peer=f"hand-written Lightning Callbacks {hand:.1f}%",
+            )
+        )
+        rows.append(
+            target(
+                "Lightning Trainer steps/s lost: EventBusCallback minus hand-written Callbacks",
+                lightning["points"]["pl-hand vs pl-ours"]["median"],
+                TARGET_POINTS,
+                "points",
+            )
+        )
     loop = results["sections"].get("open_run")
     if loop is not None:
         alone = loop["conditions"]["open-run"]["lost_pct"]["median"]
@@ -458,7 +499,7 @@ def _rates_table(section: dict[str, Any], suffix: str) -> None:
         rate = _spread(figures[f"rate{suffix}"])
         print(f"{condition:<13} {rate:>22}  {lost:>34}  {added:>37}")
     for pair, points in section[f"points{suffix}"].items():
-        a, _, b = pair.partition(" vs ")
+        a, _, b = (name.removeprefix("pl-") for name in pair.partition(" vs "))
         if a == "hand" or (a == "ours" and b != "hand"):
             print(f"{b} minus {a}: {_spread(points, 1, True)} points lost, slice by slice")
     noise = _spread(section["conditions"][baseline][f"lost_pct{suffix}"], 1, True)
@@ -509,8 +550,8 @@ def print_section(name: str, section: dict[str, Any]) -> None:
 
 def print_table(results: dict[str, Any]) -> None:
     print(
-        f"HF Trainer overhead{' [quick]' if results['quick'] else ''}: tiny BERT on the CPU, "
-        f"1 torch thread, logging_steps=1; processes started in {results['startup_s']} s, "
+        f"Trainer overhead{' [quick]' if results['quick'] else ''}: tiny BERT on the CPU, "
+        f"1 torch thread, a log every step; processes started in {results['startup_s']} s, "
         f"{results['seconds']} s in all; their niceness {results.get('niceness')}"
     )
     for name, section in results["sections"].items():
@@ -558,6 +599,9 @@ def main() -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--open-run", dest="open_run", action="store_true", default=None)
     group.add_argument("--no-open-run", dest="open_run", action="store_false")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--lightning", dest="lightning", action="store_true", default=None)
+    group.add_argument("--no-lightning", dest="lightning", action="store_false")
     args = parser.parse_args()
     if args.conditions[0] != "none":
         parser.error("the first condition is the baseline: none")

@@ -35,6 +35,16 @@ def test_hf_trainer_example() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_lightning_trainer_example() -> None:
+    pytest.importorskip("lightning")
+    done = run_example("lightning_trainer.py", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 0 failed: RuntimeError: injected failure at step 8" in done.stdout
+    assert "run ended: failed, 4 rounds" in done.stdout
+    # Restored as of last.ckpt (step 5: 3 rounds), then the rounds of steps 6 to 15.
+    assert "tracker: rounds=9" in done.stdout and "stopped at step 15" in done.stdout
+
+
 def test_ray_train_example() -> None:
     pytest.importorskip("ray")
     done = run_example("ray_train.py", timeout=300)
