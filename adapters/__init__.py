@@ -2,6 +2,8 @@
 
 - ``adapters.transformers``: our callbacks, bus and state store behind a
   Hugging Face ``TrainerCallback``, and HF's ``trainer_state.json`` format;
+- ``adapters.lightning``: the same behind a PyTorch Lightning ``Callback``, with
+  every rank's metrics gathered to rank 0 under DDP;
 - ``adapters.ray``: our callbacks and bus behind a Ray Train v2 ``UserCallback``;
 - ``adapters.report``: a recorded run (or two) as one self-contained HTML
   page: summary, metrics over rounds, callback cost, failures;
@@ -9,11 +11,11 @@
   callback-overhead bench, show / replay / convert / stats for logs, and
   report).
 
-Both trainer adapters feed the bus through a bounded hand-off
-(``adapters._bus_host``); Hugging Face's steps it in the trainer's hooks
-(``adapters._stepped_bus``), Ray's runs it in a thread of its own
-(``adapters._bus_thread``). Third-party libraries
-(transformers, torch, ray, matplotlib) are imported only here, when the
+The trainer adapters feed the bus through a bounded hand-off
+(``adapters._bus_host``); Hugging Face's and Lightning's step it in the
+trainer's hooks (``adapters._stepped_bus``), Ray's runs it in a thread of its
+own (``adapters._bus_thread``). Third-party libraries
+(transformers, lightning, torch, ray, matplotlib) are imported only here, when the
 module or feature that needs them is used, and are installed as extras.
 Options (``AdapterOptions``) are checked when an adapter is made, as
 ``open_run``'s are.

@@ -145,8 +145,9 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
 
     def state_dict(self) -> dict[str, Any]:
         """Our callbacks' states, for Lightning's checkpoint (a ``Snapshot``, as JSON
-        values). Filled again as the file is written, once its round was handled."""
-        if self._store is None or not self._run.running:
+        values): during a run, taken again as the file is written, once its round was
+        handled; after it (``trainer.save_checkpoint`` after ``fit``), as the run left them."""
+        if self._store is None:
             return {}
         return msgspec.to_builtins(self._store.capture(run_id=self.run_id))  # type: ignore[no-any-return]
 

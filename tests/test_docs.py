@@ -333,6 +333,8 @@ def test_fragments_belong_to_an_example_that_runs(block: Block) -> None:
         pytest.importorskip("transformers")
     if "adapters.ray" in block.text:
         pytest.importorskip("ray")
+    if "adapters.lightning" in block.text:
+        pytest.importorskip("lightning")
     run([sys.executable, "-c", "\n".join(imports)], ROOT)
 
 

@@ -252,3 +252,26 @@ def test_a_callback_failing_the_run_stops_training_with_its_exception(
     assert callback.log_path is not None
     finished = [e for e in read_log(callback.log_path).events if isinstance(e, RunFinished)]
     assert [e.status for e in finished] == [status]
+
+
+def test_a_checkpoint_saved_after_fit_holds_the_final_states(first_run: dict[str, Any]) -> None:
+    path = first_run["root"] / "after-fit.ckpt"
+    first_run["trainer"].save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)["callbacks"]["EventBusCallback"]["states"]
+    assert saved[counter_key(1)]["attributes"]["rounds"] == 6
+
+
+def test_malformed_states_in_a_checkpoint_are_named_and_nothing_is_restored(
+    first_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = torch.load(first_run["root"] / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint["callbacks"]["EventBusCallback"] = {"states": "not a mapping"}
+    tampered = tmp_path / "tampered.ckpt"
+    torch.save(checkpoint, tampered)
+    counter = NthRoundCounter(every=1)
+    callback = EventBusCallback([counter])
+    trainer = make_trainer(tmp_path, [callback], max_steps=12)
+    trainer.fit(Regression(), ckpt_path=str(tampered))
+    assert "callback states in the checkpoint are malformed" in capsys.readouterr().err
+    # Its own snapshot beside it is not there either: the counter starts fresh.
+    assert callback.restored is None and (counter.rounds, counter.last_step) == (1, 12)
