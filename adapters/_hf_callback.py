@@ -33,15 +33,12 @@ from eventbus import (
     Stage,
     StateRestored,
     StateSnapshotted,
-    WorkerFailure,
-    describe_exception,
     get_logger,
 )
-from eventbus.state import Snapshot, StateError, StateStore, is_stateful
+from eventbus.state import Snapshot, StateStore, is_stateful
 from handlers.wiring import (
     CallbackAttachment,
     attach_user_callbacks,
-    status_of,
     training_callbacks,
 )
 
@@ -138,7 +135,11 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         root = Path(self.state_root if self.state_root is not None else args.output_dir)
         self._store = StateStore(root, strict=self.strict_state) if self.state_enabled else None
         checkpoint = self._resume_checkpoint(args, state)
-        self.restored = self._restore(checkpoint) if checkpoint is not None else None
+        self.restored = (
+            self._restore_from(self._store, checkpoint, self._saved_states)
+            if checkpoint is not None
+            else None
+        )
         if self._store is not None:
             self._store.register(self._callbacks)
         self._watch_stops(self._callbacks)
@@ -214,7 +215,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._held:  # a save was due and never came (it raised?): the reports go alone
-            self._release_held(None)
+            self._release(None)
         self._check(control)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -235,7 +236,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             self._held.append((self._index, metrics))
             self._index += 1
             self._last_metrics = metrics
-        self._release_held(location)
+        self._release(location)
         event = CheckpointSaved(
             run_id=self._run.run_id,
             checkpoint=location,
@@ -247,7 +248,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._check(control)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._release_held(None)
+        self._release(None)
         self._close("finished", None, reraise=True, summary=self._summary)
 
     # --- failures -----------------------------------------------------------------------
@@ -259,21 +260,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         run; an interrupt a cancelled one. A callback's failure that the
         adapter raised into the Trainer has already ended the run.
         """
-        if exc is self._run.raised:
-            return
-        if not self._run.running:
-            _log.warning(
-                "training failed outside a run (before on_train_begin?)",
-                error=describe_exception(exc),
-            )
-            return
-        self._release_held(None)
-        before = (
-            [WorkerFailure.from_exception(self._run.run_id, self._rank, exc)]
-            if isinstance(exc, Exception)
-            else []
-        )
-        self._close(*status_of(exc), before=before)
+        self._fail(exc, self._rank)
 
     @contextlib.contextmanager
     def failures(self) -> Iterator[None]:
@@ -287,7 +274,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
 
     # --- internals ------------------------------------------------------------------------
 
-    def _release_held(self, checkpoint: str | None) -> None:
+    def _release(self, checkpoint: str | None) -> None:
         """Hand off the held reports, the last naming ``checkpoint`` (its round's)."""
         held, self._held = self._held, []
         for position, (index, metrics) in enumerate(held, 1):
@@ -299,11 +286,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     def _check(self, control: Any) -> None:
         """Every few hooks: a callback's failure ends training now (raised: the Trainer
         stops at once); a callback's wish to stop, at the Trainer's next step."""
-        thread = self._run.thread
-        if thread is not None:
-            thread.poll()
-        self._run.check()
-        if self.stop_requested:
+        if self._looked():
             control.should_training_stop = True
 
     def _run_name(self, args: Any) -> str:
@@ -360,26 +343,9 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         )
         return None
 
-    def _restore(self, checkpoint: str) -> StateRestored | None:
-        """Rebuild our stateful callbacks from ``checkpoint``: our snapshot file, else the
-        ``stateful_callbacks`` of its ``trainer_state.json``."""
-        store = self._store
-        if store is None:
-            return None
-        try:
-            snapshot = self._saved_states(store, checkpoint)
-            if snapshot is None:
-                _log.warning("no callback states in the resumed checkpoint", checkpoint=checkpoint)
-                return None
-            self._callbacks, restored = store.restore(self._callbacks, snapshot, in_place=True)
-        except (StateError, OSError, ValueError) as exc:
-            if self.strict_state:
-                raise
-            _log.warning("callback states not restored", checkpoint=checkpoint, error=f"{exc}")
-            return None
-        return restored
-
     def _saved_states(self, store: StateStore, checkpoint: str) -> Snapshot | None:
+        """Our snapshot file in ``checkpoint``, else our classes' ``stateful_callbacks`` in
+        its ``trainer_state.json``."""
         try:
             return store.load(checkpoint)  # the operator's checkpoint: it may be anywhere
         except FileNotFoundError:

@@ -28,7 +28,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eventbus import BusClosed, CloseReport, Event, EventBus, RunFinished, RunStatus, get_logger
+from eventbus import (
+    BusClosed,
+    CloseReport,
+    Event,
+    EventBus,
+    RunFinished,
+    RunStatus,
+    StateRestored,
+    WorkerFailure,
+    describe_exception,
+    get_logger,
+)
+from eventbus.state import Snapshot, StateError, StateStore
 from handlers.wiring import CallbackAttachment, log_run_end, status_of, stop_of
 
 from ._bus_host import BusHost, DeferredEvent, kind_of
@@ -276,6 +288,8 @@ class ThreadedAdapter:
     a trainer's adapter starts, ends and asks to stop it."""
 
     _run: ThreadedRun
+    _callbacks: list[Any]
+    strict_state = False
     _stop = False
     #: The callbacks that can ask to stop (a ``should_stop`` attribute), see ``_watch_stops``.
     _stoppers: tuple[Any, ...] = ()
@@ -298,6 +312,63 @@ class ThreadedAdapter:
         """A new run's stop requests: none yet, from ``callbacks`` (the restored ones)."""
         self._stop = False
         self._stoppers = tuple(cb for cb in callbacks if hasattr(cb, "should_stop"))
+
+    def _release(self, checkpoint: str | None) -> None:  # a no-op by default
+        """Hand off the reports the adapter holds back for a save, naming ``checkpoint``."""
+
+    def _looked(self) -> bool:
+        """Let a bus stepped in the hooks take what it was given, raise a callback's
+        failure of the run now, and say whether our callbacks ask to stop."""
+        thread = self._run.thread
+        if thread is not None:
+            thread.poll()
+        self._run.check()
+        return self.stop_requested
+
+    def _fail(self, exc: BaseException, rank: int) -> None:
+        """The trainer failed with ``exc``: a ``WorkerFailure`` of ``rank`` (for an
+        ``Exception``) and a failed run (an interrupt: cancelled). A callback's failure
+        that the adapter raised into the trainer has already ended the run."""
+        if exc is self._run.raised:
+            return
+        if not self._run.running:
+            _log.warning(
+                "training failed outside a run (before the trainer's start hook?)",
+                error=describe_exception(exc),
+            )
+            return
+        self._release(None)
+        before = (
+            [WorkerFailure.from_exception(self._run.run_id, rank, exc)]
+            if isinstance(exc, Exception)
+            else []
+        )
+        self._close(*status_of(exc), before=before)
+
+    def _restore_from(
+        self,
+        store: StateStore | None,
+        checkpoint: str,
+        saved: Callable[[StateStore, str], Snapshot | None],
+    ) -> StateRestored | None:
+        """Our callbacks (``_callbacks``) restored in place, as ``open_run`` restores them,
+        from the states ``saved(store, checkpoint)`` found (None: there are none,
+        and a warning says so). A state that cannot be restored is a warning, or with
+        ``strict_state`` the error."""
+        if store is None:
+            return None
+        try:
+            snapshot = saved(store, checkpoint)
+            if snapshot is None:
+                _log.warning("no callback states in the resumed checkpoint", checkpoint=checkpoint)
+                return None
+            self._callbacks, restored = store.restore(self._callbacks, snapshot, in_place=True)
+        except (StateError, OSError, ValueError) as exc:
+            if self.strict_state:
+                raise
+            _log.warning("callback states not restored", checkpoint=checkpoint, error=f"{exc}")
+            return None
+        return restored
 
     def _start_run(
         self, setup: Callable[[EventBus], Any], *, run_id: str, log: Path | None, name: str

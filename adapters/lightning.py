@@ -55,7 +55,6 @@ from eventbus import (
     Report,
     RunStarted,
     StateRestored,
-    WorkerFailure,
     describe_exception,
     get_logger,
 )
@@ -63,7 +62,6 @@ from eventbus.state import Snapshot, StateError, StateStore
 from handlers.wiring import (
     CallbackAttachment,
     attach_user_callbacks,
-    status_of,
     training_callbacks,
 )
 
@@ -197,7 +195,13 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         root = Path(self.state_root) if self.state_root is not None else _checkpoint_dir(trainer)
         self._store = StateStore(root, strict=self.strict_state) if self.state_enabled else None
         resumed_from = str(Path(trainer.ckpt_path).resolve()) if trainer.ckpt_path else None
-        self.restored = self._restore(resumed_from, loaded) if resumed_from else None
+        self.restored = (
+            self._restore_from(
+                self._store, resumed_from, lambda s, c: self._saved_states(s, c, loaded)
+            )
+            if resumed_from
+            else None
+        )
         if self._store is not None:
             self._store.register(self._callbacks)
         self._watch_stops(self._callbacks)
@@ -274,8 +278,6 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         """``fit`` failed on this rank: a ``WorkerFailure`` (an ``Exception``) and a failed
         (an interrupt: cancelled) run. A callback's failure we raised ended it already."""
         self._trainer = None
-        if exception is self._run.raised:
-            return
         if self._rank != 0:
             _log.error(
                 f"training failed on rank {self._rank}; our callbacks run on rank 0, which "
@@ -283,19 +285,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
                 error=describe_exception(exception),
             )
             return
-        if not self._run.running:
-            _log.warning(
-                "training failed outside a run (before on_train_start?)",
-                error=describe_exception(exception),
-            )
-            return
-        self._release(None)
-        before = (
-            [WorkerFailure.from_exception(self.run_id, self._rank, exception)]
-            if isinstance(exception, Exception)
-            else []
-        )
-        self._close(*status_of(exception), before=before)
+        self._fail(exception, self._rank)
 
     # --- saves (rank 0: the only one that writes) ------------------------------------
 
@@ -378,13 +368,9 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
             self._run.handoff(named)
 
     def _check(self, trainer: Any | None) -> None:
-        """Let the bus take what it was given; a callback's failure is raised now; a wish to
+        """The bus takes what it was given; a callback's failure is raised now; a wish to
         stop goes to ``trainer`` (one process: there is no other rank to tell)."""
-        thread = self._run.thread
-        if thread is not None:
-            thread.poll()
-        self._run.check()
-        if trainer is not None and self.stop_requested:
+        if self._looked() and trainer is not None:
             trainer.should_stop = True
 
     def _run_name(self, trainer: Any) -> str:
@@ -403,29 +389,17 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
 
         self._start_run(setup, run_id=run_id, log=self.log_path, name="eventbus-lightning")
 
-    def _restore(self, checkpoint: str, loaded: Snapshot | None) -> StateRestored | None:
-        """Our callbacks from the states Lightning's checkpoint held, else from our
-        snapshot beside it, in place."""
-        store = self._store
-        if store is None:
-            return None
+    @staticmethod
+    def _saved_states(
+        store: StateStore, checkpoint: str, loaded: Snapshot | None
+    ) -> Snapshot | None:
+        """The states Lightning's checkpoint held, else our snapshot beside its file."""
+        if loaded is not None:
+            return msgspec.structs.replace(loaded, checkpoint=checkpoint)
         try:
-            if loaded is None:
-                try:
-                    loaded = store.load(checkpoint)
-                except FileNotFoundError:
-                    _log.warning(
-                        "no callback states in the resumed checkpoint", checkpoint=checkpoint
-                    )
-                    return None
-            snapshot = msgspec.structs.replace(loaded, checkpoint=checkpoint)
-            self._callbacks, restored = store.restore(self._callbacks, snapshot, in_place=True)
-        except (StateError, OSError, ValueError) as exc:
-            if self.strict_state:
-                raise
-            _log.warning("callback states not restored", checkpoint=checkpoint, error=f"{exc}")
+            return store.load(checkpoint)
+        except FileNotFoundError:
             return None
-        return restored
 
 
 class _StatesIntoCheckpoints(CheckpointIO):  # type: ignore[misc]  # untyped to mypy

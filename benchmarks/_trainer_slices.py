@@ -232,6 +232,20 @@ class Baton:
         return True
 
 
+def _settle(ours: Any) -> Callable[[], float]:
+    """How a slice lets our adapter (None: no adapter) finish what the slice handed it:
+    the seconds that took (see ``SliceClock.stop``)."""
+
+    def settle() -> float:
+        if ours is None:
+            return 0.0
+        start = time.perf_counter()
+        ours.wait_idle()
+        return time.perf_counter() - start
+
+    return settle
+
+
 # --- the Hugging Face conditions -----------------------------------------------------
 
 
@@ -407,14 +421,7 @@ def run_hf(
         name = getattr(handle, "name", None)
         return next((t for t in threading.enumerate() if t.name == name), None)
 
-    def settle() -> float:
-        if ours is None:
-            return 0.0
-        start = time.perf_counter()
-        ours.wait_idle()
-        return time.perf_counter() - start
-
-    baton = Baton(channel, SliceClock(bus_thread), args.slice, args.warmup, settle)
+    baton = Baton(channel, SliceClock(bus_thread), args.slice, args.warmup, _settle(ours))
 
     class BatonCallback(TrainerCallback):  # type: ignore[misc]  # last: after every other
         def on_train_begin(self, a: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -547,14 +554,7 @@ def run_lightning(
         ours = EventBusCallback(_ours_callbacks(output), log=True)
         theirs = [ours]
 
-    def settle() -> float:
-        if ours is None:
-            return 0.0
-        start = time.perf_counter()
-        ours.wait_idle()
-        return time.perf_counter() - start
-
-    baton = Baton(channel, SliceClock(lambda: None), args.slice, args.warmup, settle)
+    baton = Baton(channel, SliceClock(lambda: None), args.slice, args.warmup, _settle(ours))
 
     class BatonCallback(pl.Callback):  # type: ignore[misc]  # after ours: last in the list
         def on_train_start(self, trainer: Any, module: Any) -> None:
