@@ -182,8 +182,9 @@ class BusHost(ABC):
         self._queue.append(item)
         return True
 
-    def poll(self) -> None:  # noqa: B027  # a no-op unless the host steps in hooks
-        """A hook's chance to let the bus look at the deque (the stepped host takes it)."""
+    def poll(self, handed_off: bool = False) -> None:  # noqa: B027  # a no-op unless stepped
+        """A hook's chance to let the bus look at the deque (the stepped host takes it);
+        ``handed_off``: the hook has just handed off a report."""
 
     @abstractmethod
     def _make_room(self) -> bool:

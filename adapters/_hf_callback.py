@@ -207,7 +207,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 return
             deferred = (self._make_report, index, metrics)
             if thread.offer(deferred):
-                thread.poll()
+                thread.poll(handed_off=True)
             else:
                 run.handoff(deferred)  # also raises a callback's failure of the run
         if self._stop or (self._stoppers and self.stop_requested):

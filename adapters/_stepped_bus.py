@@ -83,8 +83,10 @@ class SteppedBus(BusHost):
         self._lanes_too = False  # whether this step waits for the lanes as well
         self._idle = False  # the pump waits for the next step, everything before handled
         self._steps = 0  # steps so far: a stale check of quiet() knows it is stale
-        self._next_look = 0.0  # when poll next steps for timers alone
-        self._next_take = 0.0  # when poll next steps for what was handed off
+        self._next_look = 0.0  # when a hook's poll next steps the bus
+        self._next_take = 0.0  # when a hook's poll next steps it for its own hand-off
+        #: Since when what is in the deque waits for a step (None: nothing waits).
+        self._waiting_since: float | None = None
 
     # --- lifecycle (the trainer's thread) -------------------------------------------
 
@@ -148,12 +150,26 @@ class SteppedBus(BusHost):
 
     # --- steps (the trainer's thread) ------------------------------------------------
 
-    def poll(self) -> None:
-        """A hook's chance: step the bus if a poll interval passed since it last took what
-        was handed off (with something handed off), or since its last step (without:
-        for its timers). So a hook without a report does not delay the next report's."""
-        if time.monotonic() >= (self._next_take if self._queue else self._next_look):
-            self._step()
+    def poll(self, handed_off: bool = False) -> None:
+        """A hook's chance to step the bus: at most once per poll interval for the hooks
+        that hand off reports (``handed_off``), and for the others only for what those
+        left behind a whole interval ago, or, with nothing handed off, for its timers.
+
+        So a step another hook takes never holds a report back: when a step's end took
+        what came before it and reset the one clock, each report waited for the next
+        step's end, step after step, once one had (a stop a step late, for the run)."""
+        now = time.monotonic()
+        waiting = self._waiting_since
+        if waiting is None and self._queue:
+            waiting = self._waiting_since = now
+        if handed_off:
+            due = self._next_take
+        elif waiting is not None:
+            due = waiting + self.poll_interval
+        else:
+            due = self._next_look
+        if now >= due:
+            self._step(takes=handed_off)
 
     def handoff_after_idle(self, event: Event) -> bool:
         """Like ``BusHost``'s, and stepped now: a checkpoint's states are taken in the
@@ -175,16 +191,16 @@ class SteppedBus(BusHost):
         self._step(self.handoff_timeout)
         return len(self._queue) < self.capacity
 
-    def _step(self, limit: float = STEP_LIMIT) -> bool:
+    def _step(self, limit: float = STEP_LIMIT, *, takes: bool = False) -> bool:
         """Run the loop while it has work ready (at most ``limit`` seconds), so the pump
-        takes the deque and the handlers run; never wait. True if the bus is idle."""
+        takes the deque and the handlers run; never wait. True if the bus is idle.
+        ``takes``: a hook's hand-off asked for it (its clock, see ``poll``)."""
         loop, task = self._loop, self._main_task
         if self._stepping or loop is None or task is None or task.done():
             return task is not None and task.done()
         self.wakeups += 1
         self._steps += 1
         step = self._steps
-        takes = bool(self._queue)
 
         def quiet() -> None:
             if self._steps != step:  # left over from a step that ended by its limit
@@ -206,6 +222,8 @@ class SteppedBus(BusHost):
             self._next_look = time.monotonic() + self.poll_interval
             if takes:
                 self._next_take = self._next_look
+            if not self._queue:
+                self._waiting_since = None
         return self._idle and not self._queue
 
     def _wait(self, limit: float, *, lanes_too: bool = False) -> bool:
@@ -228,6 +246,8 @@ class SteppedBus(BusHost):
             self._lanes_too = False
             timer.cancel()
             self._next_look = self._next_take = time.monotonic() + self.poll_interval
+            if not self._queue:
+                self._waiting_since = None
         return bool(done.result())
 
     def _wake_pump(self) -> None:

@@ -316,12 +316,13 @@ class ThreadedAdapter:
     def _release(self, checkpoint: str | None) -> None:  # a no-op by default
         """Hand off the reports the adapter holds back for a save, naming ``checkpoint``."""
 
-    def _looked(self) -> bool:
-        """Let a bus stepped in the hooks take what it was given, raise a callback's
-        failure of the run now, and say whether our callbacks ask to stop."""
+    def _looked(self, handed_off: bool = False) -> bool:
+        """Let a bus stepped in the hooks take what it was given (``handed_off``: this
+        hook gave it a report), raise a callback's failure of the run now, and say
+        whether our callbacks ask to stop."""
         thread = self._run.thread
         if thread is not None:
-            thread.poll()
+            thread.poll(handed_off)
         self._run.check()
         return self.stop_requested
 

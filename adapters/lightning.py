@@ -233,19 +233,20 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         """The previous step ended: its round goes, alone if nothing saved it; then a stop
         its callbacks asked for is passed on (under DDP, to every rank at once: a failure
         of rank 0's run is raised only once every rank was told to stop)."""
+        handed_off = bool(self._held)
         if self._world_size == 1:
-            if self._held:
+            if handed_off:
                 self._release(None)
             if self._run.running:
-                self._check(trainer)
+                self._check(trainer, handed_off)
         elif self._sync_stop:  # every rank, at the same step, learns rank 0's decision
             self._sync_stop = False
             failure: BaseException | None = None
             try:
-                if self._held:
+                if handed_off:
                     self._release(None)
                 if self._run.running:
-                    self._check(None)
+                    self._check(None, handed_off)
             except BaseException as exc:
                 failure = exc
             stop = self._rank == 0 and (failure is not None or self.stop_requested)
@@ -367,10 +368,11 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
             )
             self._run.handoff(named)
 
-    def _check(self, trainer: Any | None) -> None:
-        """The bus takes what it was given; a callback's failure is raised now; a wish to
-        stop goes to ``trainer`` (one process: there is no other rank to tell)."""
-        if self._looked() and trainer is not None:
+    def _check(self, trainer: Any | None, handed_off: bool = False) -> None:
+        """The bus takes what it was given (``handed_off``: a round, just now); a callback's
+        failure is raised now; a wish to stop goes to ``trainer`` (one process: there is
+        no other rank to tell)."""
+        if self._looked(handed_off) and trainer is not None:
             trainer.should_stop = True
 
     def _run_name(self, trainer: Any) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 pytest.importorskip("torch", reason="torch is not installed (pip install '.[lightning]')")
 pytest.importorskip("lightning", reason="lightning is not installed (pip install '.[lightning]')")
@@ -262,7 +263,7 @@ def test_a_checkpoint_saved_after_fit_holds_the_final_states(first_run: dict[str
 
 
 def test_malformed_states_in_a_checkpoint_are_named_and_nothing_is_restored(
-    first_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    first_run: dict[str, Any], tmp_path: Path
 ) -> None:
     checkpoint = torch.load(first_run["root"] / "checkpoints" / "last.ckpt", weights_only=False)
     checkpoint["callbacks"]["EventBusCallback"] = {"states": "not a mapping"}
@@ -271,7 +272,9 @@ def test_malformed_states_in_a_checkpoint_are_named_and_nothing_is_restored(
     counter = NthRoundCounter(every=1)
     callback = EventBusCallback([counter])
     trainer = make_trainer(tmp_path, [callback], max_steps=12)
-    trainer.fit(Regression(), ckpt_path=str(tampered))
-    assert "callback states in the checkpoint are malformed" in capsys.readouterr().err
+    with capture_logs() as logs:
+        trainer.fit(Regression(), ckpt_path=str(tampered))
+    (malformed,) = (e for e in logs if "states in the checkpoint are malformed" in e["event"])
+    assert "states" in malformed["error"]  # names what is wrong, and where
     # Its own snapshot beside it is not there either: the counter starts fresh.
     assert callback.restored is None and (counter.rounds, counter.last_step) == (1, 12)

@@ -82,16 +82,38 @@ def test_poll_steps_at_most_once_per_poll_interval() -> None:
     steps = bus.wakeups
     for i in range(100):
         bus.offer(report(i))
+        bus.poll(handed_off=True)
         bus.poll()
     assert bus.wakeups == steps and seen == []  # within the interval: no step
-    bus._next_take = 0.0  # the interval has passed since the bus last took reports
-    bus.poll()
+    bus._next_take = 0.0  # the interval has passed since a hand-off's poll last stepped
+    bus.poll(handed_off=True)
     assert bus.wakeups == steps + 1 and seen == list(range(100))  # one step took them all
     bus.poll()
     assert bus.wakeups == steps + 1  # nothing handed off, and its timers are not due
     bus._next_look = 0.0
     bus.poll()
     assert bus.wakeups == steps + 2  # a step for its timers alone
+    bus.close()
+
+
+def test_a_step_another_hook_took_does_not_hold_back_the_next_report() -> None:
+    """A step's end takes what was left waiting a poll interval; the report handed off
+    right after is still taken in its own hook. (With one clock for both, the step's
+    end reset it, and every report waited for the next step's end, step after step.)"""
+    seen: list[int] = []
+    bus = SteppedBus(lambda b: b.subscribe(Report, lambda e: seen.append(e.index)))
+    bus.poll_interval = NEVER
+    bus.start()
+    bus._next_take = 0.0  # a poll interval since a hand-off's poll last stepped
+    bus.offer(report(0))
+    bus.poll()
+    assert seen == []  # another hook does not take what was just handed off
+    bus._waiting_since = 0.0  # ... until it has waited a poll interval
+    bus.poll()
+    assert seen == [0]
+    bus.offer(report(1))
+    bus.poll(handed_off=True)
+    assert seen == [0, 1]  # taken in its own hook, not at the next step's end
     bus.close()
 
 
