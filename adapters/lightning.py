@@ -112,6 +112,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         #: What the last resume restored (None if nothing was restored).
         self.restored: StateRestored | None = None
         self.log_path: Path | None = None
+        #: Whether the checkpoints of this fit go through ``_StatesIntoCheckpoints``.
+        self._writes_states = False
         self._reset()
 
     def _reset(self) -> None:
@@ -143,9 +145,10 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
 
     def state_dict(self) -> dict[str, Any]:
         """Our callbacks' states, for Lightning's checkpoint (a ``Snapshot``, as JSON
-        values): during a run, taken again as the file is written, once its round was
-        handled; after it (``trainer.save_checkpoint`` after ``fit``), as the run left them."""
-        if self._store is None:
+        values), as the run left them (``trainer.save_checkpoint`` after ``fit``). During a
+        run the file's writer puts them in instead (``_before_save``), once the
+        checkpoint's round was handled: taken here, they could miss it."""
+        if self._store is None or (self._run.running and self._writes_states):
             return {}
         return msgspec.to_builtins(self._store.capture(run_id=self.run_id))  # type: ignore[no-any-return]
 
@@ -166,6 +169,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         """Every checkpoint Lightning writes goes through us (``_StatesIntoCheckpoints``)."""
         if stage == "fit":
             strategy = trainer.strategy
+            self._writes_states = True
             if not isinstance(strategy.checkpoint_io, _StatesIntoCheckpoints):
                 strategy.checkpoint_io = _StatesIntoCheckpoints(
                     strategy.checkpoint_io,
@@ -180,6 +184,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         io = strategy.checkpoint_io
         if isinstance(io, _StatesIntoCheckpoints) and io.owner is self:
             strategy.checkpoint_io = io.inner
+        self._writes_states = False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._run.running:
@@ -205,6 +210,11 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         if self._store is not None:
             self._store.register(self._callbacks)
         self._watch_stops(self._callbacks)
+        if int(trainer.log_every_n_steps) <= 0:
+            _log.warning(
+                "log_every_n_steps=0: Lightning logs nothing, so our callbacks get rounds "
+                "only at saves, of {'step': N} alone"
+            )
         self.log_path = log_path(self.event_log, trainer.default_root_dir, run_id)
         self._start_bus(run_id)
         self._run.handoff(
@@ -300,10 +310,16 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         location = str(Path(path).resolve())
         is_copy = _is_last_copy(trainer, location)
         if not is_copy and not self._held:  # a save at a step that did not log
-            step = {"step": int(trainer.global_step)}
-            self._hold([step] * self._world_size)
+            step = int(trainer.global_step)
+            self._hold([{"step": step} for _ in range(self._world_size)])
         self._release(None if is_copy else location)
-        self.wait_idle(self._run.drain_timeout)
+        waited = self._run.drain_timeout
+        if not self.wait_idle(waited):
+            _log.warning(
+                f"callback states for a checkpoint taken while the bus was still busy after "
+                f"{waited:g} s (drain_timeout): they may miss the checkpoint's round",
+                checkpoint=location,
+            )
         if self._store is not None and "callbacks" in checkpoint:  # not weights_only
             states = self._store.capture(location, run_id=self.run_id)
             checkpoint["callbacks"][self.state_key] = msgspec.to_builtins(states)

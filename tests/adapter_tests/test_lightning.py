@@ -6,8 +6,9 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import anyio
 import pytest
 from structlog.testing import capture_logs
 
@@ -29,10 +30,11 @@ from eventbus import (
     Report,
     RunFinished,
     RunStarted,
+    TrainRunContext,
 )
 from eventbus.log import read_log
 from eventbus.state import STATE_FILENAME
-from handlers import BestCheckpoints
+from handlers import BestCheckpoints, UserCallback
 
 
 @pytest.fixture(scope="module", autouse=True, params=["in_hooks", "in_thread"])
@@ -278,3 +280,32 @@ def test_malformed_states_in_a_checkpoint_are_named_and_nothing_is_restored(
     assert "states" in malformed["error"]  # names what is wrong, and where
     # Its own snapshot beside it is not there either: the counter starts fresh.
     assert callback.restored is None and (counter.rounds, counter.last_step) == (1, 12)
+
+
+def test_without_logging_a_user_hears_that_rounds_come_only_at_saves(tmp_path: Path) -> None:
+    inputs = Inputs()
+    trainer = make_trainer(tmp_path, [EventBusCallback([inputs])], log_every_n_steps=0)
+    with capture_logs() as logs:
+        trainer.fit(Regression())
+    assert [e for e in logs if "log_every_n_steps=0" in e["event"]]
+    assert inputs.rounds == [[{"step": 5}], [{"step": 10}]]  # the saves' rounds
+
+
+class HangsBriefly(UserCallback):
+    """Longer than ``drain_timeout`` (0.1 s below), then cancelled at its deadline."""
+
+    timeout: ClassVar[float | None] = 1.0
+
+    async def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        await anyio.sleep(3600)
+
+
+def test_a_save_that_cannot_wait_for_its_round_says_so(tmp_path: Path) -> None:
+    callback = EventBusCallback([HangsBriefly()], drain_timeout=0.1)
+    trainer = make_trainer(tmp_path, [callback], max_steps=5)
+    with capture_logs() as logs:
+        trainer.fit(Regression())
+    busy = {Path(e["checkpoint"]).name for e in logs if "still busy after 0.1 s" in e["event"]}
+    assert "epoch=0-step=5.ckpt" in busy  # (and last.ckpt, saved right after it)
