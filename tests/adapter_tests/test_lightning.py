@@ -32,9 +32,10 @@ from eventbus import (
     RunStarted,
     TrainRunContext,
 )
-from eventbus.log import read_log
+from eventbus.log import read_log, replay_file
 from eventbus.state import STATE_FILENAME
 from handlers import BestCheckpoints, UserCallback
+from handlers.wiring import attach_user_callbacks
 
 
 @pytest.fixture(scope="module", autouse=True, params=["in_hooks", "in_thread"])
@@ -128,6 +129,18 @@ def test_the_recorded_log_holds_the_run(first_run: dict[str, Any]) -> None:
     saved = [Path(e.checkpoint).name for e in events if isinstance(e, CheckpointSaved)]
     assert saved == ["epoch=0-step=5.ckpt", "epoch=1-step=10.ckpt"]
     assert [e.status for e in events if isinstance(e, RunFinished)] == ["finished"]
+
+
+def test_a_replay_of_the_recorded_log_gives_our_callbacks_what_they_got_live(
+    first_run: dict[str, Any],
+) -> None:
+    callback: EventBusCallback = first_run["callback"]
+    assert callback.log_path is not None
+    replayed = Inputs()
+    anyio.run(replay_file, callback.log_path, lambda bus: attach_user_callbacks(bus, [replayed]))
+    live: Inputs = first_run["inputs"]
+    assert (replayed.rounds, replayed.checkpoints) == (live.rounds, live.checkpoints)
+    assert [r.status for r in replayed.results] == ["finished"]
 
 
 def test_resume_from_last_restores_in_place_as_if_uninterrupted(
