@@ -50,6 +50,8 @@ NOT_OURS = {
     "tag",
     # Hugging Face ``Trainer.train``'s option, passed on by ``run_with_failures(**kwargs)``.
     "resume_from_checkpoint",
+    # Lightning ``Trainer``'s option, which decides when the Lightning adapter gets rounds.
+    "log_every_n_steps",
 }
 
 pytest.importorskip("transformers", reason="adapters.transformers is one of the checked modules")
