@@ -45,9 +45,16 @@ from eventbus import (
 from handlers.wiring import CallbackAttachment, attach_user_callbacks, training_callbacks
 
 from ._options import AdapterKeywords, AdapterOptions
+from ._ray_engine import RayEngine, RayReporter
 from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
 
-__all__ = ["EventBusUserCallback", "RunLifecycleCallback", "recorded_logs"]
+__all__ = [
+    "EventBusUserCallback",
+    "RayEngine",
+    "RayReporter",
+    "RunLifecycleCallback",
+    "recorded_logs",
+]
 
 _log = get_logger("adapters.ray")
 

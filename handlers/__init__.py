@@ -11,6 +11,7 @@ Wiring by hand is in ``handlers.wiring``.
 """
 
 from ._callback import UserCallback
+from ._engine import WorkerEngine
 from ._errors import ReportError, WorkerError, WorkerGroupError
 from ._failures import ExceptionCallbackHandler
 from ._lifecycle import RunCallbackHandler
@@ -43,6 +44,7 @@ __all__ = [
     "RunOptions",
     "TrainingCallback",
     "UserCallback",
+    "WorkerEngine",
     "WorkerError",
     "WorkerFn",
     "WorkerGroupError",

@@ -15,6 +15,7 @@ from eventbus import Clock
 from eventbus.options import OptionTypeError
 
 from ._callback import UserCallback
+from ._engine import WorkerEngine
 from ._run import Run
 from .options import RunKeywords, RunOptions
 
@@ -46,6 +47,7 @@ def open_run(
     strict_state: bool = False,
     allow_fresh_state: bool = False,
     options: RunOptions | None = None,
+    engine: WorkerEngine | None = None,
     **keywords: Unpack[RunKeywords],
 ) -> Run:
     """Open a run: ``async with open_run(world_size=4, callbacks=[...]) as run:``.
@@ -76,9 +78,11 @@ def open_run(
             for ``.jsonl``), fsynced at every checkpoint. It is created by the run,
             never overwritten: only a resumed run appends to it.
         state_dir: snapshot every stateful callback at every checkpoint, into the
-            checkpoint (reported locations must lie under it), with where the run
-            stood; the run's storage root (``run_context.storage``) unless
-            ``storage`` says otherwise.
+            checkpoint, with where the run stood; the run's storage root
+            (``run_context.storage``) unless ``storage`` says otherwise. A reported
+            checkpoint inside it is used as is; one outside is copied in, to
+            ``checkpoint_<index>`` (links out of it refused), and callbacks get
+            the copy's path.
         resume_from: continue the run from this checkpoint, or from the latest
             complete checkpoint in this run directory. The callbacks given get
             their saved states, in place (warnings for saved-but-missing and
@@ -87,6 +91,9 @@ def open_run(
             ``allow_fresh_state``. The run keeps the saved run's id, continues
             its rounds and each rank's report indices, appends to its ``log``,
             and workers find the checkpoint in ``reporter.latest_checkpoint``.
+        engine: where ``run.workers(train)`` runs the workers: by default this
+            process's tasks; ``adapters.ray.RayEngine()`` runs them as a Ray Train
+            job (it needs ``state_dir``), with the same worker function and callbacks.
 
     Relative paths are taken from the current directory.
     """
@@ -111,4 +118,5 @@ def open_run(
         resume_from=resume_from,
         strict_state=strict_state,
         allow_fresh_state=allow_fresh_state,
+        engine=engine,
     )

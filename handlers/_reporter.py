@@ -8,11 +8,15 @@ meet, so that a stop reaches every rank as of the same round.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import os
+from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
 from eventbus import (
     EventBus,
@@ -22,16 +26,23 @@ from eventbus import (
     Stage,
     Subscription,
     WorkerGroupRestarted,
+    get_logger,
 )
+from eventbus.state import state_key_of
 
 from ._errors import ReportError
 from ._metric_values import MetricsError, freeze_metrics
+from ._persist import CheckpointCopyError, persist_checkpoint
+
+_log = get_logger("handlers.reporter")
+_json = msgspec.json.Decoder()
+_json_encoder = msgspec.json.Encoder()
 
 if TYPE_CHECKING:
     from ._attach import CallbackAttachment
     from ._run import Run
 
-__all__ = ["Reporter", "SyncSignal", "stopping_lanes"]
+__all__ = ["Reporter", "SyncSignal", "stopping_lanes", "values_for_workers"]
 
 
 class Reporter:
@@ -72,7 +83,8 @@ class Reporter:
         The metrics are copied at once (the worker may reuse its dict) and
         callbacks get them read-only. ``ReportError`` (a ``ValueError``) if the
         metrics hold something a log cannot (``metrics['loss']``: a tensor, say)
-        or ``checkpoint`` is no path; nothing is reported then.
+        or ``checkpoint`` is no path (or, in a run with a ``state_dir``, one outside
+        it that cannot be copied in); nothing is reported then.
         """
         try:
             frozen = freeze_metrics(metrics)
@@ -81,6 +93,8 @@ class Reporter:
         location = None if checkpoint is None else _location(self.rank, checkpoint)
         run = self.run
         index = self._index
+        if location is not None and run.state_dir is not None:
+            location = await _persisted(self.rank, run.state_dir, location, index)
         self._index += 1
         await run.bus.publish(
             Report(
@@ -130,8 +144,38 @@ class Reporter:
     def should_stop(self) -> bool:
         return self.run.should_stop
 
+    @property
+    def from_callbacks(self) -> dict[str, Any]:
+        """What the callbacks hand the workers (``for_workers``), by callback class
+        name: ``reporter.from_callbacks["PlateauLR"]["lr"]``; as of the latest
+        ``sync`` on engines that run workers elsewhere."""
+        return self.run.for_workers
+
 
 _MISSING = object()
+
+
+def values_for_workers(callbacks: Iterable[object], unsendable: set[str]) -> dict[str, Any]:
+    """Each callback's ``for_workers`` under its class name (its state key where two
+    of one class hand values), copied through JSON (what an engine can send to
+    another machine); one that is not JSON is left out, and said once (its key
+    then joins ``unsendable``)."""
+    giving = [cb for cb in callbacks if getattr(cb, "for_workers", None) is not None]
+    names = collections.Counter(type(cb).__name__ for cb in giving)
+    values: dict[str, Any] = {}
+    for callback in giving:
+        key = type(callback).__name__
+        if names[key] > 1:
+            key = state_key_of(callback)
+        try:
+            values[key] = _json.decode(_json_encoder.encode(callback.for_workers))  # type: ignore[attr-defined]
+        except (TypeError, ValueError, msgspec.EncodeError) as exc:
+            if key not in unsendable:
+                unsendable.add(key)
+                _log.warning(
+                    f"{key}.for_workers is not a JSON value, so workers do not get it: {exc}"
+                )
+    return values
 
 
 def stopping_lanes(attachment: CallbackAttachment) -> tuple[Subscription, ...]:
@@ -156,6 +200,14 @@ def _location(rank: int, checkpoint: object) -> str:
     if not location:
         raise ReportError(rank, "checkpoint", f"{checkpoint!r} is not a checkpoint location")
     return location
+
+
+async def _persisted(rank: int, state_dir: Path, location: str, index: int) -> str:
+    """``location`` kept in the run's state dir (copied in, in a thread, if outside)."""
+    try:
+        return await anyio.to_thread.run_sync(persist_checkpoint, state_dir, location, index)
+    except CheckpointCopyError as exc:
+        raise ReportError(rank, "checkpoint", str(exc)) from None
 
 
 class SyncSignal:

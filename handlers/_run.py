@@ -48,8 +48,9 @@ from eventbus.state import StateStore
 from ._attach import CallbackAttachment
 from ._callback import UserCallback
 from ._ending import interrupt_in, log_run_end, only_cancellations, status_of, stop_of
+from ._engine import WorkerEngine
 from ._errors import WorkerGroupError
-from ._reporter import Reporter, SyncSignal, stopping_lanes
+from ._reporter import Reporter, SyncSignal, stopping_lanes, values_for_workers
 from ._resume import Resume, appends_to_log, resume_point
 from ._user import training_callbacks
 from ._workers import WorkerTasks
@@ -89,6 +90,7 @@ class Run(anyio.AsyncContextManagerMixin):
             latest complete one in this run directory (needs ``state_dir``).
         strict_state: raises where restoring would warn.
         allow_fresh_state: resumes from a checkpoint without saved states.
+        engine: where ``workers`` runs the workers (``None``: this process's tasks).
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class Run(anyio.AsyncContextManagerMixin):
         resume_from: str | os.PathLike[str] | None = None,
         strict_state: bool = False,
         allow_fresh_state: bool = False,
+        engine: WorkerEngine | None = None,
     ) -> None:
         if resume_from is not None and state_dir is None:
             raise ValueError("resume_from= needs state_dir=, where the callback states were saved")
@@ -117,6 +120,8 @@ class Run(anyio.AsyncContextManagerMixin):
         if storage is None and state_dir is not None:
             storage = Path(state_dir).resolve()  # the run's storage root, for its callbacks
         self.storage = os.fspath(storage) if storage is not None else None
+        #: Where checkpoints and callback states are kept (resolved), if anywhere.
+        self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
         self.config = dict(config or {})
         self.callbacks = training_callbacks(callbacks)
         self.bus = EventBus(options, clock=clock, on_failure=self._end_from_inside)
@@ -152,6 +157,12 @@ class Run(anyio.AsyncContextManagerMixin):
         self._sync_signal = SyncSignal(self.bus)
         #: The lane subscriptions ``wait_gathered`` waits for (known once attached).
         self._stopping_lanes: tuple[Subscription, ...] | None = None
+        #: Where ``workers`` runs the workers (``None``: this process's tasks).
+        self.engine = engine
+        #: The callbacks whose ``for_workers`` was not JSON (said once each).
+        self._unsendable: set[str] = set()
+        if engine is not None:
+            engine.check(self)
 
     # --- what trainers use ---------------------------------------------------------
 
@@ -188,6 +199,13 @@ class Run(anyio.AsyncContextManagerMixin):
         return self._stop_requested or any(
             getattr(cb, "should_stop", False) is True for cb in self.callbacks
         )
+
+    @property
+    def for_workers(self) -> dict[str, Any]:
+        """What the callbacks hand the workers now: each callback's ``for_workers``
+        (a small JSON value, say ``{"lr": 0.01}``) under its class name, as a copy
+        (``reporter.from_callbacks``). A value that is not JSON is left out, said once."""
+        return values_for_workers(self.callbacks, self._unsendable)
 
     def request_stop(self, reason: str | None = None) -> None:
         """Ask the workers to stop (they read ``should_stop``); the run's result says why."""
@@ -285,9 +303,15 @@ class Run(anyio.AsyncContextManagerMixin):
         When a worker fails, its failure is published, the whole group is
         stopped and, while ``max_restarts`` allows, restarted after a
         ``WorkerGroupRestarted`` (workers resume from
-        ``reporter.latest_checkpoint``); otherwise ``WorkerGroupError``.
+        ``reporter.latest_checkpoint``); otherwise ``WorkerGroupError``. With
+        an ``engine``, it runs them there, with the same events and errors.
         """
         max_restarts = checked("max_restarts", max_restarts, Restarts)
+        if self.engine is not None:
+            if ranks is not None and sorted(set(ranks)) != list(range(self.world_size)):
+                raise ValueError(f"{type(self.engine).__name__} runs every rank: leave out ranks=")
+            await self.engine.run_workers(self, fn, max_restarts=max_restarts)
+            return
         group = sorted(range(self.world_size) if ranks is None else set(ranks))
         outside = [rank for rank in group if not 0 <= rank < self.world_size]
         if outside:
@@ -297,28 +321,56 @@ class Run(anyio.AsyncContextManagerMixin):
             failures = await self._run_group(fn, group, attempt)
             if not failures:
                 return
-            failed = ", ".join(str(rank) for rank in sorted(failures))
             if attempt >= max_restarts:
-                _log.error(
-                    f"worker group failed: rank(s) {failed}; no restart left "
-                    f"({attempt} of max_restarts={max_restarts} used)",
-                    run_id=self.run_id,
-                )
-                raise WorkerGroupError(failures)
+                raise self.group_failed(failures, attempt, max_restarts)
             attempt += 1
-            _log.warning(
-                f"restarting the worker group after rank(s) {failed} failed: "
-                f"restart {attempt} of {max_restarts}",
-                run_id=self.run_id,
-                resume_from=self.latest_checkpoint,
-            )
             await self.bus.wait_idle()  # so latest_checkpoint has every gathered round
             required = tuple(group) if ranks is not None else ()
-            await self.bus.publish(
-                WorkerGroupRestarted(
-                    run_id=self.run_id, world_size=self.world_size, required_ranks=required
-                )
+            await self.group_restarting(failures, attempt, max_restarts, required)
+
+    def group_failed(
+        self, failures: dict[int, BaseException], attempt: int, max_restarts: int
+    ) -> WorkerGroupError:
+        """Say that the group failed for good, and return the error to raise."""
+        _log.error(
+            f"worker group failed: rank(s) {_ranks(failures)}; no restart left "
+            f"({attempt} of max_restarts={max_restarts} used)",
+            run_id=self.run_id,
+        )
+        return WorkerGroupError(failures)
+
+    async def group_restarting(
+        self,
+        failures: dict[int, BaseException],
+        attempt: int,
+        max_restarts: int,
+        required_ranks: tuple[int, ...] = (),
+    ) -> None:
+        """Say that the group restarts (its ``attempt``-th restart) and publish
+        ``WorkerGroupRestarted``: the reports of the failed attempt are dropped."""
+        _log.warning(
+            f"restarting the worker group after rank(s) {_ranks(failures)} failed: "
+            f"restart {attempt} of {max_restarts}",
+            run_id=self.run_id,
+            resume_from=self.latest_checkpoint,
+        )
+        await self.bus.publish(
+            WorkerGroupRestarted(
+                run_id=self.run_id, world_size=self.world_size, required_ranks=required_ranks
             )
+        )
+
+    async def worker_failed(self, rank: int, exc: Exception, attempt: int) -> None:
+        """Say that ``rank``'s worker failed with ``exc`` and publish its
+        ``WorkerFailure`` (callbacks' ``after_exception`` get ``exc`` itself)."""
+        said = describe_exception(exc)
+        _log.warning(
+            f"worker rank {rank} failed: {said[:1000]}", run_id=self.run_id, attempt=attempt
+        )
+        failure = WorkerFailure.from_exception(self.run_id, rank, exc)
+        if self.attachment is not None:
+            self.attachment.keep_original(failure, exc)
+        await self.bus.publish(failure)
 
     async def _run_group(
         self, fn: WorkerFn, ranks: list[int], attempt: int
@@ -343,16 +395,7 @@ class Run(anyio.AsyncContextManagerMixin):
             try:
                 await fn(reporter)
             except Exception as exc:
-                said = describe_exception(exc)
-                _log.warning(
-                    f"worker rank {reporter.rank} failed: {said[:1000]}",
-                    run_id=self.run_id,
-                    attempt=reporter.attempt,
-                )
-                failure = WorkerFailure.from_exception(self.run_id, reporter.rank, exc)
-                if self.attachment is not None:
-                    self.attachment.keep_original(failure, exc)
-                await self.bus.publish(failure)
+                await self.worker_failed(reporter.rank, exc, reporter.attempt)
                 if group is not None:
                     group_scope, failures = group
                     failures[reporter.rank] = exc
@@ -581,3 +624,7 @@ class Run(anyio.AsyncContextManagerMixin):
                 log_run_end(self.result, time.monotonic() - self._entered)
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))
+
+
+def _ranks(failures: dict[int, BaseException]) -> str:
+    return ", ".join(str(rank) for rank in sorted(failures))

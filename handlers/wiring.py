@@ -7,12 +7,15 @@ a run's end the way ``open_run`` does (``status_of``).
 
 from ._attach import CallbackAttachment, attach_user_callbacks
 from ._ending import log_run_end, status_of, stop_of
+from ._metric_values import MetricsError, freeze_metrics
 from ._user import UserCallbackHandler, implemented_hooks, training_callbacks
 
 __all__ = [
     "CallbackAttachment",
+    "MetricsError",
     "UserCallbackHandler",
     "attach_user_callbacks",
+    "freeze_metrics",
     "implemented_hooks",
     "log_run_end",
     "status_of",

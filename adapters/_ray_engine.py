@@ -1,0 +1,457 @@
+"""``RayEngine``: ``open_run``'s workers as a Ray Train v2 job, with every promise kept.
+
+The run stays in the driver: its bus, callbacks, state store and log are
+the ones a local run has, so the objects the user passed are the ones that
+change, and the log lands on the driver's file system. Only the workers
+move. They report through ``ray.train.report``, so Ray persists their
+checkpoints into the run's storage and gathers the rounds by its own rule;
+Ray's controller forwards each round and failure to a small hub actor,
+which the driver drains into the run's reporters and failure path, as the
+run's own tasks would feed them. What flows back (which rounds the
+callbacks handled, ``should_stop``, ``for_workers``, the checkpoint to
+resume from) the workers read from the hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+import ray
+import ray.cloudpickle
+import ray.train
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from ray.train.v2._internal.execution.callback import ControllerCallback
+
+from eventbus import describe_exception, get_logger
+from handlers import Reporter, ReportError
+from handlers.wiring import MetricsError, freeze_metrics
+
+if TYPE_CHECKING:
+    from handlers import Run, WorkerFn
+
+__all__ = ["RayEngine", "RayReporter"]
+
+_log = get_logger("adapters.ray")
+
+#: How long the driver's drain of the hub waits for news at a time, seconds.
+_TAKE_WAIT_S = 0.5
+#: How long the driver waits for the controller's last words once ``fit()`` ended.
+_LAST_WORDS_S = 10.0
+
+_Status = tuple[bool, dict[str, Any], str | None]
+
+
+class _Hub:
+    """The meeting point of the controller, the driver and the workers (an async actor).
+
+    The controller puts rounds, failures and failure decisions; the driver
+    takes them in order and says which rounds its callbacks handled; workers
+    wait for their rounds and read ``should_stop``, ``for_workers`` and the
+    checkpoint to resume from.
+    """
+
+    def __init__(self, status: _Status, first_index: list[int]) -> None:
+        self._news: list[tuple[str, Any]] = []
+        self._closed = False
+        self._received = 0  # complete rounds the controller forwarded, in this job
+        self._handled = 0  # of those, the rounds the driver's callbacks handled
+        self._attempt = 0  # worker-group restarts so far
+        self._failing = -1  # the attempt whose group failed and awaits Ray's decision
+        self._status = status
+        self._first_index = first_index
+        self._changed = asyncio.Condition()
+        self._controller: Any = None
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # --- the controller ----------------------------------------------------------------
+
+    async def put_round(self, metrics: list[dict[str, Any]], checkpoint: str | None) -> None:
+        self._received += 1
+        if checkpoint is not None:
+            stop, values, _ = self._status
+            self._status = (stop, values, checkpoint)
+        self._news.append(("round", (metrics, checkpoint)))
+        await self._notify()
+
+    async def put_failures(self, failures: dict[int, BaseException]) -> None:
+        self._failing = self._attempt
+        self._news.append(("failures", failures))
+        await self._notify()
+
+    async def put_decision(self, retry: bool) -> None:
+        if retry:
+            self._attempt += 1
+        self._news.append(("decision", retry))
+        await self._notify()
+
+    def set_controller(self, controller: Any) -> None:
+        self._controller = controller
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._notify()
+
+    # --- the driver --------------------------------------------------------------------
+
+    async def take(self, wait_s: float) -> tuple[list[tuple[str, Any]], bool]:
+        """What came since the last take (waiting up to ``wait_s`` for something)."""
+        if not self._news and not self._closed:
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), wait_s)
+        news, self._news = self._news, []
+        return news, self._closed and not self._news
+
+    async def handled(self, rounds: int, should_stop: bool, values: dict[str, Any]) -> None:
+        self._handled = rounds
+        self._status = (should_stop, values, self._status[2])
+        await self._notify()
+
+    def controller(self) -> Any:
+        return self._controller
+
+    # --- the workers -------------------------------------------------------------------
+
+    def worker_started(self, rank: int) -> tuple[int, int, int, _Status]:
+        """A worker's attempt, the rounds of the job so far, its first report index
+        and the run's status."""
+        first = self._first_index[rank] if rank < len(self._first_index) else 0
+        return self._attempt, self._received, first + self._received, self._status
+
+    async def wait_handled(self, rounds: int, attempt: int) -> _Status:
+        """Return once the driver handled ``rounds`` rounds of this job, or the
+        attempt's group failed (those rounds will not come), or the job is over."""
+        async with self._changed:
+            while not (self._handled >= rounds or self._failing >= attempt or self._closed):
+                await self._changed.wait()
+        return self._status
+
+    def status(self) -> _Status:
+        return self._status
+
+
+class RayReporter(Reporter):
+    """A rank's ``Reporter`` on a Ray worker: the same interface, backed by Ray Train.
+
+    ``report`` checks and copies the metrics as locally, then calls
+    ``ray.train.report`` (Ray persists a checkpoint directory into the run's
+    storage as ``checkpoint_<index>``, the name a local run copies one to).
+    ``sync`` waits, in a thread, until the driver's callbacks handled this
+    rank's latest round; ``should_stop``, ``from_callbacks`` and
+    ``latest_checkpoint`` are as of then (``should_stop`` also looks, without
+    waiting, for newer news each time it is read).
+    """
+
+    def __init__(self, hub: Any, rank: int, world_size: int) -> None:
+        # Not the run's reporter: the run is in the driver. Same attributes, though.
+        self.rank = rank
+        self.world_size = world_size
+        self.ended = False
+        self._hub = hub
+        started = ray.get(hub.worker_started.remote(rank))
+        self.attempt, self._first_round, self._index, self._status = started
+        self._rounds = 0  # reports of this attempt
+        self._looking: Any = None
+
+    async def report(
+        self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None = None
+    ) -> None:
+        try:
+            frozen = freeze_metrics(metrics)
+        except MetricsError as exc:
+            raise ReportError(self.rank, exc.field, exc.reason) from None
+        saved = None
+        if checkpoint is not None:
+            location = _directory(self.rank, checkpoint)
+            saved = ray.train.Checkpoint.from_directory(location)
+        index = self._index
+        self._index += 1
+        self._rounds += 1
+        ray.train.report(dict(frozen), checkpoint=saved, checkpoint_dir_name=_dir_name(index))
+
+    async def sync(self) -> None:
+        waited = self._hub.wait_handled.remote(self._first_round + self._rounds, self.attempt)
+        self._status = await anyio.to_thread.run_sync(ray.get, waited)
+        self._looking = None
+
+    def _look(self) -> None:
+        """Take the hub's latest status if it came; ask again (never waits)."""
+        if self._looking is None:
+            self._looking = self._hub.status.remote()
+            return
+        ready, _ = ray.wait([self._looking], timeout=0)
+        if ready:
+            self._status = ray.get(self._looking)
+            self._looking = self._hub.status.remote()
+
+    @property
+    def reports(self) -> int:
+        return self._index
+
+    @property
+    def should_stop(self) -> bool:
+        self._look()
+        return bool(self._status[0])
+
+    @property
+    def from_callbacks(self) -> dict[str, Any]:
+        return dict(self._status[1])
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        checkpoint = self._status[2]
+        return None if checkpoint is None else str(checkpoint)
+
+
+def _dir_name(index: int) -> str:
+    """The folder a round's checkpoint is persisted to, on either engine."""
+    return f"checkpoint_{index:06d}"
+
+
+def _directory(rank: int, checkpoint: object) -> str:
+    try:
+        location = os.fsdecode(os.fspath(checkpoint))  # type: ignore[call-overload]
+    except TypeError:
+        location = ""
+    if not location or not os.path.isdir(location):
+        raise ReportError(
+            rank,
+            "checkpoint",
+            f"{checkpoint!r} is not a directory: on Ray a checkpoint is a local directory "
+            "the worker wrote, which Ray persists into the run's storage",
+        )
+    return location
+
+
+def _worker_main(config: dict[str, Any]) -> None:
+    """A Ray Train worker: the user's ``async def train(reporter)``, on its own loop."""
+    context = ray.train.get_context()
+    reporter = RayReporter(config["hub"], context.get_world_rank(), context.get_world_size())
+    fn: WorkerFn = config["fn"]
+    try:
+        anyio.run(fn, reporter)
+    finally:
+        reporter.ended = True
+
+
+class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untyped to mypy
+    """In Ray's controller: hands each gathered round and failure to the hub."""
+
+    def __init__(self, hub: Any) -> None:
+        self.hub = hub
+
+    def after_report(
+        self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any | None
+    ) -> None:
+        path = None if checkpoint is None else str(checkpoint.path)
+        self.hub.put_round.remote([dict(m) for m in metrics], path)
+
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+        failures = {int(rank): _sendable(exc) for rank, exc in worker_exceptions.items()}
+        self.hub.put_failures.remote(failures)
+
+
+class _ControllerHooks(ControllerCallback):  # type: ignore[misc]  # ray is untyped to mypy
+    """In Ray's controller: its handle, Ray's restart decisions and its end, to the hub.
+
+    These few calls wait for the hub, so that what the controller forwarded
+    before (every round, every failure) is there first.
+    """
+
+    def __init__(self, hub: Any) -> None:
+        self.hub = hub
+
+    def after_controller_start(self, train_run_context: Any) -> None:
+        ray.get(self.hub.set_controller.remote(ray.get_runtime_context().current_actor))
+
+    def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
+        name = getattr(failure_decision, "name", str(failure_decision))
+        if name in ("RETRY", "RAISE"):
+            ray.get(self.hub.put_decision.remote(name == "RETRY"))
+
+    def after_controller_finish(self, result: Any) -> None:
+        ray.get(self.hub.close.remote())
+
+    def before_controller_abort(self) -> None:
+        ray.get(self.hub.close.remote())
+
+
+def _sendable(exc: BaseException) -> BaseException:
+    """``exc`` itself if it can travel to the driver, else its text in a ``RuntimeError``."""
+    try:
+        ray.cloudpickle.dumps(exc)
+    except Exception:
+        return RuntimeError(describe_exception(exc))
+    return exc
+
+
+class RayEngine:
+    """Runs ``open_run``'s workers as a Ray Train v2 job (``open_run(engine=RayEngine())``).
+
+    The worker function and the callbacks stay as they are: ``world_size``
+    is the number of Ray workers, ``run.workers(train, max_restarts=N)`` is
+    Ray's ``FailureConfig(max_failures=N)``, and ``state_dir`` (required) is
+    the run's storage: Ray's checkpoints, their callback states and Ray's
+    records land there (Ray's run name is its folder's name). The job is a
+    ``TorchTrainer``, so ``torch.distributed`` is set up on the workers.
+
+    Args:
+        use_gpu: give each worker a GPU (``ScalingConfig(use_gpu=...)``).
+        resources_per_worker: Ray resources per worker (``ScalingConfig``).
+        init: ``ray.init`` keywords, used only when Ray is not initialised yet
+            (to join a cluster, call ``ray.init(address=...)`` first).
+    """
+
+    def __init__(
+        self,
+        *,
+        use_gpu: bool = False,
+        resources_per_worker: Mapping[str, float] | None = None,
+        init: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(use_gpu, bool):
+            raise TypeError(f"use_gpu must be True or False, got {use_gpu!r}")
+        self.use_gpu = use_gpu
+        self.resources_per_worker = dict(resources_per_worker or {}) or None
+        self.init = dict(init or {})
+
+    def check(self, run: Run) -> None:
+        """Refuse at ``open_run`` what a Ray job cannot run."""
+        if run.state_dir is None:
+            raise ValueError(
+                "engine=RayEngine(...) needs state_dir=, the run's storage: Ray persists "
+                "checkpoints there and the callback states are kept beside them"
+            )
+        if run.required_ranks is not None:
+            raise ValueError("engine=RayEngine(...) gathers every rank: leave out required_ranks=")
+
+    async def run_workers(self, run: Run, fn: WorkerFn, *, max_restarts: int) -> None:
+        """Run ``fn(reporter)`` on ``run.world_size`` Ray workers until they all return."""
+        state_dir = run.state_dir
+        assert state_dir is not None  # check() refused the run otherwise
+        if not ray.is_initialized():
+            ray.init(**self.init)
+        first_index = [run.first_index(rank) for rank in range(run.world_size)]
+        status = (run.should_stop, run.for_workers, run.latest_checkpoint)
+        hub = ray.remote(num_cpus=0)(_Hub).remote(status, first_index)
+        trainer = TorchTrainer(
+            _worker_main,
+            train_loop_config={"fn": fn, "hub": hub},
+            scaling_config=ScalingConfig(
+                num_workers=run.world_size,
+                use_gpu=self.use_gpu,
+                resources_per_worker=self.resources_per_worker,
+            ),
+            run_config=RunConfig(
+                name=state_dir.name,
+                storage_path=str(state_dir.parent),
+                callbacks=[_Forwarder(hub), _ControllerHooks(hub)],
+                failure_config=FailureConfig(max_failures=max_restarts),
+                checkpoint_config=CheckpointConfig(num_to_keep=None),
+            ),
+        )
+        outcome: list[BaseException | None] = []
+        pump = _Pump(run, hub, max_restarts)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pump.drain, lambda: bool(outcome))
+                outcome.append(await _fit(trainer))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _abort(hub)
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                ray.kill(hub)
+        error = outcome[0]
+        if pump.failures and not pump.retried:
+            raise run.group_failed(pump.failures, pump.attempt, max_restarts)
+        if error is not None:
+            raise error
+
+
+async def _fit(trainer: TorchTrainer) -> BaseException | None:
+    """Ray's ``fit()`` in a thread (it blocks): the exception it raised, if any."""
+
+    def fit() -> BaseException | None:
+        try:
+            trainer.fit()
+        except Exception as exc:
+            return exc
+        return None
+
+    return await anyio.to_thread.run_sync(fit, abandon_on_cancel=True)
+
+
+async def _abort(hub: Any) -> None:
+    """Abort the Ray job of a run that ends early (as Ray does on Ctrl-C)."""
+    with anyio.move_on_after(_LAST_WORDS_S):
+        controller = await _get(hub.controller.remote())
+        if controller is not None:
+            with contextlib.suppress(Exception):
+                await _get(controller.abort.remote())
+
+
+async def _get(ref: Any) -> Any:
+    return await anyio.to_thread.run_sync(ray.get, ref, abandon_on_cancel=True)
+
+
+class _Pump:
+    """The driver's side: the hub's news into the run, as its own tasks would report."""
+
+    def __init__(self, run: Run, hub: Any, max_restarts: int) -> None:
+        self.run = run
+        self.hub = hub
+        self.max_restarts = max_restarts
+        self.attempt = 0
+        self.rounds = 0
+        #: The failures of the latest failed attempt, and whether Ray restarts after them.
+        self.failures: dict[int, BaseException] = {}
+        self.retried = False
+
+    async def drain(self, fit_ended: Callable[[], bool]) -> None:
+        ended_at: float | None = None
+        while True:
+            news, closed = await _get(self.hub.take.remote(_TAKE_WAIT_S))
+            await self._handle(news)
+            if closed:
+                return
+            if fit_ended():  # the controller may have died without its last words
+                now = anyio.current_time()
+                ended_at = ended_at if ended_at is not None else now
+                if not news and now - ended_at > _LAST_WORDS_S:
+                    return
+
+    async def _handle(self, news: list[tuple[str, Any]]) -> None:
+        run = self.run
+        rounds = 0
+        for kind, payload in news:
+            if kind == "round":
+                metrics, checkpoint = payload
+                for rank, rank_metrics in enumerate(metrics):
+                    await run.reporter(rank).report(rank_metrics, checkpoint=checkpoint)
+                rounds += 1
+            elif kind == "failures":
+                self.failures, self.retried = payload, False
+                for rank, exc in sorted(payload.items()):
+                    await run.worker_failed(rank, exc, self.attempt)
+            elif kind == "decision" and payload:
+                self.attempt += 1
+                self.retried = True
+                await run.bus.wait_idle()  # so latest_checkpoint has every gathered round
+                await run.group_restarting(self.failures, self.attempt, self.max_restarts)
+        if rounds:
+            self.rounds += rounds
+            for rank in range(run.world_size):
+                await run.wait_gathered(rank)
+            await _get(self.hub.handled.remote(self.rounds, run.should_stop, run.for_workers))
