@@ -238,10 +238,7 @@ def _worker_main(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     reporter = RayReporter(config["hub"], context.get_world_rank(), context.get_world_size())
     fn: WorkerFn = config["fn"]
-    try:
-        anyio.run(fn, reporter)
-    finally:
-        reporter.ended = True
+    anyio.run(fn, reporter)
 
 
 class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untyped to mypy

@@ -13,7 +13,6 @@ cluster, with that detection patched.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time
@@ -23,17 +22,9 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
+from _ray_env import quiet_ray
 
-# Before ray is imported: quiet, offline, faster polling (see docs/adapters.md).
-for _name, _value in {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_TRAIN_V2_ENABLED": "1",
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-    "RAY_TRAIN_METRICS_ENABLED": "0",
-}.items():
-    os.environ.setdefault(_name, _value)
+quiet_ray()  # before ray is imported
 
 pytest.importorskip("ray.train", reason="Ray Train is not installed (pip install '.[ray]')")
 

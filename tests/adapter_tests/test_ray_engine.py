@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
@@ -20,16 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _ray_env import quiet_ray
 
-for _name, _value in {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_TRAIN_V2_ENABLED": "1",
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-    "RAY_TRAIN_METRICS_ENABLED": "0",
-}.items():
-    os.environ.setdefault(_name, _value)
+quiet_ray()  # before ray is imported
 
 pytest.importorskip("ray.train", reason="Ray Train is not installed (pip install '.[ray]')")
 
