@@ -96,6 +96,28 @@ class Seen(UserCallback, StatefulCallback):
         self.results.append(result.status)
 
 
+class Faulty(UserCallback):
+    """Raises at its second round and overruns its deadline at its third: on either
+    engine the bus isolates both (``HandlerFailed``, ``HandlerTimedOut``), the
+    others see every round."""
+
+    timeout = 0.2
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        import anyio
+
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("a callback's own fault")
+        if self.calls == 3:
+            await anyio.sleep(5)
+
+
 def make_train(fail: bool = False) -> TrainFn:
     """A deterministic worker: resumes from its checkpoint, checkpoints at odd steps,
     syncs after every report, reads the learning rate and the stop from callbacks."""
@@ -135,7 +157,7 @@ def callbacks() -> list[Any]:
 
 
 def states(cbs: list[Any]) -> list[dict[str, Any]]:
-    return [dict(cb.state()["attributes"]) for cb in cbs]
+    return [dict(cb.state()["attributes"]) for cb in cbs if isinstance(cb, StatefulCallback)]
 
 
 #: Events of time, not of the job: their counts follow how long a run took.
@@ -192,7 +214,7 @@ def both(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     out: dict[str, Any] = {}
     for name, engine in (("local", None), ("ray", RayEngine())):
         where = tmp_path_factory.mktemp(name)
-        cbs = callbacks()
+        cbs = [*callbacks(), Faulty()]
         run = anyio.run(run_job, where, engine, cbs)
         out[name] = {"where": where, "cbs": cbs, "run": run}
     return out
@@ -216,6 +238,9 @@ def test_the_same_events_are_logged_on_both_engines(both: dict[str, Any]) -> Non
     assert ray_counts == counts(both["local"]["where"] / "events.jsonl")
     assert ray_counts["Report"] == 10 and ray_counts["RoundGathered"] == 5
     assert ray_counts["StateSnapshotted"] == 2 and ray_counts["RunFinished"] == 1
+    assert ray_counts["HandlerFailed"] == 1 and ray_counts["HandlerTimedOut"] == 1
+    ray_log = read_log(both["ray"]["where"] / "events.jsonl").events
+    assert any(type(e).__name__ == "BudgetReport" for e in ray_log)  # periods, as locally
 
 
 def test_states_are_saved_inside_rays_checkpoints(both: dict[str, Any]) -> None:
@@ -276,3 +301,26 @@ def first_run_id(where: Path) -> str:
         e for e in read_log(where / "events.jsonl").events if type(e).__name__ == "RunStarted"
     ]
     return str(getattr(started, "run_id"))  # noqa: B009
+
+
+def test_a_worker_function_ray_cannot_send_is_refused_in_one_line(tmp_path: Path) -> None:
+    import threading
+
+    import anyio
+
+    lock = threading.Lock()
+
+    async def train(reporter: Reporter) -> None:
+        with lock:
+            await reporter.report({"step": 0})
+
+    async def main() -> None:
+        async with open_run(world_size=2, state_dir=tmp_path / "run", engine=RayEngine()) as run:
+            await run.workers(train)
+
+    with pytest.raises(TypeError) as refused:
+        anyio.run(main)
+    message = str(refused.value)
+    assert message.startswith("engine=RayEngine(): the worker function ")
+    assert "train cannot be sent to Ray's workers (TypeError: cannot pickle" in message
+    assert "\n" not in message
