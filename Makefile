@@ -97,8 +97,8 @@ chromium:
 	apt-get -qq -o DPkg::Lock::Timeout=300 update >/dev/null && \
 	apt-get -qq -o DPkg::Lock::Timeout=300 install -y chromium >/dev/null
 
-# Every performance target, measured now, in one table (about 10 minutes, half of them
-# a real HF Trainer's); `make bench-quick` is the same in about 2 minutes.
+# Every performance target, measured now, in one table (about 13 minutes, most of them
+# real HF, Lightning and Ray Train jobs); `make bench-quick` is the same in about 3 minutes.
 bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/check.py
 

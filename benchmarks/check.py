@@ -1,7 +1,7 @@
 """Every performance target, measured now: one table, met or not (``make bench``).
 
 Runs each benchmark in its own process with ``--json`` (``--quick`` passes
-``--quick`` on: about 2 minutes in all, for use before a commit), collects the
+``--quick`` on: about 3 minutes in all, for use before a commit), collects the
 ``targets`` each reports, and prints one row per target with the measured
 figure, the target, the best peer's figure from the same run when there is
 one, and whether it is met. Ratios, never timed assertions: the exit status
@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("trainer_overhead", "dispatch", "rounds", "log", "hf_handoff", "state", "report")
+BENCHMARKS = (
+    "trainer_overhead",
+    "ray_engine",
+    "dispatch",
+    "rounds",
+    "log",
+    "hf_handoff",
+    "state",
+    "report",
+)
 
 
 def run_one(name: str, quick: bool) -> tuple[list[dict[str, Any]], str | None]:
