@@ -1,12 +1,17 @@
-"""Our callbacks on Ray Train v2: 2 workers on a local cluster, one injected failure.
+"""One worker function and its callbacks, run on Ray Train: ``open_run(engine=RayEngine())``.
 
-The callbacks run in Ray's TrainController actor, not in this process, so
-they print there (Ray forwards the lines, prefixed with the actor) and the
-run's events are recorded to its storage path. After ``fit()`` the driver
-reads that log and replays it into the same callbacks, here, on virtual time.
+``train`` is an ordinary ``open_run`` worker: it resumes from
+``reporter.latest_checkpoint``, reads its learning rate from a callback,
+reports a checkpoint (a local folder it wrote) every other step, syncs, and
+stops when a callback says so. Leave out ``engine=`` and the same code runs
+as local tasks; with it, each rank is a Ray Train worker on a local
+cluster (2 CPUs). Rank 1 fails once, at step 5: Ray restarts the worker
+group (``max_restarts=1``), the workers resume from the latest checkpoint,
+and the callbacks, in this process, keep going. Run it again with the same
+folder and the run resumes from its latest checkpoint instead of starting over.
 
-    pip install torch==2.13.0 && pip install -e '.[ray]'
-    python examples/ray_train.py [storage_dir]
+    pip install -e '.[ray]'   # and torch (its CPU build is enough)
+    python examples/ray_train.py [state_dir]
 """
 
 from __future__ import annotations
@@ -14,95 +19,130 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
+from pathlib import Path
 from typing import Any
 
 for _name, _value in {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "disabled",
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_TRAIN_METRICS_ENABLED": "0",
 }.items():
     os.environ.setdefault(_name, _value)
 
 import anyio  # noqa: E402
-import ray  # noqa: E402
-import ray.train  # noqa: E402
-from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
-from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: E402
 
-from adapters.ray import EventBusUserCallback, recorded_logs  # noqa: E402
-from eventbus import RunResult, TrainRunContext  # noqa: E402
-from eventbus.log import replay_file  # noqa: E402
-from handlers import UserCallback  # noqa: E402
-from handlers.wiring import attach_user_callbacks  # noqa: E402
+from adapters.ray import RayEngine  # noqa: E402
+from eventbus import RunResult, StatefulCallback, TrainRunContext  # noqa: E402
+from handlers import EarlyStopping, Reporter, UserCallback, open_run  # noqa: E402
 
-FAILING_RANK, FAILS_AT = 1, 3
+STEPS = 40
+FAILING_RANK, FAILS_AT = 1, 5
 
 
-class Console(UserCallback):
-    """Prints what it gets (in the controller process during the run)."""
+async def train(reporter: Reporter) -> None:
+    """A rank's training loop: the same on the local engine and on Ray."""
+    import torch
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
+    torch.manual_seed(reporter.rank)
+    inputs = torch.randn(64, 4)
+    targets = inputs @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.3 * torch.randn(64, 1)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = 0
+    if reporter.latest_checkpoint is not None:  # resumed: after a restart or a new run
+        saved = torch.load(Path(reporter.latest_checkpoint, f"rank{reporter.rank}.pt"))
+        model.load_state_dict(saved["model"])
+        start = saved["step"] + 1
+    for step in range(start, STEPS):
+        if reporter.attempt == 0 and reporter.rank == FAILING_RANK and step == FAILS_AT:
+            raise RuntimeError(f"injected failure on rank {reporter.rank} at step {step}")
+        for group in optimizer.param_groups:  # the learning rate the callbacks chose
+            group["lr"] = reporter.from_callbacks.get("HalveOnPlateau", {}).get("lr", 0.1)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        metrics = {"step": step, "loss": round(loss.item(), 4)}
+        if step % 2 == 1:
+            with tempfile.TemporaryDirectory() as folder:  # any local folder: it is copied
+                torch.save(
+                    {"model": model.state_dict(), "step": step}, f"{folder}/rank{reporter.rank}.pt"
+                )
+                await reporter.report(metrics, checkpoint=folder)
+        else:
+            await reporter.report(metrics)
+        await reporter.sync()  # every rank sees the callbacks' answer to this round
+        if reporter.should_stop:
+            return
 
-    def before_run(self, run_context: TrainRunContext) -> None:
-        print(f"{self.prefix} run {run_context.name}: {run_context.world_size} workers")
+
+class HalveOnPlateau(UserCallback, StatefulCallback):
+    """Halves the learning rate when the loss stops improving; workers read ``lr``."""
+
+    state_attributes = ("lr", "best")
+
+    def __init__(self, lr: float = 0.1, threshold: float = 0.01) -> None:
+        self.lr, self.threshold = lr, threshold
+        self.best: float | None = None
+
+    @property
+    def for_workers(self) -> dict[str, float]:
+        return {"lr": self.lr}
 
     def after_report(
         self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
     ) -> None:
-        losses = [round(m["loss"], 3) for m in metrics]
-        print(f"{self.prefix} round {metrics[0]['step']}: losses {losses} checkpoint={checkpoint}")
+        loss = max(m["loss"] for m in metrics)
+        if self.best is None or loss < self.best - self.threshold:
+            self.best = loss
+        else:
+            self.lr /= 2
+
+
+class Console(UserCallback):
+    """Prints what it gets: in this process, whichever engine runs the workers."""
+
+    def before_run(self, run_context: TrainRunContext) -> None:
+        print(f"run {run_context.name}: {run_context.world_size} workers")
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        saved = f", checkpoint {Path(checkpoint).name}" if checkpoint else ""
+        print(f"step {metrics[0]['step']}: losses {[m['loss'] for m in metrics]}{saved}")
 
     def after_exception(
         self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
     ) -> None:
         for rank, exc in sorted(worker_exceptions.items()):
-            print(f"{self.prefix} rank {rank} failed: {str(exc).splitlines()[0]}")
+            print(f"rank {rank} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
 
     def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
-        print(f"{self.prefix} run ended: {result.status}, {result.rounds} rounds")
+        print(f"run ended: {result.status}, {result.rounds} rounds, {result.restarts} restart(s)")
 
 
-def train_fn(config: dict[str, Any]) -> None:
-    rank = ray.train.get_context().get_world_rank()
-    for step in range(5):
-        if rank == FAILING_RANK and step == FAILS_AT:
-            time.sleep(1.0)  # let the other rank's report for step 2 be gathered first
-            raise RuntimeError(f"injected failure on rank {rank} at step {step}")
-        ray.train.report({"step": step, "loss": 1.0 / (step + 1) + 0.1 * rank})
-
-
-def main() -> int:
-    storage = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="ray_train_")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    bus_callback = EventBusUserCallback([Console("[controller]")], period=1.0)
-    trainer = DataParallelTrainer(
-        train_fn,
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(
-            name="example",
-            storage_path=storage,
-            callbacks=[bus_callback, bus_callback.lifecycle],
-            failure_config=FailureConfig(max_failures=0),
-        ),
+async def main(state_dir: Path, resume: bool) -> RunResult:
+    plateau = HalveOnPlateau()
+    run = open_run(
+        world_size=2,
+        callbacks=[Console(), plateau, EarlyStopping("loss", patience=3, threshold=0.001)],
+        state_dir=state_dir,
+        resume_from=state_dir if resume else None,
+        log=state_dir / "events.evlog",
+        engine=RayEngine(init={"num_cpus": 2, "include_dashboard": False}),
     )
-    try:
-        trainer.fit()
-    except ray.train.WorkerGroupError as exc:
-        print(f"fit() raised {type(exc).__name__}, as injected")
-    finally:
-        ray.shutdown()
-
-    (log,) = recorded_logs(storage, "example")
-    print(f"== replaying {log} in the driver")
-    console = Console("[replay]")
-    summary = anyio.run(replay_file, log, lambda bus: attach_user_callbacks(bus, [console]))
-    print(f"replayed {summary.replayed} events")
-    return 0
+    async with run:
+        await run.workers(train, max_restarts=1)
+    result = run.result
+    assert result is not None  # the run is over
+    print(f"stopped by {result.stopped_by}; learning rate now {plateau.lr}")
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="ray_train_"))
+    resume = folder.is_dir() and any(folder.glob("checkpoint_*"))  # a run was here
+    result = anyio.run(main, folder, resume)
+    sys.exit(0 if result.status == "finished" else 1)

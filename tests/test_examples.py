@@ -49,6 +49,14 @@ def test_ray_train_example() -> None:
     pytest.importorskip("ray")
     done = run_example("ray_train.py", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 1 failed: RuntimeError: injected failure on rank 1 at step 5" in done.stdout
+    assert "1 restart(s)" in done.stdout and "stopped by EarlyStopping" in done.stdout
+
+
+def test_ray_own_trainer_example() -> None:
+    pytest.importorskip("ray")
+    done = run_example("ray_own_trainer.py", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert "fit() raised WorkerGroupError, as injected" in done.stdout
     assert "[replay] rank 1 failed: RuntimeError: injected failure" in done.stdout
     assert "[replay] run ended: failed" in done.stdout
