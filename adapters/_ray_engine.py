@@ -19,6 +19,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -385,13 +386,15 @@ class RayEngine:
 
     async def run_workers(self, run: Run, fn: WorkerFn, *, max_restarts: int) -> None:
         """Run ``fn(reporter)`` on ``run.world_size`` Ray workers until they all return."""
-        state_dir = run.state_dir
-        assert state_dir is not None  # check() refused the run otherwise
+        assert run.state_dir is not None  # check() refused the run otherwise
         _check_sendable(fn)
+        state_dir, latest = _absolute(run.state_dir), run.latest_checkpoint
+        if latest is not None:
+            latest = str(_absolute(latest))
         if not ray.is_initialized():
             ray.init(**self.init)
         first_index = [run.first_index(rank) for rank in range(run.world_size)]
-        status = (run.should_stop, run.for_workers, run.latest_checkpoint)
+        status = (run.should_stop, run.for_workers, latest)
         hub = ray.remote(num_cpus=0)(_Hub).remote(status, first_index)
         forwarder = _Forwarder(hub)
         trainer = TorchTrainer(
@@ -428,6 +431,12 @@ class RayEngine:
             raise run.group_failed(pump.failures, pump.attempt, max_restarts)
         if error is not None:
             raise error
+
+
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    """``path`` from the driver's folder, links resolved (as the run resolves its
+    ``state_dir``): Ray's workers run in folders of their own."""
+    return Path(os.path.realpath(path))
 
 
 def _check_sendable(fn: WorkerFn) -> None:

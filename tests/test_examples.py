@@ -11,13 +11,16 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def run_example(name: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def run_example(
+    name: str, timeout: float, *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(EXAMPLES / name)],
+        [sys.executable, str(EXAMPLES / name), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        cwd=cwd,
     )
 
 
@@ -45,12 +48,18 @@ def test_lightning_trainer_example() -> None:
     assert "tracker: rounds=9" in done.stdout and "stopped at step 15" in done.stdout
 
 
-def test_ray_train_example() -> None:
+def test_ray_train_example_runs_and_resumes_from_a_relative_folder(tmp_path: Path) -> None:
+    """As the README says: run it, then again with the same folder, typed relative."""
     pytest.importorskip("ray")
-    done = run_example("ray_train.py", timeout=300)
+    done = run_example("ray_train.py", 300, "runs/ray", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("run ray: 2 workers")  # named after its folder
     assert "rank 1 failed: RuntimeError: injected failure on rank 1 at step 5" in done.stdout
     assert "1 restart(s)" in done.stdout and "stopped by EarlyStopping" in done.stdout
+    again = run_example("ray_train.py", 300, "runs/ray", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from runs/ray/checkpoint_" in again.stderr
+    assert "failed" not in again.stdout and "stopped by EarlyStopping" in again.stdout
 
 
 def test_ray_own_trainer_example() -> None:

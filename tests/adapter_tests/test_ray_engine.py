@@ -192,13 +192,14 @@ async def run_job(
     fail: bool = False,
     max_restarts: int = 0,
     resume: bool = False,
+    folder: str = "run",
 ) -> Any:
     async with open_run(
         world_size=2,
         callbacks=cbs,
-        state_dir=where / "run",
+        state_dir=where / folder,
         log=where / "events.jsonl",
-        resume_from=where / "run" if resume else None,
+        resume_from=where / folder if resume else None,
         engine=engine,
         period=0.5,
     ) as run:
@@ -276,20 +277,25 @@ def test_a_restart_inside_the_job_keeps_the_callbacks_going(
 
 
 def test_a_failed_job_resumed_from_its_state_dir_ends_as_an_uninterrupted_one(
-    cluster: None, tmp_path: Path, both: dict[str, Any]
+    cluster: None, tmp_path: Path, both: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With relative paths, as the README types them: Ray's workers run in folders of
+    their own, so the checkpoint they resume from must reach them absolute."""
     import anyio
 
+    monkeypatch.chdir(tmp_path)
+    where = Path("runs")
     first = callbacks()
     with pytest.raises(WorkerGroupError) as failed:
-        anyio.run(lambda: run_job(tmp_path, RayEngine(), first, fail=True))
+        anyio.run(lambda: run_job(where, RayEngine(), first, fail=True, folder="job"))
     assert list(failed.value.failures) == [FAIL_RANK]
     assert first[0].results == ["failed"]
 
     resumed = callbacks()
-    run = anyio.run(lambda: run_job(tmp_path, RayEngine(), resumed, resume=True))
+    run = anyio.run(lambda: run_job(where, RayEngine(), resumed, resume=True, folder="job"))
     uninterrupted = both["ray"]
-    assert run.run_id == first_run_id(tmp_path)
+    assert run.run_id == first_run_id(where)
+    assert run.name == "job"  # the run's folder names it, as Ray names its run
     seen: Seen = resumed[0]
     assert seen.rounds == uninterrupted["cbs"][0].rounds
     assert states(resumed)[1:] == states(uninterrupted["cbs"])[1:]
