@@ -9,6 +9,11 @@ never reach Ray, which would abort the run, except a callback's deliberate
 failure of the run. Ray up to 2.60 has no run start and end hooks; there the
 companion ``cb.lifecycle`` (``RunConfig(callbacks=[cb, cb.lifecycle])``) starts
 and ends our run with the controller, or ``after_run`` never comes.
+
+This is for a ``TorchTrainer`` the user keeps: the callbacks see every round
+and failure, but cannot stop the job and keep no state across a resume (a
+Ray ``UserCallback`` has neither). ``RayEngine`` (``open_run(engine=...)``)
+runs the workers on Ray with both, and with the callbacks in the driver.
 """
 
 from __future__ import annotations
@@ -97,7 +102,8 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
     ``backend``, ``poll_interval``), configure the bus and its hand-off, each
     checked against its range here. Register ``lifecycle`` too,
     unless the installed Ray's ``UserCallback`` has ``before_run`` and
-    ``after_run`` (see the module docstring).
+    ``after_run`` (see the module docstring). No stop reaches the workers and no
+    state survives a resume: ``RayEngine`` gives both.
     """
 
     def __init__(
