@@ -105,7 +105,7 @@ class Console(UserCallback):
     """Prints what it gets: in this process, whichever engine runs the workers."""
 
     def before_run(self, run_context: TrainRunContext) -> None:
-        print(f"run {run_context.name}: {run_context.world_size} workers")
+        print(f"run {run_context.run_id}: {run_context.world_size} workers")
 
     def after_report(
         self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None

@@ -36,7 +36,7 @@ TrainingCallback = UserCallback | _HasState
 def open_run(
     *,
     callbacks: Iterable[TrainingCallback] = (),
-    name: str | None = None,
+    name: str = "run",
     run_id: str | None = None,
     storage: str | os.PathLike[str] | None = None,
     config: dict[str, Any] | None = None,
@@ -91,8 +91,6 @@ def open_run(
             ``allow_fresh_state``. The run keeps the saved run's id, continues
             its rounds and each rank's report indices, appends to its ``log``,
             and workers find the checkpoint in ``reporter.latest_checkpoint``.
-        name: the run's name (``run_context.name``): by default the ``state_dir``
-            folder's name (Ray's name for the run on ``RayEngine``), else ``"run"``.
         engine: where ``run.workers(train)`` runs the workers: by default this
             process's tasks; ``adapters.ray.RayEngine()`` runs them as a Ray Train
             job (it needs ``state_dir``), with the same worker function and callbacks.
@@ -110,7 +108,7 @@ def open_run(
     return Run(
         options=RunOptions.build(options, **keywords),
         callbacks=callbacks,
-        name=name if name is not None else _default_name(state_dir),
+        name=name,
         run_id=run_id,
         storage=storage,
         config=config,
@@ -122,10 +120,3 @@ def open_run(
         allow_fresh_state=allow_fresh_state,
         engine=engine,
     )
-
-
-def _default_name(state_dir: str | os.PathLike[str] | None) -> str:
-    """The run's folder's name (what Ray names the run), or ``"run"`` without one."""
-    if state_dir is None:
-        return "run"
-    return os.path.basename(os.path.abspath(os.fspath(state_dir))) or "run"

@@ -53,13 +53,14 @@ def test_ray_train_example_runs_and_resumes_from_a_relative_folder(tmp_path: Pat
     pytest.importorskip("ray")
     done = run_example("ray_train.py", 300, "runs/ray", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith("run ray: 2 workers")  # named after its folder
     assert "rank 1 failed: RuntimeError: injected failure on rank 1 at step 5" in done.stdout
     assert "1 restart(s)" in done.stdout and "stopped by EarlyStopping" in done.stdout
     again = run_example("ray_train.py", 300, "runs/ray", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from runs/ray/checkpoint_" in again.stderr
     assert "failed" not in again.stdout and "stopped by EarlyStopping" in again.stdout
+    first_line = done.stdout.splitlines()[0]
+    assert first_line.startswith("run run-") and again.stdout.startswith(first_line)  # its id
 
 
 def test_ray_own_trainer_example() -> None:

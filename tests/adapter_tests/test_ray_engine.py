@@ -295,7 +295,6 @@ def test_a_failed_job_resumed_from_its_state_dir_ends_as_an_uninterrupted_one(
     run = anyio.run(lambda: run_job(where, RayEngine(), resumed, resume=True, folder="job"))
     uninterrupted = both["ray"]
     assert run.run_id == first_run_id(where)
-    assert run.name == "job"  # the run's folder names it, as Ray names its run
     seen: Seen = resumed[0]
     assert seen.rounds == uninterrupted["cbs"][0].rounds
     assert states(resumed)[1:] == states(uninterrupted["cbs"])[1:]
