@@ -10,7 +10,7 @@ group (``max_restarts=1``), the workers resume from the latest checkpoint,
 and the callbacks, in this process, keep going. Run it again with the same
 folder and the run resumes from its latest checkpoint instead of starting over.
 
-    pip install -e '.[ray]'   # and torch (its CPU build is enough)
+    pip install torch==2.13.0 && pip install -e '.[ray]'
     python examples/ray_train.py [state_dir]
 """
 

@@ -58,9 +58,11 @@ class _Calls:
 
     def __init__(self) -> None:
         self.batches: list[tuple[int, list[tuple[str, Any]]]] = []
+        self.called = asyncio.Event()
 
     def remote(self, number: int, batch: list[tuple[str, Any]]) -> str:
         self.batches.append((number, batch))
+        self.called.set()
         return f"ref-{number}"
 
 
@@ -76,8 +78,11 @@ def test_rounds_after_a_quiet_spell_go_at_once_and_a_burst_goes_in_one_batch() -
         for step in range(3):
             forwarder.after_report(None, [{"step": step}], None)
         assert [number for number, _ in hub.put.batches] == [0]  # the first, at once
-        await asyncio.sleep(_BATCH_S * 2)  # the window's end sends the two others
-        forwarder.after_report(None, [{"step": 3}], None)  # a quiet spell ago: at once
+        hub.put.called.clear()
+        async with asyncio.timeout(10):  # the window's end sends the two others
+            await hub.put.called.wait()
+        forwarder._sent_at -= 2 * _BATCH_S  # a quiet spell, whatever the loop's delays
+        forwarder.after_report(None, [{"step": 3}], None)  # so it goes at once
         forwarder.after_report(None, [{"step": 4}], None)  # waits, then goes with:
         forwarder.after_exception(None, {1: ValueError("boom")})
         assert forwarder.send(("closed", None)) == "ref-4"
