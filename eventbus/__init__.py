@@ -50,6 +50,7 @@ from ._events import (
     is_derived,
 )
 from ._logging import configure_logging, get_logger
+from ._observers import HandlerCall
 from ._stages import Stage
 from ._subscription import (
     DeliveryMode,
@@ -90,6 +91,7 @@ __all__ = [
     "EventPlaceholder",
     "FailuresGathered",
     "FastForwardClock",
+    "HandlerCall",
     "HandlerFailed",
     "HandlerStateChanged",
     "HandlerTimedOut",

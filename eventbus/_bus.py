@@ -17,8 +17,9 @@ The parts, each owning its state and using only the ones after it:
 ``EventBus`` (lifecycle, subscribing, publishing, stats); its ``Tasks``;
 the ``Dispatcher`` and its ``Inbox``; the ``Registry`` of subscriptions and
 lanes; the ``Periods`` and their budgets; the lanes and the ``Runner`` of
-each task that calls handlers; the ``Policy`` for faults and handler states;
-the ``Watchdog``; the subscriptions and their ``Counters``.
+each task that calls handlers, and the ``CallObservers`` they show calls to;
+the ``Policy`` for faults and handler states; the ``Watchdog``; the
+subscriptions and their ``Counters``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ._dispatch import Dispatcher, Inbox
 from ._events import Event
 from ._lanes import MAX_BATCH
 from ._logging import get_logger
+from ._observers import CallObserver, CallObservers
 from ._periods import Periods
 from ._policy import Policy
 from ._registry import Registry
@@ -136,6 +138,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
         self._inbox = Inbox()
         self._watchdog = Watchdog()
         self._policy = Policy(self._emit, self._end_run, owner_ends_run=on_failure is not None)
+        self._observers = CallObservers(self._end_run)
         self._gathering: Subscription | None = None
         self._registry = registry = Registry(self._policy)
         self._periods = Periods(
@@ -146,7 +149,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
             emit=self._emit,
             policy=self._policy,
         )
-        runner = Runner(self._now, self._policy, self._watchdog.guard())
+        runner = Runner(self._now, self._policy, self._watchdog.guard(), self._observers)
         self._dispatcher = Dispatcher(
             self._inbox, registry, self._periods, runner, self._now, end_run=self._end_run
         )
@@ -402,7 +405,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
         self._next_index += 1
         lane = None
         if delivery == "lane":
-            runner = Runner(self._now, self._policy, self._watchdog.guard())
+            runner = Runner(self._now, self._policy, self._watchdog.guard(), self._observers)
             lane = self._dispatcher.new_lane(sub, runner, capacity)
         registry.add(sub, lane)
         if lane is not None and self._open:
@@ -419,6 +422,29 @@ class EventBus(anyio.AsyncContextManagerMixin):
         deadline, so it must not block. A tap that raises is logged and removed.
         """
         return self._dispatcher.add_tap(tap)
+
+    def observe_calls(
+        self, observer: CallObserver, *, min_seconds: float = 0.0
+    ) -> Callable[[], None]:
+        """Show ``observer`` the handler calls that took at least ``min_seconds`` (on
+        the bus's clock), and every call that failed or ran past its deadline, as
+        ``HandlerCall`` records; returns a function that removes it.
+
+        What a tap cannot see, how long each call took, for an observer such as
+        ``adapters.otel.OpenTelemetryTap`` (a span per slow call, a histogram of
+        durations). It is called once per batch of a handler that had such calls,
+        after the batch was accounted, so its own time is no handler's and no
+        deadline's; like a tap, it must not block. One that raises is logged and
+        removed.
+
+        Without observers the bus pays nothing per call. ``min_seconds=0`` asks
+        for every call, so every call is timed: handlers proved cheaper than a
+        clock read, otherwise timed by the batch, then pay a clock read per call.
+        With a threshold, such a handler's batch that took that long is shown as
+        one record (``HandlerCall.calls``).
+        """
+        threshold = checked("min_seconds", min_seconds, WaitSeconds)
+        return self._observers.add(observer, threshold)
 
     @property
     def gathering(self) -> Subscription | None:

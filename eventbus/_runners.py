@@ -11,12 +11,18 @@ run in a worker thread, abandoned at their deadline. A sync handler that
 returns a coroutine is awaited, and from then on treated as an async handler.
 
 The fault policy is consulted only when a call went wrong, and the counters
-are added to once per batch.
+are added to once per batch. Call observers (``_observers``) are shown the
+calls they asked for after the batch is accounted; with none, a runner reads
+their threshold once per batch (infinite) and compares a call's time with it
+only where it has read the clock anyway: in the plain sync loop, the one
+comparison with the deadline it always made compares with the lower of the
+two.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import threading
 from collections.abc import Callable, Coroutine
 from types import CoroutineType
@@ -27,6 +33,7 @@ import anyio.to_thread
 
 from ._events import Event
 from ._logging import get_logger
+from ._observers import CallObservers, CallOutcome, HandlerCall, noted
 from ._policy import Policy
 from ._subscription import Counters, Subscription
 from ._watchdog import Guard
@@ -37,6 +44,8 @@ _log = get_logger("eventbus")
 
 #: A sync handler returned a coroutine: the index of that call, and the coroutine.
 _CoroutineReturned = tuple[int, Coroutine[Any, Any, Any]]
+#: No observer's threshold: no call is long enough.
+_NONE = math.inf
 
 
 class Runner:
@@ -47,12 +56,15 @@ class Runner:
     report counts them as not delivered.
     """
 
-    __slots__ = ("_guard", "_now", "_policy", "pending")
+    __slots__ = ("_guard", "_now", "_observers", "_policy", "pending")
 
-    def __init__(self, now: Callable[[], float], policy: Policy, guard: Guard) -> None:
+    def __init__(
+        self, now: Callable[[], float], policy: Policy, guard: Guard, observers: CallObservers
+    ) -> None:
         self._now = now
         self._policy = policy
         self._guard = guard
+        self._observers = observers
         self.pending = 0
 
     def close(self) -> None:
@@ -72,7 +84,7 @@ class Runner:
         elif sub.is_async:
             await self._run_async(sub, events)
         else:
-            if sub.counters.timed_per_call:
+            if sub.counters.timed_per_call or self._observers.every_call:
                 returned = self._run_sync(sub, events)
             else:
                 returned = self._run_sync_cheap(sub, events)
@@ -119,50 +131,80 @@ class Runner:
         clock = self._now
         policy = self._policy
         timeout = sub.timeout
+        watch = self._observers.min_seconds
+        # One comparison per call, as with the deadline alone: with the lower of the two.
+        limit = watch if watch < timeout else timeout
         calls = len(events)
         longest = 0.0
         returned = None
+        notes: list[HandlerCall] | None = None
         start = t0 = clock()
         for event in events:
             try:
                 result = fn(event)
             except BaseException as exc:
                 index = _index_of(events, event)
-                if policy.handler_raised(sub, event, exc, events, index):
+                stop = policy.handler_raised(sub, event, exc, events, index)
+                t1 = clock()
+                elapsed = t1 - t0
+                t0 = t1
+                if elapsed > longest:
+                    longest = elapsed
+                if watch != _NONE:
+                    notes = noted(notes, sub, event, elapsed, t1, outcome="error", error=exc)
+                if stop:
                     calls = index + 1
-                    t0 = clock()
                     break
-            else:
-                if result is not None and type(result) is CoroutineType:
-                    calls = _index_of(events, event)
-                    returned = (calls, result)
-                    t0 = clock()
+                if elapsed > timeout and policy.timed_out(sub, event, elapsed, "overrun"):
+                    calls = index + 1
+                    policy.skip_rest(sub, len(events) - calls)
                     break
+                continue
+            if result is not None and type(result) is CoroutineType:
+                calls = _index_of(events, event)
+                returned = (calls, result)
+                t0 = clock()
+                break
             t1 = clock()
             elapsed = t1 - t0
             t0 = t1
             if elapsed > longest:
                 longest = elapsed
-            if elapsed > timeout and policy.timed_out(sub, event, elapsed, "overrun"):
-                calls = _index_of(events, event) + 1
-                policy.skip_rest(sub, len(events) - calls)
-                break
+            if elapsed >= limit:  # past its deadline, or long enough for an observer
+                overran = elapsed > timeout
+                if watch != _NONE and (overran or elapsed >= watch):
+                    notes = noted(
+                        notes, sub, event, elapsed, t1, outcome="overrun" if overran else "ok"
+                    )
+                if overran and policy.timed_out(sub, event, elapsed, "overrun"):
+                    calls = _index_of(events, event) + 1
+                    policy.skip_rest(sub, len(events) - calls)
+                    break
         sub.counters.add_batch(calls, t0 - start, longest)
+        if notes is not None:
+            self._observers.notify(notes)
         return returned
 
     def _run_sync_cheap(self, sub: Subscription, events: list[Event]) -> _CoroutineReturned | None:
         """``_run_sync`` with one clock read per batch, for a handler that proved
-        cheaper than a clock read: its mean call stands in for its longest."""
+        cheaper than a clock read: its mean call stands in for its longest. An
+        observer is shown the batch as one call, if it asked for one that long
+        or the batch went wrong."""
         fn = sub.handler
         calls = len(events)
         returned = None
+        watch = self._observers.min_seconds
+        failed: BaseException | None = None  # kept for an observer only (it holds a frame)
         start = self._now()
         for event in events:
             try:
                 result = fn(event)
             except BaseException as exc:
                 index = _index_of(events, event)
-                if self._policy.handler_raised(sub, event, exc, events, index):
+                stop = self._policy.handler_raised(sub, event, exc, events, index)
+                if failed is None and watch != _NONE:
+                    failed = exc
+                if stop:
                     calls = index + 1
                     break
             else:
@@ -170,10 +212,26 @@ class Runner:
                     calls = _index_of(events, event)
                     returned = (calls, result)
                     break
-        total = self._now() - start
-        if calls and total > sub.timeout:
+        end = self._now()
+        total = end - start
+        overran = calls > 0 and total > sub.timeout
+        if overran:
             self._policy.timed_out(sub, events[calls - 1], total, "overrun", calls)
         sub.counters.add_batch(calls, total, total / calls if calls else 0.0)
+        if watch != _NONE and calls and (total >= watch or overran or failed is not None):
+            outcome: CallOutcome = "error" if failed is not None else "overrun" if overran else "ok"
+            self._observers.notify(
+                noted(
+                    None,
+                    sub,
+                    events[calls - 1],
+                    total,
+                    end,
+                    outcome=outcome,
+                    error=failed,
+                    calls=calls,
+                )
+            )
         return returned
 
     async def _run_async(self, sub: Subscription, events: list[Event]) -> None:
@@ -189,7 +247,11 @@ class Runner:
         clock = self._now
         guard = self._guard
         policy = self._policy
-        timed = sub.counters.timed_per_call
+        observers = self._observers
+        timed = sub.counters.timed_per_call or observers.every_call
+        watch = observers.min_seconds
+        notes: list[HandlerCall] | None = None
+        failed: BaseException | None = None  # timed per batch, the first, for an observer
         remaining = enumerate(events)  # shared by the scopes of this batch
         index = -1  # the call in progress, then the last one made
         longest = 0.0
@@ -205,20 +267,36 @@ class Runner:
                             try:
                                 await fn(event)
                             except BaseException as exc:
-                                if policy.handler_raised(sub, event, exc, events, index):
+                                stop = policy.handler_raised(sub, event, exc, events, index)
+                                t1 = clock()
+                                elapsed = t1 - t0
+                                t0 = t1
+                                if elapsed > longest:
+                                    longest = elapsed
+                                if watch != _NONE:
+                                    notes = noted(
+                                        notes, sub, event, elapsed, t1, outcome="error", error=exc
+                                    )
+                                if stop:
                                     break
+                                continue
                             t1 = clock()
                             elapsed = t1 - t0
                             t0 = t1
                             if elapsed > longest:
                                 longest = elapsed
+                            if elapsed >= watch:
+                                notes = noted(notes, sub, event, elapsed, t1)
                     else:  # the same loop without the clock
                         for index, event in remaining:
                             guard.call = index
                             try:
                                 await fn(event)
                             except BaseException as exc:
-                                if policy.handler_raised(sub, event, exc, events, index):
+                                stop = policy.handler_raised(sub, event, exc, events, index)
+                                if failed is None and watch != _NONE:
+                                    failed = exc
+                                if stop:
                                     break
                 # The guard still names this scope: harmless, as it is no longer
                 # awaited; the next scope replaces it, and ``finally`` clears it.
@@ -229,6 +307,8 @@ class Runner:
                 t0 = t1
                 if elapsed > longest:
                     longest = elapsed
+                if watch != _NONE:
+                    notes = noted(notes, sub, events[index], elapsed, t1, outcome="cancelled")
                 if policy.timed_out(sub, events[index], elapsed, "cancelled"):
                     policy.skip_rest(sub, len(events) - index - 1)
                     break
@@ -240,16 +320,33 @@ class Runner:
             made = index + 1
             if self.pending:
                 self.pending = len(events) - made
-            total = clock() - start
+            end = clock()
+            total = end - start
             if not timed and made:
                 longest = max(longest, total / made)
+                if notes is None and watch != _NONE and (total >= watch or failed is not None):
+                    outcome: CallOutcome = "ok" if failed is None else "error"
+                    notes = noted(
+                        None,
+                        sub,
+                        events[index],
+                        total,
+                        end,
+                        outcome=outcome,
+                        error=failed,
+                        calls=made,
+                    )
             sub.counters.add_batch(made, total, longest)
+            if notes is not None:
+                observers.notify(notes)
 
     async def _run_blocking(self, sub: Subscription, events: list[Event]) -> None:
         """Run a ``blocking=True`` handler in a worker thread per event, abandoning
         each call at its deadline (its thread runs on: it cannot be stopped)."""
         clock = self._now
         policy = self._policy
+        watch = self._observers.min_seconds
+        notes: list[HandlerCall] | None = None
         n = len(events)
         calls = 0
         longest = total = 0.0
@@ -259,18 +356,37 @@ class Runner:
                 calls += 1
                 t0 = clock()
                 call = ThreadCall(sub.handler, event)
+                failed: BaseException | None = None
                 with anyio.move_on_after(sub.timeout) as scope:
                     try:
                         await anyio.to_thread.run_sync(call.run, abandon_on_cancel=True)
                     except BaseException as exc:
-                        if policy.handler_raised(sub, event, exc, events, i):
+                        stop = policy.handler_raised(sub, event, exc, events, i)
+                        if watch != _NONE:
+                            failed = exc
+                        if stop:
+                            if watch != _NONE:
+                                t1 = clock()
+                                notes = noted(
+                                    notes, sub, event, t1 - t0, t1, outcome="error", error=exc
+                                )
                             break
                 if scope.cancelled_caught:
                     call.abandon()
-                elapsed = clock() - t0
+                t1 = clock()
+                elapsed = t1 - t0
                 total += elapsed
                 if elapsed > longest:
                     longest = elapsed
+                if watch != _NONE and (
+                    failed is not None or scope.cancelled_caught or elapsed >= watch
+                ):
+                    done: CallOutcome = "ok"
+                    if failed is not None:
+                        done = "error"
+                    elif scope.cancelled_caught:
+                        done = "abandoned"
+                    notes = noted(notes, sub, event, elapsed, t1, outcome=done, error=failed)
                 if scope.cancelled_caught and policy.timed_out(sub, event, elapsed, "abandoned"):
                     policy.skip_rest(sub, n - i - 1)
                     break
@@ -279,6 +395,8 @@ class Runner:
             if self.pending:
                 self.pending = n - calls
             sub.counters.add_batch(calls, total, longest)
+            if notes is not None:
+                self._observers.notify(notes)
 
 
 class ThreadCall:

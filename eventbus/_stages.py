@@ -20,7 +20,8 @@ class Stage(IntEnum):
     """``EventBus.subscribe(..., order=Stage.X)``; lower stages see an event first."""
 
     #: The event log's own handlers (fsync at a checkpoint, flush at a period's
-    #: end): what the callbacks of an event do next cannot cost it its record.
+    #: end), and other recorders of the run (``adapters.otel``'s round spans): what
+    #: the callbacks of an event do next cannot cost it its record.
     RECORD = -4 * _STEP
     #: Failures of a period are gathered before the run's end is (``after_exception``
     #: comes before ``after_run``).

@@ -49,6 +49,14 @@ class UserCallback:
             ``on_event(run_context, event)`` (for displays that count reports).
 
     ``None`` means the bus's default.
+
+    A callback that must see the bus itself, not only its hooks' events (an
+    observer of the whole run, such as ``adapters.otel.OpenTelemetryTap``),
+    defines ``__eventbus_subscribe__(self, bus) -> Iterable[Subscription]``:
+    wherever callbacks are attached (``open_run``, the adapters' callback
+    lists, replays), it is called with the bus once the callback's hooks are
+    subscribed, and the subscriptions it returns count as the callback's own
+    (in ``RunResult.callbacks``). No other callback is given the bus.
     """
 
     timeout: ClassVar[float | None] = None

@@ -49,6 +49,8 @@ __all__ = ["UserCallbackHandler", "base_hook", "implemented_hooks", "training_ca
 
 #: Marks the base class's no-op hooks: a callback implements only the others.
 _BASE_HOOK = "__eventbus_base_hook__"
+#: The method of a callback that subscribes to the bus itself (``UserCallbackHandler``).
+_SUBSCRIBE_ITSELF = "__eventbus_subscribe__"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -107,6 +109,14 @@ class UserCallbackHandler:
     Each hook is its own subscription, so each gets its own deadline, error
     policy and budget accounting, and only the hooks a callback implements
     cost anything.
+
+    A callback that needs the bus itself (an observer of the whole run, such
+    as ``adapters.otel.OpenTelemetryTap``) defines
+    ``__eventbus_subscribe__(self, bus)``: it is called with the bus once the
+    callback's hooks are subscribed, wherever callbacks are attached
+    (``open_run``, the adapters, replays), and returns the subscriptions it
+    made, which join the callback's own: named in its costs, cancelled with it.
+    Callbacks get no bus otherwise, so a plain callback stays a plain object.
 
     Args:
         callbacks: the training callbacks; anything else is a ``TypeError``
@@ -175,6 +185,9 @@ class UserCallbackHandler:
                 except (OptionError, OptionTypeError) as exc:  # its own timeout, budget...
                     raise type(exc)(exc.option, f"{name}: {exc}") from None
                 own.append(sub)
+            subscribe_itself = getattr(type(callback), _SUBSCRIBE_ITSELF, None)
+            if subscribe_itself is not None:
+                own.extend(subscribe_itself(callback, bus))
             self.subscriptions.extend(own)
         return self.subscriptions
 
