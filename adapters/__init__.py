@@ -5,6 +5,10 @@
 - ``adapters.lightning``: the same behind a PyTorch Lightning ``Callback``, with
   every rank's metrics gathered to rank 0 under DDP;
 - ``adapters.ray``: our callbacks and bus behind a Ray Train v2 ``UserCallback``;
+- ``adapters.tensorboard``, ``adapters.mlflow``: the run's metrics and its callbacks'
+  cost in TensorBoard and MLflow, continued, not duplicated, by a resumed run;
+- ``adapters.otel``: a run in OpenTelemetry (``OpenTelemetryTap``, in any callback
+  list): a span per round, spans for slow or failed handler calls, handler metrics;
 - ``adapters.report``: a recorded run (or two) as one self-contained HTML
   page: summary, metrics over rounds, callback cost, failures;
 - ``adapters.cli``: the ``eventbus`` command line (the demo trainer, the
@@ -14,9 +18,10 @@
 The trainer adapters feed the bus through a bounded hand-off
 (``adapters._bus_host``); Hugging Face's and Lightning's step it in the
 trainer's hooks (``adapters._stepped_bus``), Ray's runs it in a thread of its
-own (``adapters._bus_thread``). Third-party libraries
-(transformers, lightning, torch, ray, matplotlib) are imported only here, when the
-module or feature that needs them is used, and are installed as extras.
+own (``adapters._bus_thread``). Third-party libraries (transformers, lightning,
+torch, ray, matplotlib, tensorboard, mlflow, opentelemetry) are imported only
+here, when the module or feature that needs them is used, and are installed as
+extras.
 Options (``AdapterOptions``) are checked when an adapter is made, as
 ``open_run``'s are.
 """

@@ -30,7 +30,7 @@ def check(*args: str, tmp_path: Path) -> tuple[str, dict[str, object]]:
 
 
 def test_quick_benchmarks_report_every_target_in_one_table(tmp_path: Path) -> None:
-    table, document = check("--only", "rounds", "log", "state", "report", tmp_path=tmp_path)
+    table, document = check("--only", "rounds", "log", "state", "report", "otel", tmp_path=tmp_path)
     rows = document["rows"]
     assert isinstance(rows, list)
     names = [row["name"] for _, row in rows]
@@ -44,6 +44,9 @@ def test_quick_benchmarks_report_every_target_in_one_table(tmp_path: Path) -> No
         "report of a log",
         "peak RSS making the report of",
         "report page size",
+        "otel tap, durations=False",
+        "otel tap, K=1",
+        "otel tap, world size 8",
     ):
         assert any(name.startswith(expected) for name in names), (expected, names)
     for _, row in rows:
