@@ -53,7 +53,7 @@ $(VENV)/.installed-base: pyproject.toml $(VENV)/.package-files | $(BIN)/python
 
 $(VENV)/.installed-all: pyproject.toml $(VENV)/.package-files | $(BIN)/python
 	$(PIP) install $(TORCH)
-	$(PIP) install -e '.[test,dev,plot,transformers,ray,lightning,docs]' $(EDITABLE)
+	$(PIP) install -e '.[test,dev,plot,transformers,ray,lightning,tensorboard,mlflow,otel,docs]' $(EDITABLE)
 	touch $@ $(VENV)/.installed-base
 
 demo: $(VENV)/.installed-base

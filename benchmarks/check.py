@@ -24,12 +24,14 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
     "trainer_overhead",
     "ray_engine",
+    "trackers",
     "dispatch",
     "rounds",
     "log",
     "hf_handoff",
     "state",
     "report",
+    "otel",
 )
 
 

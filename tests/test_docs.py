@@ -211,6 +211,8 @@ SCRIPT_SHOWS: dict[str, list[str]] = {
     "resume": [r"^(run-\w+) 30 30\n\1 30 30$"],
     "store-use": [r"^\('__main__\.EarlyStopping',\) 2$"],
     "log-sketch": [r"^0 Report$", r"^3 Report$"],
+    # The slow callback's calls, and the rounds (the fast gathering gets no span).
+    "otel": [r"^\['Slow\.after_report', 'eventbus\.round'\]$"],
 }
 
 

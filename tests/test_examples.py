@@ -70,3 +70,20 @@ def test_ray_own_trainer_example() -> None:
     assert "fit() raised WorkerGroupError, as injected" in done.stdout
     assert "[replay] rank 1 failed: RuntimeError: injected failure" in done.stdout
     assert "[replay] run ended: failed" in done.stdout
+
+
+def test_trackers_example_fails_then_resumes_into_the_same_tracker_runs(tmp_path: Path) -> None:
+    """As its docstring says: run it, then again with the same folder, typed relative."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    done = run_example("trackers.py", 300, "runs/trackers", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the run failed: worker rank(s) 1 failed" in done.stdout
+    assert "FAILED" in done.stdout
+    again = run_example("trackers.py", 300, "runs/trackers", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from runs/trackers/checkpoint_" in again.stderr
+    assert "TensorBoard: loss at 30 steps, 30 distinct" in again.stdout
+    assert "FINISHED, loss at 30 steps, 30 distinct" in again.stdout
+    mlflow_run = done.stdout.split("MLflow: run ")[1].split()[0]
+    assert f"MLflow: run {mlflow_run} FINISHED" in again.stdout  # the same MLflow run

@@ -31,6 +31,9 @@ MODULES = (
     "adapters",
     "adapters.transformers",
     "adapters.ray",
+    "adapters.tensorboard",
+    "adapters.mlflow",
+    "adapters.otel",
     "adapters.cli",
     "adapters.report",
 )

@@ -1,0 +1,342 @@
+"""What the trackers (TensorBoard, MLflow) share: rounds and callback costs as
+scalars, a writer thread of their own, and the state that lets a resumed run
+continue the same tracker run.
+
+Why a thread: a tracker's writes (protobuf records, a database, a server)
+cost milliseconds a training step must not wait for. The hooks only hand
+values to the tracker's thread, in order, and return. At each checkpoint the
+hook waits until the thread has written and flushed everything up to it, so
+the state snapshotted with the checkpoint says what the tracker holds; that
+wait, and any wait for a thread more than ``max_lag`` rounds behind, counts in
+the callback's deadline and budget: a slow tracker is a budget problem the
+``BudgetReport`` names, not a stalled step.
+
+What a resume relies on: ``last_step`` is the step of the last round the
+tracker was given when the checkpoint was snapshotted, so every step after it
+is one the crash rolled back and the resumed run redoes. A round's default
+step is the tracker's own count of rounds (``rounds``, saved too), not the
+round's index on the bus: a framework adapter's resumed bus numbers its
+rounds from 0 again.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeGuard
+
+import anyio
+import anyio.to_thread
+
+from eventbus import (
+    BudgetReport,
+    CheckpointSaved,
+    Event,
+    OverBudgetPolicy,
+    RoundGathered,
+    RunResult,
+    StatefulCallback,
+    TrainRunContext,
+    WorkerGroupRestarted,
+    get_logger,
+)
+from handlers import UserCallback
+
+__all__ = ["TrackerCallback", "TrackerError", "cost_scalars", "round_scalars"]
+
+_log = get_logger("adapters.trackers")
+
+
+class TrackerError(RuntimeError):
+    """A tracker's writes failed; the message names the tracker and the first error."""
+
+
+def round_scalars(
+    metrics: Sequence[Mapping[str, Any]], ranks: Sequence[int], *, per_rank: bool
+) -> dict[str, float]:
+    """A round as scalars: ``<metric>`` the mean over the ranks that reported it,
+    and, with ``per_rank`` and more than one rank, ``<metric>/rank_<i>`` each rank's.
+    Only numbers count (not booleans, strings or nested values); a NaN stays a NaN."""
+    values: dict[str, list[float]] = {}
+    scalars: dict[str, float] = {}
+    split = per_rank and len(metrics) > 1
+    for rank, reported in zip(ranks, metrics, strict=False):
+        for key, value in reported.items():
+            if _is_number(value):
+                number = float(value)
+                values.setdefault(key, []).append(number)
+                if split:
+                    scalars[f"{key}/rank_{rank}"] = number
+    means = {key: math.fsum(numbers) / len(numbers) for key, numbers in values.items()}
+    return {**means, **scalars}
+
+
+def cost_scalars(report: BudgetReport) -> dict[str, float]:
+    """A health-check period's cost: ``callbacks/<handler>/share`` of the period each
+    handler took (``callbacks/share`` all of them together), and its timeouts, faults
+    and skipped events in the period when there were any (the last period, cut short
+    when the bus closed, only those)."""
+    length = report.end - report.start
+    # The last period, cut short at close, has counts but no meaningful shares.
+    shares = not report.partial and length > 0
+    scalars = {"callbacks/share": report.total / length} if shares else {}
+    for usage in report.handlers:
+        prefix = f"callbacks/{usage.handler}"
+        if shares:
+            scalars[f"{prefix}/share"] = usage.total / length
+        for name in ("timeouts", "faults", "skipped"):
+            count = getattr(usage, name)
+            if count:
+                scalars[f"{prefix}/{name}"] = float(count)
+    return scalars
+
+
+_Item = tuple[Callable[..., Any], tuple[Any, ...]] | threading.Event | None
+
+
+class _WriterThread:
+    """Runs a tracker's writes in order in a daemon thread, and keeps their errors
+    for the bus side to raise (a write that raises never stops the thread)."""
+
+    def __init__(self, name: str) -> None:
+        #: Writes (skipped once ``broken``), marks (``threading.Event``s set when
+        #: reached) and ``None``, the end.
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self.put_count = 0
+        self.done_count = 0
+        self.broken = False
+        self.closed = False
+        #: The CPU time the thread used, seconds: known once it ended (for benchmarks).
+        self.cpu_seconds: float | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, write: Callable[..., Any], *args: Any) -> None:
+        """Hand ``write(*args)`` over; after ``close`` (the end of the run: the last,
+        partial period's report comes after it) nothing is written."""
+        if self.closed:
+            return
+        self.put_count += 1
+        self._queue.put((write, args))
+
+    @property
+    def lag(self) -> int:
+        """Writes handed over and not yet done."""
+        return self.put_count - self.done_count
+
+    def take_errors(self) -> list[BaseException]:
+        with self._lock:
+            errors, self._errors = self._errors, []
+        return errors
+
+    async def settle(self) -> None:
+        """Wait until every write handed over so far is done."""
+        done = threading.Event()
+        self.put_count += 1
+        self._queue.put(done)
+        await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
+
+    async def close(self) -> None:
+        """Do what is queued, then end the thread."""
+        self.closed = True
+        self._queue.put(None)
+        await anyio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                if isinstance(item, threading.Event):
+                    item.set()
+                elif not self.broken:
+                    write, args = item
+                    write(*args)
+            except Exception as exc:
+                with self._lock:
+                    self._errors.append(exc)
+            finally:
+                self.done_count += 1
+        self.cpu_seconds = time.thread_time()
+
+
+class TrackerCallback(UserCallback, StatefulCallback):
+    """Base of the trackers: a stateful training callback that hands each round, each
+    period's callback costs, checkpoints and failures to its own writer thread.
+
+    Subclasses write, in that thread: ``_open`` (once, first), ``_scalars``,
+    ``_text``, ``_checkpoint``, ``_flush`` (at each checkpoint) and ``_end``
+    (once, last). The step of a round is its index (0 for the first), or the
+    value of ``step_metric`` if given (the first rank's that has it, as an
+    integer; a round without it is not written, with one warning).
+
+    Attributes:
+        rounds: the rounds of the run given to the tracker, across resumes
+            (saved with each checkpoint).
+        last_step: the step of the last round given to the tracker (saved with
+            each checkpoint; a resume knows from it what the crash rolled back).
+    """
+
+    event_types: ClassVar[tuple[type[Event], ...]] = (
+        RoundGathered,
+        CheckpointSaved,
+        BudgetReport,
+        WorkerGroupRestarted,
+    )
+    #: A flush at a checkpoint, and the end, may take a while on a slow store.
+    timeout: ClassVar[float | None] = 60.0
+    #: Every round, always: coalescing would leave rounds out of the tracker.
+    over_budget: ClassVar[OverBudgetPolicy | None] = "warn"
+    #: What the trackers call themselves in errors ("TensorBoard", "MLflow").
+    tracker: ClassVar[str] = "tracker"
+    #: Writes the thread may fall behind by before the hooks wait for it.
+    max_lag: ClassVar[int] = 10_000
+
+    state_attributes: tuple[str, ...] = ("rounds", "last_step")
+
+    def __init__(
+        self, *, step_metric: str | None = None, per_rank: bool = True, costs: bool = True
+    ) -> None:
+        self.step_metric = step_metric
+        self.per_rank = per_rank
+        self.costs = costs
+        self.rounds = 0
+        self.last_step: int | None = None
+        #: Rounds not written for want of ``step_metric`` (this process only).
+        self.rounds_without_step = 0
+        self._thread: _WriterThread | None = None
+
+    # --- the hooks (the bus's side) --------------------------------------------------
+
+    async def before_run(self, run_context: TrainRunContext) -> None:
+        thread = self._thread = _WriterThread(f"{type(self).__name__}-writer")
+        # ``last_step`` is restored before the run begins: set, this run continues one.
+        thread.put(self._open_or_break, run_context, self.last_step)
+
+    async def on_event(self, run_context: TrainRunContext, event: Event) -> None:
+        thread = self._writer()
+        if type(event) is RoundGathered:
+            step = self._step_of(event)
+            self.rounds += 1
+            if step is None:
+                return
+            self.last_step = step
+            thread.put(self._write_round, event, step, time.time())
+            if thread.lag > self.max_lag:
+                await thread.settle()
+        elif type(event) is CheckpointSaved:
+            thread.put(self._flush)
+            await thread.settle()
+        elif type(event) is BudgetReport:
+            if self.costs:
+                thread.put(self._write_costs, event, self._step_now(), time.time())
+        elif type(event) is WorkerGroupRestarted:
+            text = f"worker group restarted: {event.world_size} workers"
+            thread.put(self._text, "restarts", text, self._step_now(), time.time())
+        self._raise_errors(thread)
+
+    def after_exception(
+        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
+    ) -> None:
+        thread = self._writer()
+        lines = [
+            f"rank {rank}: {_describe(exc)}" for rank, exc in sorted(worker_exceptions.items())
+        ]
+        thread.put(self._text, "failures", "\n\n".join(lines), self._step_now(), time.time())
+        self._raise_errors(thread)
+
+    async def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
+        thread = self._writer()
+        thread.put(self._end, result)
+        await thread.close()
+        self._raise_errors(thread)
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _writer(self) -> _WriterThread:
+        if self._thread is None:
+            raise RuntimeError(f"{self!r} got an event before the run began")
+        return self._thread
+
+    def _step_now(self) -> int:
+        return self.last_step if self.last_step is not None else 0
+
+    def _step_of(self, event: RoundGathered) -> int | None:
+        name = self.step_metric
+        if name is None:
+            return self.rounds
+        for reported in event.metrics:
+            value = reported.get(name)
+            if _is_number(value) and math.isfinite(value):
+                return int(value)
+        self.rounds_without_step += 1
+        if self.rounds_without_step == 1:
+            _log.warning(
+                f"{self!r}: a round without a finite {name!r} metric is not written "
+                f"(step_metric={name!r}); this warning is shown once",
+                round=event.round,
+            )
+        return None
+
+    def _raise_errors(self, thread: _WriterThread) -> None:
+        errors = thread.take_errors()
+        if errors:
+            more = f" (and {len(errors) - 1} more writes failed)" if len(errors) > 1 else ""
+            broken = "; nothing more is written" if thread.broken else ""
+            raise TrackerError(
+                f"{self!r}: writing to {self.tracker} failed: {_describe(errors[0])}{more}{broken}"
+            ) from errors[0]
+
+    # --- in the writer thread ----------------------------------------------------------
+
+    def _open_or_break(self, run_context: TrainRunContext, resumed_after: int | None) -> None:
+        try:
+            self._open(run_context, resumed_after)
+        except Exception:
+            self._writer().broken = True
+            raise
+
+    def _write_round(self, event: RoundGathered, step: int, wall_time: float) -> None:
+        scalars = round_scalars(event.metrics, event.ranks, per_rank=self.per_rank)
+        if scalars:
+            self._scalars(scalars, step, wall_time)
+        if event.checkpoint is not None:
+            self._checkpoint(event.checkpoint, event.round, step, wall_time)
+
+    def _write_costs(self, report: BudgetReport, step: int, wall_time: float) -> None:
+        scalars = cost_scalars(report)
+        if scalars:
+            self._scalars(scalars, step, wall_time)
+
+    def _open(self, run_context: TrainRunContext, resumed_after: int | None) -> None:
+        """Open the tracker's run; ``resumed_after``: the step after which a resume
+        redoes everything (``None``: a new run)."""
+        raise NotImplementedError
+
+    def _scalars(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
+        raise NotImplementedError
+
+    def _text(self, tag: str, text: str, step: int, wall_time: float) -> None:
+        raise NotImplementedError
+
+    def _checkpoint(self, checkpoint: str, round_: int, step: int, wall_time: float) -> None:
+        raise NotImplementedError
+
+    def _flush(self) -> None:
+        raise NotImplementedError
+
+    def _end(self, result: RunResult) -> None:
+        raise NotImplementedError
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    """A number a tracker can plot: an int or a float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _describe(exc: BaseException) -> str:
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
