@@ -94,6 +94,11 @@ def cost_scalars(report: BudgetReport) -> dict[str, float]:
     return scalars
 
 
+#: The longest a worker thread waits for a tracker's thread, seconds: past the hook's
+#: deadline (which abandons the wait) the waiting thread must still end, or a writer
+#: stuck for good would keep the process from exiting.
+_WAIT_LIMIT = 120.0
+
 _Item = tuple[Callable[..., Any], tuple[Any, ...]] | threading.Event | None
 
 
@@ -135,17 +140,20 @@ class _WriterThread:
         return errors
 
     async def settle(self) -> None:
-        """Wait until every write handed over so far is done."""
+        """Wait until every write handed over so far is done (at once after ``close``:
+        a checkpoint saved after the run has nothing of this tracker's to wait for)."""
+        if self.closed:
+            return
         done = threading.Event()
         self.put_count += 1
         self._queue.put(done)
-        await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
+        await anyio.to_thread.run_sync(done.wait, _WAIT_LIMIT, abandon_on_cancel=True)
 
     async def close(self) -> None:
         """Do what is queued, then end the thread."""
         self.closed = True
         self._queue.put(None)
-        await anyio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
+        await anyio.to_thread.run_sync(self._thread.join, _WAIT_LIMIT, abandon_on_cancel=True)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -155,7 +163,7 @@ class _WriterThread:
                 elif not self.broken:
                     write, args = item
                     write(*args)
-            except Exception as exc:
+            except BaseException as exc:  # kept for the bus side: the thread goes on
                 with self._lock:
                     self._errors.append(exc)
             finally:
@@ -169,9 +177,10 @@ class TrackerCallback(UserCallback, StatefulCallback):
 
     Subclasses write, in that thread: ``_open`` (once, first), ``_scalars``,
     ``_text``, ``_checkpoint``, ``_flush`` (at each checkpoint) and ``_end``
-    (once, last). The step of a round is its index (0 for the first), or the
-    value of ``step_metric`` if given (the first rank's that has it, as an
-    integer; a round without it is not written, with one warning).
+    (once, last). The step of a round is the number of rounds before it in the
+    run, across resumes (0 for the first), or the value of ``step_metric`` if
+    given (the first rank's that has it, as an integer; a round without it is
+    not written, with one warning).
 
     Attributes:
         rounds: the rounds of the run given to the tracker, across resumes

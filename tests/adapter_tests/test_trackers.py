@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from structlog.testing import capture_logs
 
@@ -26,7 +27,14 @@ from _trackers_readback import (
 import adapters.tensorboard as tensorboard_adapter
 from adapters.mlflow import MLflowLogger, mlflow_key
 from adapters.tensorboard import TensorBoardLogger
-from eventbus import AfterRun, BudgetReport, HandlerFailed, TrainRunContext
+from eventbus import (
+    AfterRun,
+    BudgetReport,
+    CheckpointSaved,
+    HandlerFailed,
+    RunResult,
+    TrainRunContext,
+)
 from handlers import Reporter, UserCallback, WorkerGroupError, open_run
 
 JOB = Path(__file__).with_name("_tracker_job.py")
@@ -398,3 +406,14 @@ def test_live_mlflow_rows_rolled_back_by_a_kill_stay_beside_the_redone_ones(
     (found,) = mlflow_runs(uri, "jobs")
     steps = [step for step, _ in mlflow_history(uri, found.info.run_id, "attempt")]
     assert steps.count(8) == steps.count(9) == 2 and steps.count(10) == 1
+
+
+async def test_a_checkpoint_after_the_run_ended_does_not_wait_for_the_closed_tracker() -> None:
+    """Lightning saves a checkpoint after ``fit``'s end: the tracker, closed at the run's
+    end, has nothing to flush for it, and must not wait for a thread that is gone."""
+    logger = TensorBoardLogger("runs/tb")
+    context = TrainRunContext(run_id="r", name="r", world_size=1)
+    await logger.before_run(context)
+    await logger.after_run(context, RunResult(run_id="r", status="finished"))
+    with anyio.fail_after(5):
+        await logger.on_event(context, CheckpointSaved(run_id="r", checkpoint="c", index=0))
