@@ -221,6 +221,10 @@ class TrackerCallback(UserCallback, StatefulCallback):
     # --- the hooks (the bus's side) --------------------------------------------------
 
     async def before_run(self, run_context: TrainRunContext) -> None:
+        if self._thread is not None and not self._thread.closed:
+            raise RuntimeError(
+                f"{self!r} is already writing a run: give each run its own tracker object"
+            )
         thread = self._thread = _WriterThread(f"{type(self).__name__}-writer")
         # ``last_step`` is restored before the run begins: set, this run continues one.
         thread.put(self._open_or_break, run_context, self.last_step)

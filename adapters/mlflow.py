@@ -48,14 +48,16 @@ _log = get_logger("adapters.mlflow")
 _BATCH = 1000
 #: MLflow's limits on a param's value and a tag's value, in characters.
 _PARAM_LIMIT = 6000
+_KEY_LIMIT = 250
 _TAG_LIMIT = 5000
 _STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 _REFUSED = re.compile(r"[^\w\-. /:]")
 
 
 def mlflow_key(key: str) -> str:
-    """``key`` with each character MLflow refuses in a metric or param name as ``_``."""
-    return _REFUSED.sub("_", key)
+    """``key`` with each character MLflow refuses in a metric or param name as ``_``,
+    cut to MLflow's 250 characters (a key it refuses would fail the whole batch)."""
+    return _REFUSED.sub("_", key)[:_KEY_LIMIT]
 
 
 class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
@@ -111,7 +113,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         self.tracking_uri = _absolute(tracking_uri)
         self.experiment = experiment
         self.run_name = run_name
-        self.tags = dict(tags or {})
+        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
         self.log_checkpoints = log_checkpoints
         self.live = live
         self.mlflow_run_id: str | None = None
@@ -206,7 +208,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         params cannot change, so a changed value is one info line, not an error: the
         framework adapters' configuration says where a resumed run starts)."""
         logged: dict[str, str] = dict(run.data.params)
-        params = {mlflow_key(k)[:250]: str(v)[:_PARAM_LIMIT] for k, v in _flat(config).items()}
+        params = {mlflow_key(k): str(v)[:_PARAM_LIMIT] for k, v in _flat(config).items()}
         changed = sorted(k for k, v in params.items() if k in logged and logged[k] != v)
         if changed:
             _log.info(

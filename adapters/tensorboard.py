@@ -27,6 +27,7 @@ import os
 from typing import Any
 
 from eventbus import RunResult, TrainRunContext
+from eventbus.options import Seconds, checked
 
 from ._tracker import TrackerCallback
 
@@ -80,7 +81,7 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
     ) -> None:
         super().__init__(step_metric=step_metric, per_rank=per_rank, costs=costs)
         self.log_dir = os.fspath(log_dir)
-        self.flush_secs = flush_secs
+        self.flush_secs: float = checked("flush_secs", flush_secs, Seconds)
         self._writer_class, self._summary_class = summary_writer_class()
         self._summary: Any = None
 

@@ -417,3 +417,24 @@ async def test_a_checkpoint_after_the_run_ended_does_not_wait_for_the_closed_tra
     await logger.after_run(context, RunResult(run_id="r", status="finished"))
     with anyio.fail_after(5):
         await logger.on_event(context, CheckpointSaved(run_id="r", checkpoint="c", index=0))
+
+
+@pytest.mark.parametrize("flush_secs", [float("nan"), float("inf"), 0.0, -1.0])
+def test_a_flush_interval_out_of_range_is_refused_by_name(flush_secs: float) -> None:
+    with pytest.raises(ValueError, match="flush_secs"):
+        TensorBoardLogger("runs/tb", flush_secs=flush_secs)
+
+
+def test_mlflow_keys_longer_than_mlflow_takes_are_cut() -> None:
+    assert len(mlflow_key("x" * 1000)) == 250
+
+
+async def test_one_tracker_object_in_two_runs_at_once_is_refused_by_the_second() -> None:
+    logger = TensorBoardLogger("runs/tb")
+    context = TrainRunContext(run_id="r", name="r", world_size=1)
+    await logger.before_run(context)
+    with pytest.raises(RuntimeError, match="already writing a run"):
+        await logger.before_run(context)
+    await logger.after_run(context, RunResult(run_id="r", status="finished"))
+    await logger.before_run(context)  # the next run, once the first has ended
+    await logger.after_run(context, RunResult(run_id="r", status="finished"))
