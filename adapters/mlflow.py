@@ -238,9 +238,11 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
             self._checkpoints.append(checkpoint)
 
     def _flush(self) -> None:
-        held, self._held = self._held, []
+        # Cleared once written: a flush that fails keeps them for the next one (MLflow's
+        # store takes a row it already has as written, so a retry writes each once).
+        self._write(self._held)
+        self._held = []
         self._held_steps.clear()
-        self._write(held)
         checkpoints, self._checkpoints = self._checkpoints, []
         for checkpoint in checkpoints:
             name = os.path.basename(os.path.normpath(checkpoint))

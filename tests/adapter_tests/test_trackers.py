@@ -438,3 +438,37 @@ async def test_one_tracker_object_in_two_runs_at_once_is_refused_by_the_second()
     await logger.after_run(context, RunResult(run_id="r", status="finished"))
     await logger.before_run(context)  # the next run, once the first has ended
     await logger.after_run(context, RunResult(run_id="r", status="finished"))
+
+
+async def test_rows_a_failed_flush_could_not_write_are_written_at_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store refuses the first checkpoint's flush (a locked database, a server away):
+    those rounds are written at the next checkpoint, each once, and the failure is named."""
+    logger = MLflowLogger(URI, "exp")
+    failed: list[HandlerFailed] = []
+    refused = []
+
+    def refusing(write: Any) -> Any:
+        def once(*args: Any, **kwargs: Any) -> Any:
+            if not refused and kwargs.get("metrics"):
+                refused.append(len(kwargs["metrics"]))
+                raise OSError("database is locked")
+            return write(*args, **kwargs)
+
+        return once
+
+    original = logger._open
+
+    def open_then_refuse(*args: Any) -> None:
+        original(*args)
+        monkeypatch.setattr(logger._client, "log_batch", refusing(logger._client.log_batch))
+
+    monkeypatch.setattr(logger, "_open", open_then_refuse)
+    async with open_run(world_size=2, callbacks=[logger], state_dir="runs/a") as run:
+        run.bus.subscribe(HandlerFailed, failed.append)
+        await run.workers(training(12))
+    assert refused and "database is locked" in failed[0].message
+    (found,) = mlflow_runs(read_uri(), "exp")
+    history = mlflow_history(read_uri(), found.info.run_id, "loss")
+    assert [step for step, _ in history] == list(range(12))
