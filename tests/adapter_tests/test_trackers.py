@@ -447,7 +447,7 @@ async def test_rows_a_failed_flush_could_not_write_are_written_at_the_next(
     those rounds are written at the next checkpoint, each once, and the failure is named."""
     logger = MLflowLogger(URI, "exp")
     failed: list[HandlerFailed] = []
-    refused = []
+    refused: list[int] = []
 
     def refusing(write: Any) -> Any:
         def once(*args: Any, **kwargs: Any) -> Any:
