@@ -49,13 +49,40 @@ def test_two_ranks_report_to_rank_0_which_runs_the_callbacks(tmp_path: Path) -> 
     assert counter["attributes"]["rounds"] == 6
 
 
+def fit_stopped_early(root: Path) -> Path:
+    """``fit`` under ``ddp_spawn``, stopped after 2 rounds; once more if a rank's process
+    aborted as it exited.
+
+    One fit in six or eight, on torch 2.13 and this commit or the one before the
+    trackers alike, a rank's process ends in ``terminate called without an active
+    exception`` (SIGABRT) after the run has finished and its log is written: torch's
+    gloo process group torn down at process exit, after a fit that stopped early (never
+    after one that ran to ``max_steps``). That teardown is torch's and Lightning's; what
+    this test checks, that a stop reaches every rank, must hold in a run that exits
+    cleanly, so such a run is tried once more (two aborts in a row still fail it).
+    Returns the folder of the fit that exited cleanly.
+    """
+    from torch.multiprocessing.spawn import ProcessExitedException
+
+    for attempt in range(2):
+        work = root / f"attempt-{attempt}"
+        callback = EventBusCallback([StopAfter(rounds=2)], log=True)
+        trainer = make_trainer(
+            work, [callback], strategy="ddp_spawn", devices=2, max_steps=200, log_every_n_steps=1
+        )
+        try:
+            trainer.fit(Regression())  # returns: no rank waits for another that stopped
+        except ProcessExitedException as exc:
+            if attempt or exc.signal_name != "SIGABRT":
+                raise
+            continue
+        return work
+    raise AssertionError("unreachable: the second attempt returns or raises")
+
+
 def test_a_stop_asked_on_rank_0_stops_every_rank(tmp_path: Path) -> None:
-    callback = EventBusCallback([StopAfter(rounds=2)], log=True)
-    trainer = make_trainer(
-        tmp_path, [callback], strategy="ddp_spawn", devices=2, max_steps=200, log_every_n_steps=1
-    )
-    trainer.fit(Regression())  # returns: no rank waits for another that stopped
-    (log,) = tmp_path.glob("eventbus-*.msgpack")
+    work = fit_stopped_early(tmp_path)
+    (log,) = work.glob("eventbus-*.msgpack")
     events = read_log(log).events
     (finished,) = (e for e in events if isinstance(e, RunFinished))
     assert (finished.status, finished.stopped_by) == ("finished", "StopAfter")
