@@ -25,7 +25,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeGuard
 
 import anyio
@@ -41,9 +41,11 @@ from eventbus import (
     StatefulCallback,
     TrainRunContext,
     WorkerGroupRestarted,
+    describe_exception,
     get_logger,
 )
 from handlers import UserCallback
+from handlers.wiring import mean_metrics
 
 __all__ = ["TrackerCallback", "TrackerError", "cost_scalars", "round_scalars"]
 
@@ -55,23 +57,20 @@ class TrackerError(RuntimeError):
 
 
 def round_scalars(
-    metrics: Sequence[Mapping[str, Any]], ranks: Sequence[int], *, per_rank: bool
+    metrics: Sequence[dict[str, Any]], ranks: Sequence[int], *, per_rank: bool
 ) -> dict[str, float]:
-    """A round as scalars: ``<metric>`` the mean over the ranks that reported it,
-    and, with ``per_rank`` and more than one rank, ``<metric>/rank_<i>`` each rank's.
-    Only numbers count (not booleans, strings or nested values); a NaN stays a NaN."""
-    values: dict[str, list[float]] = {}
-    scalars: dict[str, float] = {}
-    split = per_rank and len(metrics) > 1
-    for rank, reported in zip(ranks, metrics, strict=False):
-        for key, value in reported.items():
-            if _is_number(value):
-                number = float(value)
-                values.setdefault(key, []).append(number)
-                if split:
-                    scalars[f"{key}/rank_{rank}"] = number
-    means = {key: math.fsum(numbers) / len(numbers) for key, numbers in values.items()}
-    return {**means, **scalars}
+    """A round as scalars: ``<metric>``, the mean over ranks as the run's summary and
+    report take it (``handlers.wiring.mean_metrics``: finite values only, so one rank's
+    NaN does not hide the others'), and, with ``per_rank`` and more than one rank,
+    ``<metric>/rank_<i>``, each rank's as reported (a NaN stays a NaN). Only numbers
+    count (not booleans, strings or nested values)."""
+    scalars: dict[str, float] = {key: float(v) for key, v in mean_metrics(metrics).items()}
+    if per_rank and len(metrics) > 1:
+        for rank, reported in zip(ranks, metrics, strict=False):
+            for key, value in reported.items():
+                if _is_number(value):
+                    scalars[f"{key}/rank_{rank}"] = float(value)
+    return scalars
 
 
 def cost_scalars(report: BudgetReport) -> dict[str, float]:
@@ -98,6 +97,9 @@ def cost_scalars(report: BudgetReport) -> dict[str, float]:
 #: deadline (which abandons the wait) the waiting thread must still end, or a writer
 #: stuck for good would keep the process from exiting.
 _WAIT_LIMIT = 120.0
+
+#: A step the trackers can store: TensorBoard's and MLflow's are 64-bit integers.
+_STEP_LIMIT = 2**63
 
 _Item = tuple[Callable[..., Any], tuple[Any, ...]] | threading.Event | None
 
@@ -255,9 +257,8 @@ class TrackerCallback(UserCallback, StatefulCallback):
         self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
     ) -> None:
         thread = self._writer()
-        lines = [
-            f"rank {rank}: {_describe(exc)}" for rank, exc in sorted(worker_exceptions.items())
-        ]
+        failed = sorted(worker_exceptions.items())
+        lines = [f"rank {rank}: {describe_exception(exc)}" for rank, exc in failed]
         thread.put(self._text, "failures", "\n\n".join(lines), self._step_now(), time.time())
         self._raise_errors(thread)
 
@@ -283,13 +284,13 @@ class TrackerCallback(UserCallback, StatefulCallback):
             return self.rounds
         for reported in event.metrics:
             value = reported.get(name)
-            if _is_number(value) and math.isfinite(value):
+            if _is_number(value) and math.isfinite(value) and abs(value) < _STEP_LIMIT:
                 return int(value)
         self.rounds_without_step += 1
         if self.rounds_without_step == 1:
             _log.warning(
-                f"{self!r}: a round without a finite {name!r} metric is not written "
-                f"(step_metric={name!r}); this warning is shown once",
+                f"{self!r}: a round without a finite {name!r} metric (a 64-bit step) is "
+                f"not written (step_metric={name!r}); this warning is shown once",
                 round=event.round,
             )
         return None
@@ -299,8 +300,9 @@ class TrackerCallback(UserCallback, StatefulCallback):
         if errors:
             more = f" (and {len(errors) - 1} more writes failed)" if len(errors) > 1 else ""
             broken = "; nothing more is written" if thread.broken else ""
+            first = describe_exception(errors[0])
             raise TrackerError(
-                f"{self!r}: writing to {self.tracker} failed: {_describe(errors[0])}{more}{broken}"
+                f"{self!r}: writing to {self.tracker} failed: {first}{more}{broken}"
             ) from errors[0]
 
     # --- in the writer thread ----------------------------------------------------------
@@ -348,8 +350,3 @@ class TrackerCallback(UserCallback, StatefulCallback):
 def _is_number(value: object) -> TypeGuard[int | float]:
     """A number a tracker can plot: an int or a float, not a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _describe(exc: BaseException) -> str:
-    message = str(exc)
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -8,6 +8,7 @@ a run's end the way ``open_run`` does (``status_of``).
 from ._attach import CallbackAttachment, attach_user_callbacks
 from ._ending import log_run_end, status_of, stop_of
 from ._metric_values import MetricsError, freeze_metrics
+from ._metrics import mean_metrics
 from ._user import UserCallbackHandler, implemented_hooks, training_callbacks
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "freeze_metrics",
     "implemented_hooks",
     "log_run_end",
+    "mean_metrics",
     "status_of",
     "stop_of",
     "training_callbacks",

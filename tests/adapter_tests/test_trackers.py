@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from _trackers_readback import (
 )
 
 import adapters.tensorboard as tensorboard_adapter
+from adapters._tracker import round_scalars
 from adapters.mlflow import MLflowLogger, mlflow_key
 from adapters.tensorboard import TensorBoardLogger
 from eventbus import (
@@ -472,3 +474,33 @@ async def test_rows_a_failed_flush_could_not_write_are_written_at_the_next(
     (found,) = mlflow_runs(read_uri(), "exp")
     history = mlflow_history(read_uri(), found.info.run_id, "loss")
     assert [step for step, _ in history] == list(range(12))
+
+
+def test_a_rounds_mean_is_the_runs_own_and_each_rank_keeps_what_it_reported() -> None:
+    """The mean is the one the run's summary and report show (finite values only: one
+    rank's NaN does not hide the other's loss); the per-rank scalars are as reported."""
+    nan = float("nan")
+    scalars = round_scalars(
+        [{"loss": nan, "note": "x", "ok": True}, {"loss": 2.0, "step": 3}], (0, 1), per_rank=True
+    )
+    assert scalars["loss"] == 2.0 and scalars["step"] == 3.0
+    assert math.isnan(scalars["loss/rank_0"]) and scalars["loss/rank_1"] == 2.0
+    assert not {"note", "ok", "note/rank_0", "ok/rank_0"} & set(scalars)
+    assert set(round_scalars([{"loss": 1.0}], (0,), per_rank=True)) == {"loss"}
+
+
+@pytest.mark.parametrize("step", [float("nan"), float("inf"), 1e30, -(2.0**64), "3", True])
+async def test_a_step_no_tracker_can_store_is_not_written_and_said_once(step: object) -> None:
+    tb = TensorBoardLogger("runs/tb", step_metric="step")
+
+    async def train(reporter: Reporter) -> None:
+        for index in range(3):
+            await reporter.report({"loss": 1.0, "step": step if index == 1 else index})
+
+    with capture_logs() as logs:
+        async with open_run(world_size=1, callbacks=[tb]) as run:
+            await run.workers(train)
+    assert run.result is not None and run.result.status == "finished"
+    assert [s for s, _ in tensorboard_scalars("runs/tb")["loss"]] == [0, 2]
+    said = [e for e in logs if "is not written (step_metric='step')" in e["event"]]
+    assert len(said) == 1 and tb.rounds_without_step == 1
