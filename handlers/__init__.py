@@ -16,7 +16,6 @@ from ._errors import ReportError, WorkerError, WorkerGroupError
 from ._failures import ExceptionCallbackHandler
 from ._lifecycle import RunCallbackHandler
 from ._metric_values import FrozenDict, FrozenList
-from ._moved import moved_names
 from ._open_run import TrainingCallback, open_run
 from ._reporter import Reporter
 from ._reports import ReportCallbackHandler
@@ -51,20 +50,3 @@ __all__ = [
     "latest_checkpoint",
     "open_run",
 ]
-
-#: Names exported from here until 0.2: each has one home now.
-__getattr__ = moved_names(
-    __name__,
-    {
-        "AfterRun": "eventbus.AfterRun",
-        "BeforeRun": "eventbus.BeforeRun",
-        "FailuresGathered": "eventbus.FailuresGathered",
-        "RoundGathered": "eventbus.RoundGathered",
-        "RunBegan": "eventbus.BeforeRun",
-        "RunEnded": "eventbus.AfterRun",
-        "RunResult": "eventbus.RunResult",
-        "RunStatus": "eventbus.RunStatus",
-        "StatefulCallback": "eventbus.StatefulCallback",
-        "TrainRunContext": "eventbus.TrainRunContext",
-    },
-)

@@ -90,6 +90,7 @@ SLOW = (
     "test_resume_readme_flow.py",  # 4: the README's resume flow, in subprocesses
     "reliability/test_backpressure.py",  # 2: memory bounds under fast producers
     "test_typed_install.py",  # mypy on a user's file, and a wheel build
+    "test_docs_typed.py",  # 15-32: mypy --strict and pyright over the docs' examples
     # Single tests, each with its figure on the line before.
     # 15
     "test_bus_properties.py::test_every_handler_gets_its_events_in_order_and_counts_add_up",

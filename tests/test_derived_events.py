@@ -3,7 +3,6 @@ changes for a replay, and the renamed run events whose log tags stayed."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +61,6 @@ def test_run_events_renamed_keep_their_recorded_tags() -> None:
         line = encode_json(event)
         assert line.startswith(f'{{"type":"{tag}"'.encode())
         assert type(decode_json(line)) is cls
-
-
-@pytest.mark.parametrize("module", ["eventbus.events", "handlers"])
-def test_the_old_names_still_import_with_a_warning(module: str) -> None:
-    namespace = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match="BeforeRun"):
-        assert namespace.RunBegan is BeforeRun
-    with pytest.warns(DeprecationWarning, match="AfterRun"):
-        assert namespace.RunEnded is AfterRun
-    with pytest.raises(AttributeError):
-        namespace.NoSuchName  # noqa: B018
 
 
 class Rounds(UserCallback):

@@ -8,8 +8,8 @@
   no module reads another's private names (``_name``) and no object
   another's private attributes (``x._attr``).
 - Each public name has one home: no object is in two public modules'
-  ``__all__`` (names that moved stay importable from their old place, with a
-  ``DeprecationWarning``, outside ``__all__``). Pipeline order by ``Stage``,
+  ``__all__`` (names that moved in 0.3.0 are in the CHANGELOG's migration
+  table). Pipeline order by ``Stage``,
   never a number. (Sizes are not checked: a long module is a smell to look
   at, not a number to squeeze under.)
 """

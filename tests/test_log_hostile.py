@@ -775,7 +775,7 @@ def test_a_log_of_gathered_events_reads_without_importing_handlers(tmp_path: Pat
     log = tmp_path / "run.evlog"
     written = run_python(
         f"""
-        from eventbus.events import AfterRun, BeforeRun, FailuresGathered, RoundGathered
+        from eventbus import AfterRun, BeforeRun, FailuresGathered, RoundGathered
         from eventbus.testing import sample_event, write_log
         events = [sample_event(c) for c in (BeforeRun, RoundGathered, FailuresGathered, AfterRun)]
         write_log({str(log)!r}, events)

@@ -6,6 +6,7 @@ Each test is named after what a resumed run would get wrong without it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,7 @@ def key(cls: type, suffix: str | None = None) -> str:
     return name if suffix is None else f"{name}[{suffix}]"
 
 
-def values(callbacks: list[object]) -> list[list[float]]:
+def values(callbacks: Sequence[object]) -> list[list[float]]:
     assert all(isinstance(cb, TrendBase) for cb in callbacks)
     return [cb.values for cb in callbacks if isinstance(cb, TrendBase)]
 

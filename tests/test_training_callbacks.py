@@ -262,17 +262,16 @@ def test_metrics_logger_keeps_integer_metrics_integers() -> None:
 # --- 13. where a callback's names come from ------------------------------------------------
 
 
-def test_a_stateful_training_callback_imports_from_two_homes_and_old_places_warn() -> None:
-    """``UserCallback`` is ``handlers``', ``StatefulCallback`` ``eventbus``' (its one home);
-    ``handlers.StatefulCallback`` still works until it is removed, with a warning."""
+def test_a_stateful_training_callback_imports_from_its_two_homes() -> None:
+    """``UserCallback`` is ``handlers``', ``StatefulCallback`` ``eventbus``' (its one home;
+    ``handlers.StatefulCallback`` went in 0.3.0, see the CHANGELOG's migration table)."""
     import eventbus
     import eventbus.testing
     import handlers
 
     assert "UserCallback" in handlers.__all__ and "StatefulCallback" in eventbus.__all__
     assert "StatefulCallback" not in handlers.__all__
-    with pytest.deprecated_call(match="use eventbus.StatefulCallback"):
-        assert handlers.StatefulCallback is eventbus.StatefulCallback
+    assert not hasattr(handlers, "StatefulCallback")
     assert "replay_log" in eventbus.testing.__all__
 
 

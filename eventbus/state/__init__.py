@@ -7,7 +7,6 @@ atomically inside the checkpoint, read back confined and bounded, and
 restored with a warning for every difference between saved and live.
 """
 
-from .._deprecated import moved_names
 from ._files import (
     DEFAULT_MAX_BYTES,
     STATE_FILENAME,
@@ -53,8 +52,3 @@ __all__ = [
     "state_class_name",
     "state_key_of",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {"Stateful": "eventbus.Stateful", "StatefulCallback": "eventbus.StatefulCallback"},
-)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar, cast
 
 import msgspec
 from msgspec import Meta
@@ -51,6 +51,8 @@ from ._restore import VettedState, move_state, plan_restore, rebuild_vetted, vet
 __all__ = ["StateStore"]
 
 _log = get_logger("eventbus.state")
+#: A callback's type, kept through ``restore`` (each is rebuilt as its own class).
+C = TypeVar("C")
 
 _compact = msgspec.json.Encoder()
 
@@ -189,13 +191,14 @@ class StateStore:
 
     def restore(
         self,
-        callbacks: Sequence[object],
+        callbacks: Sequence[C],
         checkpoint: str | os.PathLike[str] | Snapshot,
         *,
         in_place: bool = False,
         require_snapshot: bool = False,
-    ) -> tuple[list[object], StateRestored]:
-        """A new list, in the same order, with each saved callback rebuilt from its state.
+    ) -> tuple[list[C], StateRestored]:
+        """A new list, in the same order, with each saved callback rebuilt from its state
+        (an instance of the given one's class, so the list has the given one's type).
 
         ``checkpoint`` is the operator's (see ``load``), which the returned
         event names, or a ``Snapshot``.
@@ -279,7 +282,8 @@ class StateStore:
         for position, checked in vetted.items():
             live_key = state_key_of(callbacks[position])
             try:
-                restored[position] = rebuild_vetted(callbacks[position], checked)
+                # An instance of type(callbacks[position]) (rebuild_vetted checks it).
+                restored[position] = cast(C, rebuild_vetted(callbacks[position], checked))
             except Exception as exc:
                 problem = (
                     f"could not rebuild {plan.matches[position]} from its state "
@@ -315,7 +319,7 @@ class StateStore:
         )
 
     @staticmethod
-    def _adopt(restored: list[object], position: int, live: object) -> tuple[str, ...]:
+    def _adopt(restored: list[C], position: int, live: C) -> tuple[str, ...]:
         """Put ``restored[position]``'s state onto ``live`` and ``live`` back in the list;
         when it cannot, the rebuilt instance stays, and the returned warning says so."""
         why = move_state(live, restored[position])

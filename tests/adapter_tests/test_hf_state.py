@@ -240,7 +240,7 @@ def test_hf_list_matched_by_position_count_mismatch_flagged_hf_zip_truncated(
     restored, report = StateStore(tmp_path).restore(
         [MetricSnapshot("x"), MetricSnapshot("y")], from_hf_callbacks(section)
     )
-    assert [cb.metric for cb in restored] == ["accuracy", "f1"]  # type: ignore[attr-defined]
+    assert [cb.metric for cb in restored] == ["accuracy", "f1"]
     assert report.missing == ()
     assert report.mismatched == ("MetricSnapshot: 3 saved, 2 live",)
     assert any("ignored 1 earlier stale" in w for w in report.warnings)
@@ -250,7 +250,7 @@ def test_hf_list_matched_by_position_count_mismatch_flagged_hf_zip_truncated(
         [MetricSnapshot("a"), MetricSnapshot("b")],
         from_hf_callbacks({"MetricSnapshot": section["MetricSnapshot"][0]}),
     )
-    assert [cb.metric for cb in restored] == ["loss", "b"]  # type: ignore[attr-defined]
+    assert [cb.metric for cb in restored] == ["loss", "b"]
     assert report.unsaved == (f"{__name__}.MetricSnapshot[b]",)
     assert report.mismatched == ("MetricSnapshot: 1 saved, 2 live",)
 
@@ -313,7 +313,7 @@ def test_hf_list_positions_are_read_from_the_keys_not_from_their_order(tmp_path:
     restored, report = StateStore(tmp_path).restore(
         [MetricSnapshot("a"), MetricSnapshot("b")], snapshot
     )
-    assert [cb.metric for cb in restored] == ["m10", "m11"]  # type: ignore[attr-defined]
+    assert [cb.metric for cb in restored] == ["m10", "m11"]
     assert any("ignored 2 earlier stale" in w for w in report.warnings)
 
 
