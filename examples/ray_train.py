@@ -136,7 +136,6 @@ async def main(state_dir: Path, resume: bool) -> RunResult:
     async with run:
         await run.workers(train, max_restarts=1)
     result = run.result
-    assert result is not None  # the run is over
     print(f"stopped by {result.stopped_by}; learning rate now {plateau.lr}")
     return result
 

@@ -5,8 +5,10 @@ Ray Train hands ``after_exception`` the failures of one health-check poll as
 period its bus time falls in: the tick that ends a period can be dispatched
 after failures stamped in the next one (the dispatcher ends a period when it
 takes the next batch), so failures are split by time, not by arrival.
-Failures still pending when the run finishes are delivered then: none is
-lost. Each delivery is a ``FailuresGathered`` event, to which training
+Failures still pending when the worker group restarts or the run finishes
+are delivered then, so ``after_exception`` hears of a failure before the
+restarted group's first round (as Ray Train does) and before ``after_run``:
+none is lost. Each delivery is a ``FailuresGathered`` event, to which training
 callbacks subscribe.
 """
 
@@ -26,6 +28,7 @@ from eventbus import (
     Subscription,
     TrainRunContext,
     WorkerFailure,
+    WorkerGroupRestarted,
 )
 
 __all__ = ["ExceptionCallbackHandler"]
@@ -58,14 +61,14 @@ class ExceptionCallbackHandler:
         """Gather from ``bus``; each period's failures are emitted on it."""
         self._emit = partial(bus.emit, derived=True)  # one per period: never refused
         return bus.subscribe(
-            (WorkerFailure, HealthCheckTick, RunFinished),
+            (WorkerFailure, HealthCheckTick, WorkerGroupRestarted, RunFinished),
             self.handle,
             name="handlers.ExceptionCallbackHandler",
             order=order,
         )
 
     def handle(self, event: Event) -> None:
-        """A failure to keep, a tick that ends a period, or the run's end."""
+        """A failure to keep, a tick that ends a period, a restart or the run's end."""
         if isinstance(event, WorkerFailure):
             self.failures += 1
             self._pending.append(event)
@@ -77,7 +80,7 @@ class ExceptionCallbackHandler:
                 self._carried = []
                 self._pending = [f for f in self._pending if f.time >= end]
                 self._deliver(due)
-        elif isinstance(event, RunFinished):
+        elif isinstance(event, (WorkerGroupRestarted, RunFinished)):
             self.flush()
 
     def pending_before(self, seq: int) -> tuple[WorkerFailure, ...]:

@@ -171,9 +171,26 @@ class Run(anyio.AsyncContextManagerMixin):
         return self.attachment.run_context if self.attachment else None
 
     @property
-    def result(self) -> RunResult | None:
-        """``after_run``'s result, once the run is over, with its callbacks' costs
-        (``RunResult.callbacks``) brought up to the bus's close."""
+    def result(self) -> RunResult:
+        """``after_run``'s result, once the run is over (read it after ``async with``),
+        with its callbacks' costs (``RunResult.callbacks``) brought up to the bus's close.
+
+        Raises:
+            RuntimeError: no result yet (not entered, still running), or the run ended
+                without one (its bus failed before delivering ``RunFinished``).
+        """
+        result = self._result_so_far()
+        if result is not None:
+            return result
+        if self._entered is None:
+            why = "the run has not started (enter it: `async with open_run(...) as run:`)"
+        elif self.status is None:
+            why = "the run is still running (read run.result after its `async with` block)"
+        else:
+            why = f"the run ended ({self.status}) but its bus failed before delivering it"
+        raise RuntimeError(f"run {self.run_id} has no result: {why}")
+
+    def _result_so_far(self) -> RunResult | None:
         return self.attachment.lifecycle.result if self.attachment else None
 
     @property
@@ -324,7 +341,6 @@ class Run(anyio.AsyncContextManagerMixin):
             if attempt >= max_restarts:
                 raise self.group_failed(failures, attempt, max_restarts)
             attempt += 1
-            await self.bus.wait_idle()  # so latest_checkpoint has every gathered round
             required = tuple(group) if ranks is not None else ()
             await self.group_restarting(failures, attempt, max_restarts, required)
 
@@ -346,8 +362,12 @@ class Run(anyio.AsyncContextManagerMixin):
         max_restarts: int,
         required_ranks: tuple[int, ...] = (),
     ) -> None:
-        """Say that the group restarts (its ``attempt``-th restart) and publish
-        ``WorkerGroupRestarted``: the reports of the failed attempt are dropped."""
+        """Say that the group restarts (its ``attempt``-th restart), publish
+        ``WorkerGroupRestarted`` (the reports of the failed attempt are dropped) and
+        return once the callbacks handled it: every engine restarts its group only
+        then, so ``after_exception`` hears of the failures before the restarted
+        group's first round."""
+        await self.bus.wait_idle()  # so latest_checkpoint has every gathered round
         _log.warning(
             f"restarting the worker group after rank(s) {_ranks(failures)} failed: "
             f"restart {attempt} of {max_restarts}",
@@ -359,6 +379,7 @@ class Run(anyio.AsyncContextManagerMixin):
                 run_id=self.run_id, world_size=self.world_size, required_ranks=required_ranks
             )
         )
+        await self.bus.wait_idle()
 
     async def worker_failed(self, rank: int, exc: Exception, attempt: int) -> None:
         """Say that ``rank``'s worker failed with ``exc`` and publish its
@@ -450,9 +471,14 @@ class Run(anyio.AsyncContextManagerMixin):
                         raise
                     started = True
                     try:
-                        yield self
-                    except BaseException as body:
-                        exc = body
+                        await self._begin()
+                    except BaseException as before_run:
+                        exc = before_run
+                    else:
+                        try:
+                            yield self
+                        except BaseException as body:
+                            exc = body
                     exc, cancelled = await self._end(exc)
                     if cancelled and exc is not None:
                         raise exc  # the task group takes a cancellation of its own scope
@@ -541,6 +567,12 @@ class Run(anyio.AsyncContextManagerMixin):
                 wall_time=position.start_time if position and position.start_time else time.time(),
             )
         )
+
+    async def _begin(self) -> None:
+        """Wait until ``before_run`` returned (so it comes before any worker starts,
+        and before a resumed run's own events reach any callback), then say what the
+        run resumed from."""
+        await self.bus.wait_idle()
         resumed = self.resume.event(self.run_id) if self.resume is not None else None
         if resumed is not None:
             await self.bus.publish(resumed)
@@ -620,8 +652,9 @@ class Run(anyio.AsyncContextManagerMixin):
                 )
             )
             await self._drain()
-            if self.result is not None and self._entered is not None:
-                log_run_end(self.result, time.monotonic() - self._entered)
+            result = self._result_so_far()
+            if result is not None and self._entered is not None:
+                log_run_end(result, time.monotonic() - self._entered)
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))
 

@@ -86,5 +86,7 @@ async def test_wait_gathered_returns_once_the_rank_s_round_is_complete() -> None
             await run.bus.wait_idle()
             assert not waiting.is_set()  # rank 1's report is missing
             await run.reporter(1).report({"loss": 1.0})
-        assert waiting.is_set() and run.result is None
+        assert waiting.is_set()
+        with pytest.raises(RuntimeError, match="still running"):
+            run.result  # noqa: B018  # the property raises
     assert run.result is not None and run.result.rounds == 1

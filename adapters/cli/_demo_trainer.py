@@ -394,7 +394,6 @@ async def run_demo(
     summary.callback_seconds = {s.name: s.total for s in run.bus.stats().subscriptions if s.total}
 
     result = run.result
-    assert result is not None
     summary.status = result.status
     summary.rounds = result.rounds
     summary.reports = result.reports

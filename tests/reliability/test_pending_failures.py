@@ -19,9 +19,11 @@ from handlers import UserCallback
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: A run whose period never ends (an hour): rank 1 fails once at its third step, the
-#: group restarts from the checkpoint of round 1, a checkpoint is snapshotted at round 3
-#: with the failure still pending, and the process SIGKILLs itself at round 4 (``kill``).
+#: A run whose period never ends (an hour), with rank 1 started on its own
+#: (``start_worker``), so that its failure neither restarts the group nor ends the
+#: run: it waits for its period's end. Rounds wait for rank 0 alone; rank 1 fails at
+#: its third step, rank 0 then checkpoints at step 3 (snapshotted with the failure
+#: still pending) and the process SIGKILLs itself at step 4 (``kill``).
 SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys
@@ -44,15 +46,22 @@ SCRIPT = textwrap.dedent(
             if kill and metrics[0]["step"] == 4:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    async def worker(reporter):
-        start = 0 if reporter.latest_checkpoint is None else 2
-        if resume:
-            start = 4
-        for step in range(start, 6):
-            if reporter.rank == 1 and step == 2 and reporter.attempt == 0 and not resume:
-                raise RuntimeError("rank 1 fell over")
+    rank_1_ended = anyio.Event()
+
+    async def rank_1(reporter):
+        try:
+            for step in range(2):
+                await reporter.report({"step": step})
+            raise RuntimeError("rank 1 fell over")
+        finally:
+            rank_1_ended.set()
+
+    async def rank_0(reporter):
+        for step in range(4 if resume else 0, 6):
+            if step == 3:
+                await rank_1_ended.wait()
             checkpoint = None
-            if step in (1, 3) and reporter.rank == 0:
+            if step in (1, 3):
                 checkpoint = out / f"checkpoint_{step}"
                 checkpoint.mkdir(exist_ok=True)
             await reporter.report({"step": step}, checkpoint=checkpoint)
@@ -60,10 +69,12 @@ SCRIPT = textwrap.dedent(
 
     async def main():
         async with open_run(
-            world_size=2, callbacks=[Failures()], period=3600.0, state_dir=out,
-            resume_from=resume, log=out / "run.evlog",
+            world_size=2, required_ranks=[0], callbacks=[Failures()], period=3600.0,
+            state_dir=out, resume_from=resume, log=out / "run.evlog",
         ) as run:
-            await run.workers(worker, max_restarts=1)
+            if not resume:
+                run.start_worker(1, rank_1)
+            await run.workers(rank_0, ranks=[0])
 
     anyio.run(main)
     """
