@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,8 +32,8 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
-from eventbus import describe_exception, get_logger
-from handlers import Reporter, ReportError
+from eventbus import get_logger
+from handlers import Reporter, ReportError, WorkerError
 from handlers.wiring import MetricsError, freeze_metrics
 
 if TYPE_CHECKING:
@@ -252,11 +253,32 @@ def _directory(rank: int, checkpoint: object) -> str:
 
 
 def _worker_main(config: dict[str, Any]) -> None:
-    """A Ray Train worker: the user's ``async def train(reporter)``, on its own loop."""
+    """A Ray Train worker: the user's ``async def train(reporter)``, on its own loop.
+
+    Its exception is made sendable here, where it still exists: one Ray
+    cannot pickle would be lost in transit (the controller would hear only
+    that the worker's health check failed).
+    """
     context = ray.train.get_context()
     reporter = RayReporter(config["hub"], context.get_world_rank(), context.get_world_size())
     fn: WorkerFn = config["fn"]
-    anyio.run(fn, reporter)
+    try:
+        anyio.run(fn, reporter)
+    except Exception as exc:
+        if _travels(exc):
+            raise
+        text = "".join(traceback.format_exception(exc))
+        raise WorkerError(reporter.rank, type(exc).__qualname__, str(exc), text) from exc
+
+
+def _travels(exc: BaseException) -> bool:
+    """Whether ``exc`` survives Ray's trip (pickled and rebuilt: an exception whose
+    ``__init__`` needs more than its ``args`` pickles but cannot be rebuilt)."""
+    try:
+        ray.cloudpickle.loads(ray.cloudpickle.dumps(exc))
+    except Exception:
+        return False
+    return True
 
 
 class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untyped to mypy
@@ -293,7 +315,7 @@ class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untype
                 self.send()
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
-        failures = {int(rank): _sendable(exc) for rank, exc in worker_exceptions.items()}
+        failures = {int(rank): exc for rank, exc in worker_exceptions.items()}
         self.send(("failures", failures))
 
     def send(self, *news: tuple[str, Any]) -> Any:
@@ -333,15 +355,6 @@ class _ControllerHooks(ControllerCallback):  # type: ignore[misc]  # ray is unty
 
     def before_controller_abort(self) -> None:
         ray.get(self.forwarder.send(("closed", None)))
-
-
-def _sendable(exc: BaseException) -> BaseException:
-    """``exc`` itself if it can travel to the driver, else its text in a ``RuntimeError``."""
-    try:
-        ray.cloudpickle.dumps(exc)
-    except Exception:
-        return RuntimeError(describe_exception(exc))
-    return exc
 
 
 class RayEngine:
@@ -523,7 +536,6 @@ class _Pump:
             elif kind == "decision" and payload:
                 self.attempt += 1
                 self.retried = True
-                await run.bus.wait_idle()  # so latest_checkpoint has every gathered round
                 await run.group_restarting(self.failures, self.attempt, self.max_restarts)
         if rounds:
             self.rounds += rounds

@@ -7,6 +7,7 @@ back the shape of an exception a callback can catch, compare and print.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from eventbus import WorkerFailure
@@ -43,6 +44,10 @@ class WorkerError(Exception):
         self.message = message
         self.traceback = traceback
         self.retryable = retryable
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (Ray ships exceptions)
+        rebuild = partial(type(self), retryable=self.retryable)
+        return rebuild, (self.rank, self.error_type, self.message, self.traceback)
 
     @classmethod
     def from_failure(cls, failure: WorkerFailure) -> WorkerError:

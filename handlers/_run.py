@@ -49,7 +49,7 @@ from ._attach import CallbackAttachment
 from ._callback import UserCallback
 from ._ending import interrupt_in, log_run_end, only_cancellations, status_of, stop_of
 from ._engine import WorkerEngine
-from ._errors import WorkerGroupError
+from ._errors import WorkerError, WorkerGroupError
 from ._reporter import Reporter, SyncSignal, stopping_lanes, values_for_workers
 from ._resume import Resume, appends_to_log, resume_point
 from ._user import training_callbacks
@@ -388,7 +388,10 @@ class Run(anyio.AsyncContextManagerMixin):
         _log.warning(
             f"worker rank {rank} failed: {said[:1000]}", run_id=self.run_id, attempt=attempt
         )
-        failure = WorkerFailure.from_exception(self.run_id, rank, exc)
+        if isinstance(exc, WorkerError):  # already text (made sendable where it was raised)
+            failure = exc.to_failure(self.run_id)
+        else:
+            failure = WorkerFailure.from_exception(self.run_id, rank, exc)
         if self.attachment is not None:
             self.attachment.keep_original(failure, exc)
         await self.bus.publish(failure)
