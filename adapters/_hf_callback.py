@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Unpack
@@ -26,7 +25,6 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     ) from _exc
 
 from eventbus import (
-    CheckpointSaved,
     EventBus,
     Report,
     RunStarted,
@@ -38,6 +36,7 @@ from eventbus import (
 from eventbus.state import Snapshot, StateStore, is_stateful
 from handlers.wiring import (
     CallbackAttachment,
+    Resume,
     attach_user_callbacks,
     training_callbacks,
 )
@@ -105,7 +104,6 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._rank = 0
         self._world_size = 1
         self._index = 0
-        self._last_metrics: dict[str, Any] = {}
         #: This step's reports, held back in ``on_log`` because a save follows (``on_save``).
         self._held: list[tuple[int, dict[str, Any]]] = []
         #: HF's end-of-training figures (its last ``on_log``), for ``RunFinished.summary``.
@@ -128,13 +126,16 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._rank = int(args.process_index)
         self._world_size = int(args.world_size)
         self._index = 0
-        self._last_metrics = {}
         self._held = []
         self._summary = {}
-        run_id = self.requested_run_id or f"{self._run_name(args)}-{uuid.uuid4().hex[:8]}"
         root = Path(self.state_root if self.state_root is not None else args.output_dir)
         self._store = StateStore(root, strict=self.strict_state) if self.state_enabled else None
         checkpoint = self._resume_checkpoint(args, state)
+        # Where the run stood first, as open_run reads it: then the callbacks' states.
+        # Only the process that saves continues the run its snapshot names: another
+        # rank's bus and log are its own.
+        writes = bool(args.should_save)
+        resume = self._resume_of(self._store if writes else None, checkpoint)
         self.restored = (
             self._restore_from(self._store, checkpoint, self._saved_states)
             if checkpoint is not None
@@ -143,26 +144,25 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         if self._store is not None:
             self._store.register(self._callbacks)
         self._watch_stops(self._callbacks)
+        name = self._run_name(args)
+        run_id = self._run_id_of(self.requested_run_id, resume, name)
+        self._index = resume.first_index(self._rank) if resume is not None else 0
         self.log_path = log_path(self.log, args.output_dir, run_id)
-        self._start_bus(run_id, bool(args.should_save))
-        self._run.handoff(
-            RunStarted(
-                run_id=run_id,
-                name=self._run_name(args),
-                world_size=self._world_size,
-                config={
-                    "output_dir": str(args.output_dir),
-                    "max_steps": int(state.max_steps),
-                    "rank": self._rank,
-                    "resumed_from": checkpoint,
-                    "global_step": int(state.global_step),
-                },
-                storage=str(root),
-                wall_time=time.time(),
-            )
+        started = RunStarted(
+            run_id=run_id,
+            name=name,
+            world_size=self._world_size,
+            config={
+                "output_dir": str(args.output_dir),
+                "max_steps": int(state.max_steps),
+                "rank": self._rank,
+                "resumed_from": checkpoint,
+                "global_step": int(state.global_step),
+            },
+            storage=str(root),
+            wall_time=time.time(),
         )
-        if self.restored is not None:
-            self._run.handoff(self.restored)
+        self._start_bus(started, writes, resume)
 
     def on_log(
         self,
@@ -201,7 +201,6 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 return
             index = self._index
             self._index = index + 1
-            self._last_metrics = metrics
             if control.should_save:
                 self._held.append((index, metrics))
                 return
@@ -224,9 +223,9 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The checkpoint HF just wrote: the round of this step's last report names it
         (so ``after_report`` sees it, as with ``open_run``; a step that saved without
-        logging gets a round of ``{"step": N}``), then, once that round was
-        handled, a ``CheckpointSaved`` has the state store snapshot our callbacks
-        into it."""
+        logging gets a round of ``{"step": N}``). Gathering that round announces its
+        ``CheckpointSaved``, as in ``open_run``: the state store snapshots our
+        callbacks into it, with where the run stood, once the round was handled."""
         if not self._run.running:
             return
         checkpoint = Path(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
@@ -235,16 +234,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             metrics = {"step": state.global_step}
             self._held.append((self._index, metrics))
             self._index += 1
-            self._last_metrics = metrics
         self._release(location)
-        event = CheckpointSaved(
-            run_id=self._run.run_id,
-            checkpoint=location,
-            index=self._index - 1,
-            ranks=(self._rank,),
-            metrics=self._last_metrics,
-        )
-        self._run.handoff(event, after_idle=True)
         self._check(control)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -295,7 +285,9 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         run_name = getattr(args, "run_name", None)
         return str(run_name) if run_name else Path(str(args.output_dir)).name or "hf-trainer"
 
-    def _start_bus(self, run_id: str, writes_checkpoints: bool) -> None:
+    def _start_bus(
+        self, started: RunStarted, writes_checkpoints: bool, resume: Resume | None
+    ) -> None:
         callbacks = self._callbacks
         store = self._store if writes_checkpoints else None
         world_size, rank = self._world_size, self._rank
@@ -303,10 +295,17 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         def setup(bus: EventBus) -> CallbackAttachment:
             # Each process runs its own bus and sees only its own rank's logs.
             attachment = attach_user_callbacks(
-                bus, callbacks, world_size=world_size, required_ranks=[rank]
+                bus,
+                callbacks,
+                world_size=world_size,
+                required_ranks=[rank],
+                announce_checkpoints=True,
             )
+            if resume is not None:
+                resume.apply(attachment, world_size)
             if store is not None:
-                store.attach(bus)
+                # Each snapshot says where the run stood, so a resume continues the run.
+                store.attach(bus, position_of=attachment.position_of)
                 bus.subscribe(
                     StateSnapshotted,
                     self._merge_into_trainer_state,
@@ -315,8 +314,15 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 )
             return attachment
 
-        self._make_report = _ReportMaker(run_id, rank, world_size)
-        self._start_run(setup, run_id=run_id, log=self.log_path, name=f"eventbus-hf-rank{rank}")
+        self._make_report = _ReportMaker(started.run_id, rank, world_size)
+        self._start_run(
+            setup,
+            started=started,
+            log=self.log_path,
+            name=f"eventbus-hf-rank{rank}",
+            resume=resume,
+            restored=self.restored,
+        )
 
     def _resume_checkpoint(self, args: Any, state: Any) -> str | None:
         """The checkpoint this ``train()`` resumed from, or None for a fresh run.

@@ -28,7 +28,8 @@ class AdapterOptions(BusOptions, frozen=True, kw_only=True):
         drain_timeout: how long the run's end waits for what was handed off to be
             handled, seconds (at least 0.1 s, as a run's).
         handoff_timeout: how long a trainer's hook waits for room in a full
-            hand-off before the event is dropped (and counted), seconds.
+            hand-off before the event is dropped (and counted), and the longest
+            a hook's step of a bus stepped in the hooks runs, seconds.
         poll_interval: how often the bus takes what the trainer handed off,
             seconds: the longest an event waits (between the trainer's hooks,
             for a bus stepped in them), and the most often the bus interrupts

@@ -1,22 +1,27 @@
 """A bus stepped in the trainer's own thread, at its hooks: no second thread.
 
-A bus in a thread of its own takes the GIL from the trainer at each look: on a
-real Hugging Face Trainer (``benchmarks/bench_trainer_overhead.py``) a tiny
-model lost 15-20% of its steps per second that way, the training thread
-blocking four times a step, while our callbacks' own work was about 30 us a
-step. Stepped, the bus's asyncio loop runs only inside the trainer's hooks: a
-hook appends to the deque, and ``poll`` (at most once per ``poll_interval``)
-or a checkpoint runs the loop for as long as it has something ready to run
-(at most ``STEP_LIMIT``): the bus takes what was handed off and its handlers
-run, in the trainer's thread, as the framework's own callbacks do. What the
-bus waits for (an async callback's I/O, a ``blocking`` handler's worker
-thread, a sleep) is not waited for: it goes on at the next steps, and a deadline that
-passed is enforced at the next step. ``wait_idle`` and the run's end do wait,
-for everything.
+A bus in a thread of its own takes the GIL from the trainer at each look (the
+figures: ``docs/adapters.md``, ``benchmarks/bench_trainer_overhead.py``), so by
+default the bus's asyncio loop runs only inside the trainer's hooks: a hook
+appends to the deque, and ``poll`` (at most once per ``poll_interval``) or a
+checkpoint steps the bus: its loop runs until the handlers have finished what
+the step gave them, lanes included, as the framework's own callbacks would,
+in the trainer's thread. So a call never spans two hooks: the time a callback
+is charged is the time it ran (an async callback awaiting 1 ms is charged
+1 ms, and the trainer waits that 1 ms), never the trainer's compute between
+two hooks, and its deadline is enforced inside the step, by the bus's own
+watchdog, as under ``open_run``. A step gives up after ``handoff_timeout``
+(a bus that never goes idle, such as handlers publishing to each other
+without end): what is left goes on at the next steps. ``wait_idle`` and the
+run's end wait the same way, with their own limits.
 
-A sync callback that hangs hangs the trainer, as a framework callback would:
-run such callbacks with ``blocking = True`` or ``bus_runs="in_thread"``.
+A callback that waits long holds the trainer, as a framework callback would:
+an async or ``blocking = True`` one up to its deadline, a plain sync one to
+its end (it cannot be interrupted). Run such callbacks with
+``bus_runs="in_thread"`` for the trainer not to wait for them.
 asyncio only: trio's loop cannot be run a step at a time from outside it.
+No private attribute of asyncio is read: a step is ``run_forever``, stopped
+by the bus's pump once the bus is idle, or by a timer at the step's limit.
 """
 
 from __future__ import annotations
@@ -30,14 +35,10 @@ from eventbus import CloseReport, Event, EventBus, get_logger
 
 from ._bus_host import STOP, BusHost
 
-__all__ = ["STEP_LIMIT", "SteppedBus", "loop_running_here"]
+__all__ = ["SteppedBus", "loop_running_here"]
 
 _log = get_logger("adapters.stepped_bus")
 
-#: The longest a hook runs the bus's ready work (seconds of its loop's clock), so a
-#: handler that never stops yielding cannot hold the trainer; the rest goes on at the
-#: next step. A sync callback is not cut short: it runs to its end.
-STEP_LIMIT = 0.1
 #: How long a bus abandoned at close gets to cancel its tasks (seconds).
 _CANCEL_GRACE = 1.0
 
@@ -49,14 +50,6 @@ def loop_running_here() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-class _SteppedLoop(asyncio.SelectorEventLoop):
-    """asyncio's own loop, which can also say whether it has work ready to run now."""
-
-    def runnable(self) -> bool:
-        # CPython's BaseEventLoop keeps the callbacks of its next iteration in _ready.
-        return bool(self._ready)  # type: ignore[attr-defined]
 
 
 def _settle(future: asyncio.Future[bool], value: bool) -> None:
@@ -75,14 +68,12 @@ class SteppedBus(BusHost):
                 f"{self.name}: a bus stepped at the trainer's hooks runs on asyncio, not "
                 f"{self.backend}; use bus_runs='in_thread' for trio"
             )
-        self._loop: _SteppedLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[bool] | None = None
-        self._step_done: asyncio.Future[bool] | None = None
+        #: How the step under way ended: None while it runs, True idle, False its limit.
+        self._step_idle: bool | None = None
         self._stepping = False
-        self._lanes_too = False  # whether this step waits for the lanes as well
-        self._idle = False  # the pump waits for the next step, everything before handled
-        self._steps = 0  # steps so far: a stale check of quiet() knows it is stale
         self._next_look = 0.0  # when a hook's poll next steps the bus
         self._next_take = 0.0  # when a hook's poll next steps it for its own hand-off
         #: Since when what is in the deque waits for a step (None: nothing waits).
@@ -99,7 +90,8 @@ class SteppedBus(BusHost):
                 f"{self.name}: an event loop already runs in this thread (a notebook's?), "
                 "so the bus cannot be stepped in it; use bus_runs='in_thread'"
             )
-        loop = self._loop = _SteppedLoop()
+        # asyncio's own selector loop, named: not whatever a policy would make (uvloop).
+        loop = self._loop = asyncio.SelectorEventLoop()
         task = self._main_task = loop.create_task(self._main())
         task.add_done_callback(self._main_done)
         self._wait(timeout)
@@ -184,35 +176,34 @@ class SteppedBus(BusHost):
         task = self._main_task
         if task is None or task.done():
             return True
-        return self._wait(timeout, lanes_too=True)
+        return self._wait(timeout)
 
     def _make_room(self) -> bool:
         """A full deque: step the bus, so it takes what it holds."""
-        self._step(self.handoff_timeout)
+        self._step()
         return len(self._queue) < self.capacity
 
-    def _step(self, limit: float = STEP_LIMIT, *, takes: bool = False) -> bool:
-        """Run the loop while it has work ready (at most ``limit`` seconds), so the pump
-        takes the deque and the handlers run; never wait. True if the bus is idle.
-        ``takes``: a hook's hand-off asked for it (its clock, see ``poll``)."""
+    def _step(self, limit: float | None = None, *, takes: bool = False) -> bool:
+        """A hook's step: run the loop until the bus handled what the deque holds and
+        every call that started (True), or ``limit`` seconds passed (default
+        ``handoff_timeout``; False). ``takes``: a hook's hand-off asked for it (its
+        clock, see ``poll``)."""
+        return self._wait(self.handoff_timeout if limit is None else limit, takes=takes)
+
+    def _wait(self, limit: float, *, takes: bool = True) -> bool:
+        """Run the loop until the bus handled everything, lanes included (True), the bus
+        ended (True), or ``limit`` seconds passed (False).
+
+        Never stopped while a call is under way (unless ``limit`` passed): a call that
+        started here ends here, so its time is its own, and the watchdog, which runs
+        in this loop, holds its deadline. ``takes``: restart the hand-off's poll clock."""
         loop, task = self._loop, self._main_task
         if self._stepping or loop is None or task is None or task.done():
             return task is not None and task.done()
         self.wakeups += 1
-        self._steps += 1
-        step = self._steps
-
-        def quiet() -> None:
-            if self._steps != step:  # left over from a step that ended by its limit
-                return
-            if loop.runnable():
-                loop.call_soon(quiet)
-            else:
-                loop.stop()
-
+        self._step_idle = None
         self._wake_pump()
-        loop.call_soon(quiet)
-        timer = loop.call_later(limit, loop.stop)
+        timer = loop.call_later(limit, self._end_step, False)
         self._stepping = True
         try:
             loop.run_forever()
@@ -224,31 +215,15 @@ class SteppedBus(BusHost):
                 self._next_take = self._next_look
             if not self._queue:
                 self._waiting_since = None
-        return self._idle and not self._queue
+        return bool(self._step_idle)
 
-    def _wait(self, limit: float, *, lanes_too: bool = False) -> bool:
-        """Run the loop until the bus handled everything (True), the bus ended (True), or
-        ``limit`` seconds passed (False): waits for what the bus waits for."""
-        loop, task = self._loop, self._main_task
-        if self._stepping or loop is None or task is None or task.done():
-            return task is not None and task.done()
-        self.wakeups += 1
-        done = self._step_done = loop.create_future()
-        self._lanes_too = lanes_too
-        self._wake_pump()
-        timer = loop.call_later(limit, _settle, done, False)
-        self._stepping = True
-        try:
-            loop.run_until_complete(done)
-        finally:
-            self._stepping = False
-            self._step_done = None
-            self._lanes_too = False
-            timer.cancel()
-            self._next_look = self._next_take = time.monotonic() + self.poll_interval
-            if not self._queue:
-                self._waiting_since = None
-        return bool(done.result())
+    def _end_step(self, idle: bool) -> None:
+        """End the step under way (in the loop): the bus is idle, or the limit came. Not
+        outside a step: a stop asked for then would end the next step at once."""
+        loop = self._loop
+        if self._stepping and self._step_idle is None and loop is not None:
+            self._step_idle = idle
+            loop.stop()
 
     def _wake_pump(self) -> None:
         wake = self._wake
@@ -259,11 +234,11 @@ class SteppedBus(BusHost):
 
     def _main_done(self, task: asyncio.Task[None]) -> None:
         self._ended(None if task.cancelled() else task.exception())
-        if self._step_done is not None:
-            _settle(self._step_done, True)
+        self._end_step(True)
 
     async def _pump(self, bus: EventBus) -> None:
-        """At each step: publish what the deque holds, wait for the bus, say so, sleep."""
+        """At each step: publish what the deque holds, wait until the bus handled it
+        (lanes included), say so, sleep until the next step."""
         queue = self._queue
         loop = asyncio.get_running_loop()
         while True:
@@ -272,13 +247,9 @@ class SteppedBus(BusHost):
                 if not await self._deliver(bus, item):
                     return
             self._in_hand = None
-            lanes_too = self._lanes_too
-            await bus.wait_idle(lanes=None if lanes_too else ())
-            if queue or (self._lanes_too and not lanes_too):  # more came, or more is asked
+            await bus.wait_idle()  # lanes included: no call is left under way
+            if queue:  # more came meanwhile
                 continue
-            if self._step_done is not None:
-                _settle(self._step_done, True)
+            self._end_step(True)
             self._wake = loop.create_future()
-            self._idle = True
             await self._wake
-            self._idle = False

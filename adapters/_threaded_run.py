@@ -24,24 +24,37 @@ import atexit
 import contextlib
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from eventbus import (
+    BudgetReport,
     BusClosed,
     CloseReport,
     Event,
     EventBus,
     RunFinished,
+    RunStarted,
     RunStatus,
     StateRestored,
     WorkerFailure,
     describe_exception,
     get_logger,
 )
+from eventbus.log import LogRecorder
 from eventbus.state import Snapshot, StateError, StateStore
-from handlers.wiring import CallbackAttachment, log_run_end, status_of, stop_of
+from handlers.wiring import (
+    CallbackAttachment,
+    Resume,
+    appends_to_log,
+    log_run_end,
+    status_of,
+    stop_of,
+)
 
 from ._bus_host import BusHost, DeferredEvent, kind_of
 from ._bus_thread import BusThread
@@ -104,6 +117,10 @@ class ThreadedRun:
     def _reset(self) -> None:
         self.thread: BusHost | None = None
         self.run_id = ""
+        #: The run's log, while it runs (closed once its bus closed).
+        self.recorder: LogRecorder | None = None
+        #: The health-check period a crash cut, when the run resumed a log that has it.
+        self.cut_period: BudgetReport | None = None
         #: The last run's close report (None while running, or if the bus was abandoned).
         self.close_report: CloseReport | None = None
         #: The bus's failure once it was raised in the trainer's thread.
@@ -147,21 +164,61 @@ class ThreadedRun:
         run_id: str,
         log: Path | None,
         name: str | None = None,
+        resume: Resume | None = None,
     ) -> None:
-        """Start a bus for run ``run_id`` (``setup(bus)`` wires it, in the bus's thread)."""
+        """Start a bus for run ``run_id`` (``setup(bus)`` wires it, in the bus's thread).
+
+        The log is opened here, in the trainer's thread, as ``open_run`` opens it:
+        created, or continued when ``resume`` has the position of the run it
+        holds; one that cannot be (``FileExistsError``, ``RunIdMismatch``) refuses
+        the run before its bus starts. A resumed bus numbers its events and
+        periods after the history's (``cut_period``: the period the crash cut).
+        """
         if self.running:
             raise RuntimeError(f"{self.name}: run {self.run_id} has not ended")
         if self.thread is not None:
             self._dropped_before += self.thread.dropped
         if name is not None:
             self.name = name
+        self._close_log()
+        continues = resume is not None and resume.position is not None
+        recorder = self.recorder = (
+            LogRecorder(
+                log,
+                run_id=run_id,
+                append=appends_to_log(log, resuming=continues),
+                overwrite=False,
+            )
+            if log is not None
+            else None
+        )
+        self.cut_period = None
+
+        def hosted(bus: EventBus) -> Any:
+            if recorder is not None:
+                recorder.attach(bus)
+            result = setup(bus)
+            if resume is not None:
+                tail = recorder.appended if recorder is not None else None
+                self.cut_period = resume.continue_bus(bus, tail)
+            return result
+
         host = self._host_class()
-        thread = host(setup, options=self.options, log=log, run_id=run_id, name=self.name)
-        thread.start()
+        thread = host(hosted, options=self.options, log=None, run_id=run_id, name=self.name)
+        try:
+            thread.start()
+        except BaseException:
+            self._close_log()
+            raise
         self.thread = thread
         self.run_id = run_id
         self.close_report = None
         self.raised = None
+
+    def _close_log(self) -> None:
+        recorder, self.recorder = self.recorder, None
+        if recorder is not None:
+            recorder.close()
 
     def _host_class(self) -> type[BusHost]:
         """Where this run's bus runs (see ``AdapterOptions.bus_runs``)."""
@@ -256,6 +313,7 @@ class ThreadedRun:
         summary: dict[str, Any] | None = None,
     ) -> None:
         if not thread.running:
+            self._close_log()
             return
         deadline = time.monotonic() + self.drain_timeout + 5.0
         for event in before:
@@ -278,6 +336,7 @@ class ThreadedRun:
             summary=summary or {},
         )
         self.close_report = thread.close([final], timeout=max(0.0, deadline - time.monotonic()))
+        self._close_log()  # after the bus's last event (an abandoned bus records no more)
         result = attachment.lifecycle.result if attachment is not None else None
         if result is not None:
             log_run_end(result)
@@ -371,13 +430,65 @@ class ThreadedAdapter:
             return None
         return restored
 
+    def _resume_of(self, store: StateStore | None, checkpoint: str | None) -> Resume | None:
+        """What the fit resumes from ``checkpoint``, read from our snapshot there as
+        ``open_run`` reads it (``Resume.load``): the run's id and where it stood.
+        ``None`` for a fresh fit, or without a state store; a position that cannot be
+        read is a warning (with ``strict_state``, the error), and the fit a new run."""
+        if store is None or checkpoint is None:
+            return None
+        try:
+            return Resume.load(store, checkpoint)
+        except (StateError, OSError) as exc:
+            if self.strict_state:
+                raise
+            _log.warning(
+                "where the resumed run stood is unreadable: this fit is a new run",
+                checkpoint=checkpoint,
+                error=f"{exc}",
+            )
+            return None
+
+    @staticmethod
+    def _run_id_of(requested: str | None, resume: Resume | None, name: str) -> str:
+        """The run's id: the one asked for, else the resumed run's when the fit
+        continues it (its position is known), else a new one."""
+        if requested:
+            return requested
+        if resume is not None and resume.position is not None and resume.run_id:
+            return resume.run_id
+        return f"{name}-{uuid.uuid4().hex[:8]}"
+
     def _start_run(
-        self, setup: Callable[[EventBus], Any], *, run_id: str, log: Path | None, name: str
+        self,
+        setup: Callable[[EventBus], Any],
+        *,
+        started: RunStarted,
+        log: Path | None,
+        name: str,
+        resume: Resume | None = None,
+        restored: StateRestored | None = None,
     ) -> None:
-        self._run.start(setup, run_id=run_id, log=log, name=name)
+        """Start the run's bus and hand it the run's first events, in ``open_run``'s
+        order: ``started``, then (once ``before_run`` returned, at most
+        ``drain_timeout`` later) for a resume ``RunResumed``, the period the crash
+        cut, and what was restored."""
+        run = self._run
+        run.start(setup, run_id=started.run_id, log=log, name=name, resume=resume)
         # A process that exits without the trainer's end hook still ends the run and
         # closes the log.
         atexit.register(self._close_at_exit)
+        if resume is not None and resume.position is not None and resume.position.start_time:
+            started = msgspec.structs.replace(started, wall_time=resume.position.start_time)
+        run.handoff(started)
+        # before_run returns before the trainer's first step, and before a callback that
+        # takes the resume's events (a tracker takes the cut period's report) gets any.
+        if run.thread is not None:
+            run.thread.wait_idle(run.options.drain_timeout)
+        resumed = resume.event(started.run_id) if resume is not None else None
+        for event in (resumed, run.cut_period, restored):
+            if event is not None:
+                run.handoff(event)
 
     def _close_at_exit(self) -> None:
         if self._run.running:

@@ -7,7 +7,11 @@ its hooks (``bus_runs="in_thread"``: a thread of its own), as the Hugging Face
 adapter's is:
 
 - ``on_train_start`` -> ``RunStarted``, after restoring our callbacks'
-  states in place when ``fit`` resumed (``ckpt_path=``);
+  states in place when ``fit`` resumed (``ckpt_path=``); a resume continues
+  the run its states were saved in, as ``open_run``'s does (the same run id,
+  its log appended to, its rounds continued, ``RunResumed``), where the
+  snapshot beside the file, or for ``last.ckpt`` the file, says where the
+  run stood;
 - each step at which Lightning logs (``log_every_n_steps``) -> one round:
   a ``Report`` per rank of that rank's ``trainer.callback_metrics`` (as
   floats, plus ``step``), gathered to rank 0, so ``metrics[i]`` is rank
@@ -34,7 +38,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Unpack
@@ -53,6 +56,7 @@ from eventbus import (
     CheckpointSaved,
     EventBus,
     Report,
+    RunPosition,
     RunStarted,
     StateRestored,
     describe_exception,
@@ -61,6 +65,7 @@ from eventbus import (
 from eventbus.state import Snapshot, StateError, StateStore
 from handlers.wiring import (
     CallbackAttachment,
+    Resume,
     attach_user_callbacks,
     training_callbacks,
 )
@@ -121,6 +126,10 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         self._store: StateStore | None = None
         #: The states Lightning's checkpoint held (``load_state_dict``), until the run starts.
         self._loaded: Snapshot | None = None
+        #: The last snapshot's checkpoint and where the run stood there (the bus's side).
+        self._saved_position: tuple[str, RunPosition | None] | None = None
+        #: The step and file of the last save that was its round's checkpoint.
+        self._saved_at: tuple[int, str] | None = None
         self._rank = 0
         self._world_size = 1
         self._index = 0
@@ -196,10 +205,11 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
             return
         self._trainer = trainer
         name = self._run_name(trainer)
-        run_id = self.requested_run_id or f"{name}-{uuid.uuid4().hex[:8]}"
         root = Path(self.state_root) if self.state_root is not None else _checkpoint_dir(trainer)
         self._store = StateStore(root, strict=self.strict_state) if self.state_enabled else None
         resumed_from = str(Path(trainer.ckpt_path).resolve()) if trainer.ckpt_path else None
+        # Where the run stood first, as open_run reads it: then the callbacks' states.
+        resume = self._resume_in(self._store, resumed_from, loaded)
         self.restored = (
             self._restore_from(
                 self._store, resumed_from, lambda s, c: self._saved_states(s, c, loaded)
@@ -215,27 +225,25 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
                 "log_every_n_steps=0: Lightning logs nothing, so our callbacks get rounds "
                 "only at saves, of {'step': N} alone"
             )
+        run_id = self._run_id_of(self.requested_run_id, resume, name)
+        self._index = resume.first_index(0) if resume is not None else 0
         self.log_path = log_path(self.event_log, trainer.default_root_dir, run_id)
-        self._start_bus(run_id)
-        self._run.handoff(
-            RunStarted(
-                run_id=run_id,
-                name=name,
-                world_size=self._world_size,
-                config={
-                    "default_root_dir": str(trainer.default_root_dir),
-                    "max_steps": int(trainer.max_steps),
-                    "max_epochs": trainer.max_epochs,
-                    "log_every_n_steps": int(trainer.log_every_n_steps),
-                    "resumed_from": resumed_from,
-                    "global_step": int(trainer.global_step),
-                },
-                storage=str(root),
-                wall_time=time.time(),
-            )
+        started = RunStarted(
+            run_id=run_id,
+            name=name,
+            world_size=self._world_size,
+            config={
+                "default_root_dir": str(trainer.default_root_dir),
+                "max_steps": int(trainer.max_steps),
+                "max_epochs": trainer.max_epochs,
+                "log_every_n_steps": int(trainer.log_every_n_steps),
+                "resumed_from": resumed_from,
+                "global_step": int(trainer.global_step),
+            },
+            storage=str(root),
+            wall_time=time.time(),
         )
-        if self.restored is not None:
-            self._run.handoff(self.restored)
+        self._start_bus(started, resume)
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -321,9 +329,21 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
                 checkpoint=location,
             )
         if self._store is not None and "callbacks" in checkpoint:  # not weights_only
-            states = self._store.capture(location, run_id=self.run_id)
+            position = self._copied_position(trainer) if is_copy else None
+            states = self._store.capture(location, run_id=self.run_id, position=position)
             checkpoint["callbacks"][self.state_key] = msgspec.to_builtins(states)
+        if not is_copy:
+            self._saved_at = (int(trainer.global_step), location)
         return None if is_copy else location
+
+    def _copied_position(self, trainer: Any) -> RunPosition | None:
+        """Where the run stood at the file this step saved, for its ``last.ckpt`` copy:
+        a resume from the copy continues the run there. (The file's own position is
+        in the snapshot beside it, written once the file is.)"""
+        saved_at, saved = self._saved_at, self._saved_position
+        if saved_at is None or saved is None or saved_at[0] != int(trainer.global_step):
+            return None
+        return saved[1] if saved[0] == saved_at[1] else None
 
     def _after_save(self, location: str) -> None:
         """Once written: our snapshot beside it, after its round; a stop asked for then."""
@@ -396,16 +416,46 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
             return self.name
         return Path(str(trainer.default_root_dir)).name or "lightning"
 
-    def _start_bus(self, run_id: str) -> None:
+    def _start_bus(self, started: RunStarted, resume: Resume | None) -> None:
         callbacks, store, world_size = self._callbacks, self._store, self._world_size
 
         def setup(bus: EventBus) -> CallbackAttachment:
             attachment = attach_user_callbacks(bus, callbacks, world_size=world_size)
+            if resume is not None:
+                resume.apply(attachment, world_size)
             if store is not None:
-                store.attach(bus)
+
+                def position_of(event: CheckpointSaved) -> RunPosition | None:
+                    # Kept for the ``last.ckpt`` copy of this step (see ``_before_save``).
+                    position = attachment.position_of(event)
+                    self._saved_position = (event.checkpoint, position)
+                    return position
+
+                # Each snapshot says where the run stood, so a resume continues the run.
+                store.attach(bus, position_of=position_of)
             return attachment
 
-        self._start_run(setup, run_id=run_id, log=self.log_path, name="eventbus-lightning")
+        self._start_run(
+            setup,
+            started=started,
+            log=self.log_path,
+            name="eventbus-lightning",
+            resume=resume,
+            restored=self.restored,
+        )
+
+    def _resume_in(
+        self, store: StateStore | None, checkpoint: str | None, loaded: Snapshot | None
+    ) -> Resume | None:
+        """What the fit resumes: the run and position of our snapshot beside the file,
+        else of the states in Lightning's checkpoint (``last.ckpt`` has no snapshot
+        beside it)."""
+        resume = self._resume_of(store, checkpoint)
+        if resume is None or checkpoint is None or resume.position is not None:
+            return resume
+        if loaded is not None and loaded.run is not None:
+            return Resume(checkpoint, loaded.run, loaded.run_id)
+        return resume
 
     @staticmethod
     def _saved_states(

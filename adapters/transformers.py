@@ -15,15 +15,18 @@ taking the GIL from the training loop:
   round: it is ``RunFinished.summary`` (``RunResult.summary`` in ``after_run``);
 - ``on_save`` -> the ``checkpoint-<step>`` directory HF just wrote is the
   checkpoint of that step's round (the reports of a step that saves wait for
-  its save), so ``after_report`` sees every save, as with ``open_run``; then a
-  ``CheckpointSaved``, published once that round was handled, so the state
+  its save), so ``after_report`` sees every save, as with ``open_run``; the
+  round announces its ``CheckpointSaved``, as ``open_run``'s do, so the state
   store's snapshot, written into that directory, holds every callback's state
-  as of the checkpoint; the states are also merged into the checkpoint's
-  ``trainer_state.json`` (``stateful_callbacks``), atomically;
+  as of the checkpoint and where the run stood; the states are also merged
+  into the checkpoint's ``trainer_state.json`` (``stateful_callbacks``), atomically;
 - ``on_train_end`` -> ``RunFinished``, then the bus is drained and closed.
 
 A resume restores the callbacks you passed in place (``StateStore.restore``
-with ``in_place=True``, as ``open_run`` does).
+with ``in_place=True``, as ``open_run`` does) and, from a checkpoint whose
+``callback_state.json`` says where the run stood, continues that run as
+``open_run`` does: the same run id, its log appended to, its rounds and
+report indices continued, ``RunResumed`` after ``RunStarted``.
 
 The Trainer has no hook for exceptions: ``run_with_failures(trainer)`` (or
 ``with callback.failures(): trainer.train()``) turns an exception escaping

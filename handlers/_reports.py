@@ -310,8 +310,7 @@ class ReportCallbackHandler:
         self.rounds += 1
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
-            if self.announce_checkpoints:  # a live run, whose snapshot will want it
-                self._keep_position(checkpoint)
+            self._keep_position(checkpoint)  # for the snapshot, whoever announces it
         emit = self._emit
         if emit is None:
             return

@@ -9,12 +9,15 @@ from ._attach import CallbackAttachment, attach_user_callbacks
 from ._ending import log_run_end, status_of, stop_of
 from ._metric_values import MetricsError, freeze_metrics
 from ._metrics import mean_metrics
+from ._resume import Resume, appends_to_log
 from ._user import UserCallbackHandler, implemented_hooks, training_callbacks
 
 __all__ = [
     "CallbackAttachment",
     "MetricsError",
+    "Resume",
     "UserCallbackHandler",
+    "appends_to_log",
     "attach_user_callbacks",
     "freeze_metrics",
     "implemented_hooks",

@@ -269,7 +269,9 @@ class SeqIsText:
 
 
 @pytest.mark.parametrize("how", ["publish", "publish_nowait", "publish_many", "emit"])
-@pytest.mark.parametrize("thing", [SeqIsText(), {"seq": -1}, None, 42], ids=repr)
+@pytest.mark.parametrize(
+    "thing", [SeqIsText(), {"seq": -1}, None, 42], ids=["SeqIsText()", "{seq: -1}", "None", "42"]
+)
 async def test_every_way_in_refuses_what_is_no_event_with_one_clear_error(
     how: str, thing: Any
 ) -> None:

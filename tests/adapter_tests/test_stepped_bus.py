@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any, ClassVar
 
 import anyio
@@ -108,7 +109,7 @@ def test_a_step_another_hook_took_does_not_hold_back_the_next_report() -> None:
     bus.offer(report(0))
     bus.poll()
     assert seen == []  # another hook does not take what was just handed off
-    bus._waiting_since = 0.0  # ... until it has waited a poll interval
+    bus._waiting_since = time.monotonic() - NEVER  # ... until it has waited a poll interval
     bus.poll()
     assert seen == [0]
     bus.offer(report(1))
@@ -150,28 +151,70 @@ def test_a_full_hand_off_steps_the_bus_instead_of_dropping() -> None:
     assert seen == list(range(100)) and bus.dropped == 0
 
 
-def test_an_async_callback_that_waits_goes_on_at_the_next_steps() -> None:
-    """A hook waits for the bus at most ``STEP_SLICE``; what an async callback awaits
-    finishes at a later step, and its deadline is enforced by the loop's clock."""
+class Sleeps(UserCallback):
+    """Awaits ``seconds`` a round; counts the rounds it finished."""
 
-    class Sleeps(UserCallback):
-        timeout: ClassVar[float | None] = 5.0
+    timeout: ClassVar[float | None] = 5.0
 
-        def __init__(self) -> None:
-            self.done = 0
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.done = 0
 
-        async def after_report(
-            self, run_context: TrainRunContext, metrics: list[dict[str, Any]], ckpt: str | None
-        ) -> None:
-            await anyio.sleep(0.05)
-            self.done += 1
+    async def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], ckpt: str | None
+    ) -> None:
+        await anyio.sleep(self.seconds)
+        self.done += 1
 
-    sleeps = Sleeps()
-    bus = SteppedBus(lambda b: attach_user_callbacks(b, [sleeps], world_size=1))
+
+def stepped(callback: UserCallback, reports: int) -> SteppedBus:
+    """A started stepped bus with ``callback`` attached, the run begun, ``reports``
+    handed off and not yet taken (no step by the poll timer comes in a test)."""
+    bus = SteppedBus(lambda b: attach_user_callbacks(b, [callback], world_size=1))
+    bus.poll_interval = NEVER
     bus.start()
     bus.handoff(RunStarted(run_id="run", name="run", world_size=1))
-    bus.handoff(report(0))
-    assert not bus._step(0.001)  # the slice ended before the callback did
+    for i in range(reports):
+        bus.handoff(report(i))
+    return bus
+
+
+def test_a_step_runs_until_the_calls_it_started_end() -> None:
+    """An async callback's await ends in the step that began it (issue 39): a call never
+    spans two hooks, so it is charged its own time, not the trainer's between them."""
+    sleeps = Sleeps(0.01)
+    bus = stepped(sleeps, 3)
+    started = bus.wakeups
+    assert bus._step()  # idle once it returns: every call it began has ended
+    assert sleeps.done == 3 and bus.wakeups == started + 1
+    assert bus.bus is not None
+    (sub,) = [s for s in bus.bus.stats().subscriptions if s.name == "Sleeps.after_report"]
+    assert sub.calls == 3 and sub.timed_out == 0
+    bus.close()
+
+
+def test_a_call_past_its_deadline_is_cancelled_inside_the_step() -> None:
+    """The watchdog runs in the step's loop: the deadline holds within the hook."""
+
+    class PastItsDeadline(Sleeps):
+        timeout: ClassVar[float | None] = 0.05
+
+    sleeps = PastItsDeadline(3600)
+    bus = stepped(sleeps, 2)
+    assert bus._step()
+    assert sleeps.done == 0
+    assert bus.bus is not None
+    (sub,) = [s for s in bus.bus.stats().subscriptions if s.name.endswith(".after_report")]
+    assert sub.calls == 2 and sub.timed_out == 2
+    bus.close()
+
+
+def test_a_step_past_its_limit_leaves_the_rest_to_the_next_steps() -> None:
+    """A bus that is not idle by the step's limit (``handoff_timeout``) gives the trainer
+    back its thread; what is under way goes on at the next step."""
+    sleeps = Sleeps(0.05)
+    bus = stepped(sleeps, 1)
+    assert not bus._step(0.001)  # the limit came before the callback's await ended
     assert sleeps.done == 0
     assert bus.wait_idle(timeout=5.0)
     assert sleeps.done == 1
