@@ -383,6 +383,8 @@ def test_a_killed_run_resumed_writes_each_step_once_as_an_uninterrupted_one(
     resume = job(tmp_path, 0, "--resume")
     assert resume.returncode == 0
     assert "already holds steps" not in resume.stderr
+    # Nothing of the resume reaches a tracker before its before_run (issue 39).
+    assert "handler failed" not in resume.stderr, resume.stderr
     resumed = read_back(tmp_path)
     assert without_attempt(resumed["tensorboard"]) == without_attempt(uninterrupted["tensorboard"])
     assert without_attempt(resumed["mlflow"]) == without_attempt(uninterrupted["mlflow"])
