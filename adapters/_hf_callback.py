@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Unpack
@@ -27,7 +26,6 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 from eventbus import (
     EventBus,
     Report,
-    RunStarted,
     Stage,
     StateRestored,
     StateSnapshotted,
@@ -36,8 +34,7 @@ from eventbus import (
 from eventbus.state import Snapshot, StateStore, is_stateful
 from handlers.wiring import (
     CallbackAttachment,
-    Resume,
-    attach_user_callbacks,
+    RunCore,
     training_callbacks,
 )
 
@@ -144,14 +141,13 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         if self._store is not None:
             self._store.register(self._callbacks)
         self._watch_stops(self._callbacks)
-        name = self._run_name(args)
-        run_id = self._run_id_of(self.requested_run_id, resume, name)
-        self._index = resume.first_index(self._rank) if resume is not None else 0
-        self.log_path = log_path(self.log, args.output_dir, run_id)
-        started = RunStarted(
-            run_id=run_id,
-            name=name,
+        core = RunCore(
+            self._callbacks,
+            name=self._run_name(args),
+            # Each process runs its own bus and sees only its own rank's logs.
             world_size=self._world_size,
+            required_ranks=[self._rank],
+            run_id=self.requested_run_id,
             config={
                 "output_dir": str(args.output_dir),
                 "max_steps": int(state.max_steps),
@@ -160,9 +156,12 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 "global_step": int(state.global_step),
             },
             storage=str(root),
-            wall_time=time.time(),
+            store=self._store if writes else None,
         )
-        self._start_bus(started, writes, resume)
+        core.resumed(resume, restored=self.restored)
+        self._index = core.first_index(self._rank)
+        self.log_path = log_path(self.log, args.output_dir, core.run_id)
+        self._start_bus(core)
 
     def on_log(
         self,
@@ -285,44 +284,18 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         run_name = getattr(args, "run_name", None)
         return str(run_name) if run_name else Path(str(args.output_dir)).name or "hf-trainer"
 
-    def _start_bus(
-        self, started: RunStarted, writes_checkpoints: bool, resume: Resume | None
-    ) -> None:
-        callbacks = self._callbacks
-        store = self._store if writes_checkpoints else None
-        world_size, rank = self._world_size, self._rank
-
-        def setup(bus: EventBus) -> CallbackAttachment:
-            # Each process runs its own bus and sees only its own rank's logs.
-            attachment = attach_user_callbacks(
-                bus,
-                callbacks,
-                world_size=world_size,
-                required_ranks=[rank],
-                announce_checkpoints=True,
-            )
-            if resume is not None:
-                resume.apply(attachment, world_size)
-            if store is not None:
-                # Each snapshot says where the run stood, so a resume continues the run.
-                store.attach(bus, position_of=attachment.position_of)
+    def _start_bus(self, core: RunCore) -> None:
+        def setup(bus: EventBus, attachment: CallbackAttachment) -> None:
+            if core.store is not None:
                 bus.subscribe(
                     StateSnapshotted,
                     self._merge_into_trainer_state,
                     name="adapters.transformers.trainer_state",
                     order=Stage.HANDOFF,
                 )
-            return attachment
 
-        self._make_report = _ReportMaker(started.run_id, rank, world_size)
-        self._start_run(
-            setup,
-            started=started,
-            log=self.log_path,
-            name=f"eventbus-hf-rank{rank}",
-            resume=resume,
-            restored=self.restored,
-        )
+        self._make_report = _ReportMaker(core.run_id, self._rank, self._world_size)
+        self._start_run(core, setup, log=self.log_path, name=f"eventbus-hf-rank{self._rank}")
 
     def _resume_checkpoint(self, args: Any, state: Any) -> str | None:
         """The checkpoint this ``train()`` resumed from, or None for a fresh run.

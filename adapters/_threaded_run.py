@@ -24,36 +24,27 @@ import atexit
 import contextlib
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from eventbus import (
-    BudgetReport,
     BusClosed,
     CloseReport,
     Event,
     EventBus,
-    RunFinished,
-    RunStarted,
     RunStatus,
     StateRestored,
     WorkerFailure,
     describe_exception,
     get_logger,
 )
-from eventbus.log import LogRecorder
 from eventbus.state import Snapshot, StateError, StateStore
 from handlers.wiring import (
     CallbackAttachment,
     Resume,
-    appends_to_log,
-    log_run_end,
+    RunCore,
     status_of,
-    stop_of,
 )
 
 from ._bus_host import BusHost, DeferredEvent, kind_of
@@ -116,11 +107,8 @@ class ThreadedRun:
 
     def _reset(self) -> None:
         self.thread: BusHost | None = None
-        self.run_id = ""
-        #: The run's log, while it runs (closed once its bus closed).
-        self.recorder: LogRecorder | None = None
-        #: The health-check period a crash cut, when the run resumed a log that has it.
-        self.cut_period: BudgetReport | None = None
+        #: The current (or last) run: its id, wiring, log and first and last events.
+        self.core: RunCore | None = None
         #: The last run's close report (None while running, or if the bus was abandoned).
         self.close_report: CloseReport | None = None
         #: The bus's failure once it was raised in the trainer's thread.
@@ -141,10 +129,13 @@ class ThreadedRun:
         return self.thread is not None and self.thread.running
 
     @property
+    def run_id(self) -> str:
+        return self.core.run_id if self.core is not None else ""
+
+    @property
     def attachment(self) -> CallbackAttachment | None:
         """The handlers wired on the current (or last) run's bus."""
-        result = self.thread.setup_result if self.thread is not None else None
-        return result if isinstance(result, CallbackAttachment) else None
+        return self.core.attachment if self.core is not None else None
 
     @property
     def dropped(self) -> int:
@@ -159,20 +150,23 @@ class ThreadedRun:
 
     def start(
         self,
-        setup: Callable[[EventBus], Any],
+        core: RunCore,
+        setup: Callable[[EventBus, CallbackAttachment], Any] | None = None,
         *,
-        run_id: str,
         log: Path | None,
         name: str | None = None,
-        resume: Resume | None = None,
+        before_run_first: bool = True,
     ) -> None:
-        """Start a bus for run ``run_id`` (``setup(bus)`` wires it, in the bus's thread).
+        """Start a bus for the run ``core`` describes, and hand it the run's first events.
 
-        The log is opened here, in the trainer's thread, as ``open_run`` opens it:
-        created, or continued when ``resume`` has the position of the run it
-        holds; one that cannot be (``FileExistsError``, ``RunIdMismatch``) refuses
-        the run before its bus starts. A resumed bus numbers its events and
-        periods after the history's (``cut_period``: the period the crash cut).
+        The log is opened here, in the trainer's thread (``RunCore.open_log``):
+        one that cannot be (``FileExistsError``, ``RunIdMismatch``) refuses the
+        run before its bus starts. The bus is wired in its own thread
+        (``RunCore.open``, then ``setup(bus, attachment)``). Then ``RunStarted``;
+        once ``before_run`` returned (at most ``drain_timeout`` later: it comes
+        before the trainer's first step) a resume's own events
+        (``RunCore.after_start``). ``before_run_first=False``: the caller must not
+        wait (Ray's controller loop), so ``before_run`` comes when the bus gets to it.
         """
         if self.running:
             raise RuntimeError(f"{self.name}: run {self.run_id} has not ended")
@@ -180,45 +174,30 @@ class ThreadedRun:
             self._dropped_before += self.thread.dropped
         if name is not None:
             self.name = name
-        self._close_log()
-        continues = resume is not None and resume.position is not None
-        recorder = self.recorder = (
-            LogRecorder(
-                log,
-                run_id=run_id,
-                append=appends_to_log(log, resuming=continues),
-                overwrite=False,
-            )
-            if log is not None
-            else None
-        )
-        self.cut_period = None
+        core.open_log(log)
 
         def hosted(bus: EventBus) -> Any:
-            if recorder is not None:
-                recorder.attach(bus)
-            result = setup(bus)
-            if resume is not None:
-                tail = recorder.appended if recorder is not None else None
-                self.cut_period = resume.continue_bus(bus, tail)
-            return result
+            attachment = core.open(bus)
+            if setup is not None:
+                setup(bus, attachment)
+            return attachment
 
         host = self._host_class()
-        thread = host(hosted, options=self.options, log=None, run_id=run_id, name=self.name)
+        thread = host(hosted, options=self.options, log=None, run_id=core.run_id, name=self.name)
         try:
             thread.start()
         except BaseException:
-            self._close_log()
+            core.close_log()
             raise
         self.thread = thread
-        self.run_id = run_id
+        self.core = core
         self.close_report = None
         self.raised = None
-
-    def _close_log(self) -> None:
-        recorder, self.recorder = self.recorder, None
-        if recorder is not None:
-            recorder.close()
+        self.handoff(core.started())
+        if before_run_first:
+            thread.wait_idle(self.drain_timeout)
+        for event in core.after_start():
+            self.handoff(event)
 
     def _host_class(self) -> type[BusHost]:
         """Where this run's bus runs (see ``AdapterOptions.bus_runs``)."""
@@ -312,8 +291,11 @@ class ThreadedRun:
         before: Iterable[Event] = (),
         summary: dict[str, Any] | None = None,
     ) -> None:
+        core = self.core
+        if core is None:
+            return
         if not thread.running:
-            self._close_log()
+            core.close_log()
             return
         deadline = time.monotonic() + self.drain_timeout + 5.0
         for event in before:
@@ -323,23 +305,10 @@ class ThreadedRun:
         thread.wait_idle(self.drain_timeout)
         if thread.failure is not None:
             status, error = status_of(thread.failure)
-        attachment = self.attachment
-        stopped_by, stop_reason = (
-            stop_of(attachment.callbacks) if attachment is not None else None
-        ) or (None, None)
-        final = RunFinished(
-            run_id=self.run_id,
-            status=status,
-            error=error,
-            stopped_by=stopped_by,
-            stop_reason=stop_reason,
-            summary=summary or {},
-        )
+        final = core.finished(status, error, summary=summary)
         self.close_report = thread.close([final], timeout=max(0.0, deadline - time.monotonic()))
-        self._close_log()  # after the bus's last event (an abandoned bus records no more)
-        result = attachment.lifecycle.result if attachment is not None else None
-        if result is not None:
-            log_run_end(result)
+        core.close_log()  # after the bus's last event (an abandoned bus records no more)
+        core.say_end()
 
 
 class ThreadedAdapter:
@@ -449,46 +418,19 @@ class ThreadedAdapter:
             )
             return None
 
-    @staticmethod
-    def _run_id_of(requested: str | None, resume: Resume | None, name: str) -> str:
-        """The run's id: the one asked for, else the resumed run's when the fit
-        continues it (its position is known), else a new one."""
-        if requested:
-            return requested
-        if resume is not None and resume.position is not None and resume.run_id:
-            return resume.run_id
-        return f"{name}-{uuid.uuid4().hex[:8]}"
-
     def _start_run(
         self,
-        setup: Callable[[EventBus], Any],
+        core: RunCore,
+        setup: Callable[[EventBus, CallbackAttachment], Any] | None = None,
         *,
-        started: RunStarted,
         log: Path | None,
         name: str,
-        resume: Resume | None = None,
-        restored: StateRestored | None = None,
     ) -> None:
-        """Start the run's bus and hand it the run's first events, in ``open_run``'s
-        order: ``started``, then (once ``before_run`` returned, at most
-        ``drain_timeout`` later) for a resume ``RunResumed``, the period the crash
-        cut, and what was restored."""
-        run = self._run
-        run.start(setup, run_id=started.run_id, log=log, name=name, resume=resume)
+        """Start the run (``ThreadedRun.start``): its first events, ``before_run`` first."""
         # A process that exits without the trainer's end hook still ends the run and
         # closes the log.
         atexit.register(self._close_at_exit)
-        if resume is not None and resume.position is not None and resume.position.start_time:
-            started = msgspec.structs.replace(started, wall_time=resume.position.start_time)
-        run.handoff(started)
-        # before_run returns before the trainer's first step, and before a callback that
-        # takes the resume's events (a tracker takes the cut period's report) gets any.
-        if run.thread is not None:
-            run.thread.wait_idle(run.options.drain_timeout)
-        resumed = resume.event(started.run_id) if resume is not None else None
-        for event in (resumed, run.cut_period, restored):
-            if event is not None:
-                run.handoff(event)
+        self._run.start(core, setup, log=log, name=name)
 
     def _close_at_exit(self) -> None:
         if self._run.running:

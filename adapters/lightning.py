@@ -37,7 +37,6 @@ at its next hook, after ``after_run``, as with the other adapters.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Unpack
@@ -57,7 +56,6 @@ from eventbus import (
     EventBus,
     Report,
     RunPosition,
-    RunStarted,
     StateRestored,
     describe_exception,
     get_logger,
@@ -66,7 +64,7 @@ from eventbus.state import Snapshot, StateError, StateStore
 from handlers.wiring import (
     CallbackAttachment,
     Resume,
-    attach_user_callbacks,
+    RunCore,
     training_callbacks,
 )
 
@@ -225,13 +223,11 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
                 "log_every_n_steps=0: Lightning logs nothing, so our callbacks get rounds "
                 "only at saves, of {'step': N} alone"
             )
-        run_id = self._run_id_of(self.requested_run_id, resume, name)
-        self._index = resume.first_index(0) if resume is not None else 0
-        self.log_path = log_path(self.event_log, trainer.default_root_dir, run_id)
-        started = RunStarted(
-            run_id=run_id,
+        core = RunCore(
+            self._callbacks,
             name=name,
             world_size=self._world_size,
+            run_id=self.requested_run_id,
             config={
                 "default_root_dir": str(trainer.default_root_dir),
                 "max_steps": int(trainer.max_steps),
@@ -241,9 +237,13 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
                 "global_step": int(trainer.global_step),
             },
             storage=str(root),
-            wall_time=time.time(),
+            # Lightning writes a checkpoint after its round: ``_after_save`` announces it.
+            announce_checkpoints=False,
         )
-        self._start_bus(started, resume)
+        core.resumed(resume, restored=self.restored)
+        self._index = core.first_index(0)
+        self.log_path = log_path(self.event_log, trainer.default_root_dir, core.run_id)
+        self._start_bus(core)
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -416,33 +416,23 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
             return self.name
         return Path(str(trainer.default_root_dir)).name or "lightning"
 
-    def _start_bus(self, started: RunStarted, resume: Resume | None) -> None:
-        callbacks, store, world_size = self._callbacks, self._store, self._world_size
+    def _start_bus(self, core: RunCore) -> None:
+        store = self._store
 
-        def setup(bus: EventBus) -> CallbackAttachment:
-            attachment = attach_user_callbacks(bus, callbacks, world_size=world_size)
-            if resume is not None:
-                resume.apply(attachment, world_size)
-            if store is not None:
+        def setup(bus: EventBus, attachment: CallbackAttachment) -> None:
+            if store is None:
+                return
 
-                def position_of(event: CheckpointSaved) -> RunPosition | None:
-                    # Kept for the ``last.ckpt`` copy of this step (see ``_before_save``).
-                    position = attachment.position_of(event)
-                    self._saved_position = (event.checkpoint, position)
-                    return position
+            def position_of(event: CheckpointSaved) -> RunPosition | None:
+                # Kept for the ``last.ckpt`` copy of this step (see ``_before_save``).
+                position = core.position_of(event)
+                self._saved_position = (event.checkpoint, position)
+                return position
 
-                # Each snapshot says where the run stood, so a resume continues the run.
-                store.attach(bus, position_of=position_of)
-            return attachment
+            # Each snapshot says where the run stood, so a resume continues the run.
+            store.attach(bus, position_of=position_of)
 
-        self._start_run(
-            setup,
-            started=started,
-            log=self.log_path,
-            name="eventbus-lightning",
-            resume=resume,
-            restored=self.restored,
-        )
+        self._start_run(core, setup, log=self.log_path, name="eventbus-lightning")
 
     def _resume_in(
         self, store: StateStore | None, checkpoint: str | None, loaded: Snapshot | None

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Unpack
@@ -39,15 +38,13 @@ from eventbus import (
     CheckpointSaved,
     CloseReport,
     Event,
-    EventBus,
     Report,
-    RunStarted,
     RunStatus,
     WorkerFailure,
     describe_exception,
     get_logger,
 )
-from handlers.wiring import CallbackAttachment, attach_user_callbacks, training_callbacks
+from handlers.wiring import RunCore, training_callbacks
 
 from ._options import AdapterKeywords, AdapterOptions
 from ._ray_engine import RayEngine, RayReporter
@@ -219,22 +216,18 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
             _log.warning("no local storage path for the run: its event log is not recorded")
         else:
             self.log_path = log_path(self.record, storage or "", run_id)
-        callbacks = self.callbacks
-
-        def setup(bus: EventBus) -> CallbackAttachment:
-            return attach_user_callbacks(bus, callbacks, world_size=size or None)
-
-        self._run.start(setup, run_id=run_id, log=self.log_path)
-        self._run.handoff(
-            RunStarted(
-                run_id=run_id,
-                name=name,
-                world_size=size,
-                config=_json_config(run_context.train_loop_config, size),
-                storage=storage,
-                wall_time=time.time(),
-            )
+        core = RunCore(
+            self.callbacks,
+            name=name,
+            world_size=size,
+            run_id=run_id,
+            config=_json_config(run_context.train_loop_config, size),
+            storage=storage,
+            # Ray's rounds name their checkpoints; this callback announces none of its own.
+            announce_checkpoints=False,
         )
+        # Ray's controller loop must not wait here: its workers start on their own anyway.
+        self._run.start(core, log=self.log_path, before_run_first=False)
 
     def finish(self, status: RunStatus, error: str | None = None) -> CloseReport | None:
         """Publish ``RunFinished``, drain the bus, close the log (bounded by ``drain_timeout``).

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,15 +22,11 @@ import anyio.abc
 import anyio.lowlevel
 
 from eventbus import (
-    BudgetReport,
     BusClosed,
     CheckpointSaved,
     Clock,
     EventBus,
-    RunFinished,
-    RunPosition,
     RunResult,
-    RunStarted,
     RunStatus,
     StateRestored,
     Subscription,
@@ -47,12 +42,12 @@ from eventbus.state import StateStore
 
 from ._attach import CallbackAttachment
 from ._callback import UserCallback
-from ._ending import interrupt_in, log_run_end, only_cancellations, status_of, stop_of
+from ._core import RunCore
+from ._ending import interrupt_in, only_cancellations, status_of
 from ._engine import WorkerEngine
 from ._errors import WorkerError, WorkerGroupError
 from ._reporter import Reporter, SyncSignal, stopping_lanes, values_for_workers
-from ._resume import Resume, appends_to_log, resume_point
-from ._user import training_callbacks
+from ._resume import Resume, resume_point
 from ._workers import WorkerTasks
 from .options import Restarts, RunOptions
 
@@ -123,22 +118,25 @@ class Run(anyio.AsyncContextManagerMixin):
         #: Where checkpoints and callback states are kept (resolved), if anywhere.
         self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
         self.config = dict(config or {})
-        self.callbacks = training_callbacks(callbacks)
         self.bus = EventBus(options, clock=clock, on_failure=self._end_from_inside)
         # Callback states: snapshotted at every checkpoint with where the run stood,
         # restored into the callbacks given (order kept) before any runs when resuming.
         self.state_store = StateStore(state_dir, strict=strict_state) if state_dir else None
-        self.restored: StateRestored | None = None
-        self.resume: Resume | None = None
+        #: The run's identity, wiring, log and first and last events, as every way in has them.
+        self.core = RunCore(
+            callbacks,
+            name=name,
+            world_size=options.world_size,
+            required_ranks=options.required_ranks,
+            run_id=run_id,
+            config=self.config,
+            storage=self.storage,
+            store=self.state_store,
+        )
         self._resume_from = resume_from
         self._allow_fresh_state = allow_fresh_state
-        #: The run's id; a resumed run takes the saved run's on entering, unless given one.
-        self.run_id = run_id or f"{name}-{uuid.uuid4().hex[:8]}"
-        self._run_id_given = run_id is not None
         # The log records every event of the bus, from RunStarted to the last budget report.
         self._log_path = log
-        self.recorder: LogRecorder | None = None
-        self.attachment: CallbackAttachment | None = None
         self.status: RunStatus | None = None
         self._stop_requested = False
         self._stop_reason: str | None = None
@@ -150,7 +148,6 @@ class Run(anyio.AsyncContextManagerMixin):
         #: What ended the run from inside (a callback's on_error="raise", an interrupt).
         self._ended_by: BaseException | None = None
         self._workers = WorkerTasks()
-        self._cut_period: BudgetReport | None = None
         #: When the run was entered (``None``: not yet; a run is entered once).
         self._entered: float | None = None
         #: What ``wait_gathered`` waits on: a round gathered, a restart, a worker's end.
@@ -165,6 +162,33 @@ class Run(anyio.AsyncContextManagerMixin):
             engine.check(self)
 
     # --- what trainers use ---------------------------------------------------------
+
+    @property
+    def run_id(self) -> str:
+        """The run's id; a resumed run takes the saved run's on entering, unless given one."""
+        return self.core.run_id
+
+    @property
+    def callbacks(self) -> list[Any]:
+        """The training callbacks (the restored ones, once a resumed run was entered)."""
+        return self.core.callbacks
+
+    @property
+    def attachment(self) -> CallbackAttachment | None:
+        """The callbacks and their gatherers on the run's bus, once entered."""
+        return self.core.attachment
+
+    @property
+    def resume(self) -> Resume | None:
+        return self.core.resume
+
+    @property
+    def restored(self) -> StateRestored | None:
+        return self.core.restored
+
+    @property
+    def recorder(self) -> LogRecorder | None:
+        return self.core.recorder
 
     @property
     def context(self) -> TrainRunContext | None:
@@ -191,7 +215,7 @@ class Run(anyio.AsyncContextManagerMixin):
         raise RuntimeError(f"run {self.run_id} has no result: {why}")
 
     def _result_so_far(self) -> RunResult | None:
-        return self.attachment.lifecycle.result if self.attachment else None
+        return self.core.result
 
     @property
     def restarts(self) -> int:
@@ -206,10 +230,7 @@ class Run(anyio.AsyncContextManagerMixin):
 
     def first_index(self, rank: int) -> int:
         """The index of ``rank``'s first report (a resumed run continues them)."""
-        return self.resume.first_index(rank) if self.resume is not None else 0
-
-    def _position_of(self, event: CheckpointSaved) -> RunPosition | None:
-        return self.attachment.position_of(event) if self.attachment else None
+        return self.core.first_index(rank)
 
     @property
     def should_stop(self) -> bool:
@@ -228,12 +249,6 @@ class Run(anyio.AsyncContextManagerMixin):
         """Ask the workers to stop (they read ``should_stop``); the run's result says why."""
         self._stop_requested = True
         self._stop_reason = reason
-
-    def _stop(self) -> tuple[str | None, str | None]:
-        """What asked the run to stop early, and why (``None, None`` if nothing did)."""
-        if self._stop_requested:
-            return "Run.request_stop", self._stop_reason
-        return stop_of(self.callbacks) or (None, None)
 
     def has_ended(self, rank: int) -> bool:
         """Whether ``rank``'s worker ran and ended (returned or failed): no report of
@@ -513,37 +528,26 @@ class Run(anyio.AsyncContextManagerMixin):
             resume_from = self._resume_from
             if resume_from is not None:
                 resume_from = resume_point(resume_from)
-                self.resume = resume = Resume.load(store, resume_from)
-                self.callbacks, self.restored = store.restore(
+                resume = Resume.load(store, resume_from)
+                callbacks, restored = store.restore(
                     self.callbacks,
                     resume_from,
                     in_place=True,
                     require_snapshot=not self._allow_fresh_state,
                 )
-                if resume.run_id and not self._run_id_given:
-                    self.run_id = resume.run_id
+                self.core.resumed(resume, callbacks, restored)
             else:
                 store.register(self.callbacks)
-            store.attach(self.bus, position_of=self._position_of)
 
     def _open_log(self) -> None:
-        """Create the log, or continue the resumed run's (a log already there is never
-        overwritten), and number the bus's events and periods after the history's.
-        It is created here, in one step, so that of two runs given one path only
-        the first records, and a run never entered leaves no file."""
-        continues = self.resume is not None and self.resume.position is not None
-        if self._log_path is not None:
-            append = appends_to_log(self._log_path, resuming=continues)
-            self.recorder = LogRecorder(
-                self._log_path, run_id=self.run_id, append=append, overwrite=False
-            ).attach(self.bus)
-        if self.resume is not None:
-            tail = self.recorder.appended if self.recorder else None
-            self._cut_period = self.resume.continue_bus(self.bus, tail)
+        """Wire the run onto its bus and create its log, or continue the resumed run's
+        (``RunCore.open``). The log is created here, in one step, so that of two runs
+        given one path only the first records, and a run never entered leaves no file."""
+        self.core.open_log(self._log_path)
+        self.core.open(self.bus)
 
     def _close_log(self) -> None:
-        if self.recorder is not None:
-            self.recorder.close()
+        self.core.close_log()
 
     async def _start(self) -> None:
         assert self._tg is not None
@@ -551,38 +555,15 @@ class Run(anyio.AsyncContextManagerMixin):
         await self._bus_ready.wait()
         if self._bus_error is not None:
             raise self._bus_error
-        self.attachment = CallbackAttachment(
-            self.callbacks,
-            world_size=self.world_size,
-            required_ranks=self.required_ranks,
-            announce_checkpoints=True,
-        ).attach(self.bus)
-        position = self.resume.position if self.resume is not None else None
-        if self.resume is not None:
-            self.resume.apply(self.attachment, self.world_size)
-        await self.bus.publish(
-            RunStarted(
-                run_id=self.run_id,
-                name=self.name,
-                world_size=self.world_size,
-                config=self.config,
-                storage=self.storage,
-                wall_time=position.start_time if position and position.start_time else time.time(),
-            )
-        )
+        await self.bus.publish(self.core.started())
 
     async def _begin(self) -> None:
         """Wait until ``before_run`` returned (so it comes before any worker starts,
         and before a resumed run's own events reach any callback), then say what the
         run resumed from."""
         await self.bus.wait_idle()
-        resumed = self.resume.event(self.run_id) if self.resume is not None else None
-        if resumed is not None:
-            await self.bus.publish(resumed)
-        if self._cut_period is not None:  # the crash's period, reported partial
-            await self.bus.publish(self._cut_period)
-        if self.restored is not None:
-            await self.bus.publish(self.restored)
+        for event in self.core.after_start():
+            await self.bus.publish(event)
 
     async def _host_bus(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -644,20 +625,11 @@ class Run(anyio.AsyncContextManagerMixin):
         if self._bus_error is not None:
             return
         try:
-            stopped_by, stop_reason = self._stop()
-            await self.bus.publish(
-                RunFinished(
-                    run_id=self.run_id,
-                    status=status,
-                    error=error,
-                    stopped_by=stopped_by,
-                    stop_reason=stop_reason,
-                )
-            )
+            stopped = ("Run.request_stop", self._stop_reason) if self._stop_requested else None
+            await self.bus.publish(self.core.finished(status, error, stopped=stopped))
             await self._drain()
-            result = self._result_so_far()
-            if result is not None and self._entered is not None:
-                log_run_end(result, time.monotonic() - self._entered)
+            if self._entered is not None:
+                self.core.say_end(time.monotonic() - self._entered)
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))
 

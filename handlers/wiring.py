@@ -6,6 +6,7 @@ a run's end the way ``open_run`` does (``status_of``).
 """
 
 from ._attach import CallbackAttachment, attach_user_callbacks
+from ._core import RunCore
 from ._ending import log_run_end, status_of, stop_of
 from ._metric_values import MetricsError, freeze_metrics
 from ._metrics import mean_metrics
@@ -16,6 +17,7 @@ __all__ = [
     "CallbackAttachment",
     "MetricsError",
     "Resume",
+    "RunCore",
     "UserCallbackHandler",
     "appends_to_log",
     "attach_user_callbacks",

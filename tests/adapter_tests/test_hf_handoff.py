@@ -39,7 +39,7 @@ from eventbus import (
 from eventbus.log import read_log
 from eventbus.state import CallbackState, Snapshot, StateFormatError
 from handlers import UserCallback
-from handlers.wiring import attach_user_callbacks
+from handlers.wiring import RunCore, attach_user_callbacks
 
 BACKENDS: list[Backend] = ["asyncio", "trio"]
 
@@ -220,10 +220,7 @@ class FailsTheRun(UserCallback):
 
 def start_run(callbacks: list[Any], log: Path, backend: Backend = "asyncio") -> ThreadedRun:
     run = ThreadedRun("eventbus-test", AdapterOptions(backend=backend, period=0.5))
-    run.start(
-        lambda bus: attach_user_callbacks(bus, callbacks, world_size=1), run_id="run", log=log
-    )
-    run.handoff(RunStarted(run_id="run", name="run", world_size=1))
+    run.start(RunCore(callbacks, name="run", world_size=1, run_id="run"), log=log)
     return run
 
 

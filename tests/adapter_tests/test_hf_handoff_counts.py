@@ -37,7 +37,7 @@ from eventbus import (
     TrainRunContext,
 )
 from handlers import UserCallback
-from handlers.wiring import attach_user_callbacks
+from handlers.wiring import RunCore, attach_user_callbacks
 
 #: Longer than any test here: a wake-up by the poll timer would not happen in time.
 NEVER = 600.0
@@ -143,10 +143,7 @@ def test_a_callback_failing_the_run_reaches_the_trainer_without_waiting_for_a_po
 
     callback = FailsTheRun()
     run = ThreadedRun("eventbus-test", AdapterOptions(poll_interval=NEVER))
-    run.start(
-        lambda bus: attach_user_callbacks(bus, [callback], world_size=1), run_id="run", log=None
-    )
-    run.handoff(RunStarted(run_id="run", name="run", world_size=1))
+    run.start(RunCore([callback], name="run", world_size=1, run_id="run"), log=None)
     run.handoff(report(0))
     with pytest.raises(RuntimeError, match="fails the run"):
         run.finish("finished")  # wakes the bus, sees the failure, ends the run with it

@@ -32,7 +32,7 @@ from eventbus import (
     TrainRunContext,
 )
 from handlers import UserCallback
-from handlers.wiring import attach_user_callbacks
+from handlers.wiring import RunCore, attach_user_callbacks
 
 #: Longer than any test here: a step by the poll timer would not come in time.
 NEVER = 600.0
@@ -232,11 +232,8 @@ def test_a_callback_failing_the_run_reaches_the_trainer_and_after_run_runs_once(
 
     callback = FailsTheRun()
     run = ThreadedRun("eventbus-test", AdapterOptions(poll_interval=NEVER))
-    run.start(
-        lambda bus: attach_user_callbacks(bus, [callback], world_size=1), run_id="run", log=None
-    )
+    run.start(RunCore([callback], name="run", world_size=1, run_id="run"), log=None)
     assert isinstance(run.thread, SteppedBus)
-    run.handoff(RunStarted(run_id="run", name="run", world_size=1))
     run.handoff(report(0))
     with pytest.raises(KeyboardInterrupt):
         run.finish("finished")

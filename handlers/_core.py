@@ -1,0 +1,205 @@
+"""The run core: what every way into a run shares of its life, written once.
+
+``open_run``'s ``Run`` (async: workers as tasks, or on an engine) and the
+trainers' hook host (``adapters._threaded_run``: sync calls from a trainer's
+thread) drive the same core. It decides the run's id, what a resume
+continues, opens or continues the log, wires the callbacks onto the bus, and
+makes the run's first and last events in the one order every way in keeps:
+``RunStarted``; once ``before_run`` has returned, a resume's ``RunResumed``,
+the period a crash cut and what was restored; at the end ``RunFinished``,
+naming the callback that stopped the run, and one line on the console. It
+moves no event itself and knows no loop: its driver publishes what it makes,
+and waits where the docstrings say.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from eventbus import (
+    BudgetReport,
+    CheckpointSaved,
+    Event,
+    EventBus,
+    RunFinished,
+    RunPosition,
+    RunResult,
+    RunStarted,
+    RunStatus,
+    StateRestored,
+)
+from eventbus.log import LogRecorder
+from eventbus.state import StateStore
+
+from ._attach import CallbackAttachment
+from ._ending import log_run_end, stop_of
+from ._resume import Resume, appends_to_log
+from ._user import training_callbacks
+
+__all__ = ["RunCore"]
+
+
+class RunCore:
+    """One run's identity, wiring, log, and first and last events (see the module).
+
+    Args:
+        callbacks: the training callbacks (restored ones replace them in ``resume``).
+        name: the run's name, in its context and its id.
+        world_size: how many ranks report (0: not known yet; the first report says).
+        required_ranks: the ranks a round waits for (default: all).
+        run_id: the run's id; by default a resumed run's, else one made from ``name``.
+        config: the run's configuration, in ``RunStarted``.
+        storage: the root the callbacks' files belong in, in ``RunStarted``.
+        store: snapshots every stateful callback at every checkpoint.
+        announce_checkpoints: a round's checkpoint is announced (``CheckpointSaved``)
+            by the gathering; a trainer that writes its checkpoint after the round
+            announces it itself.
+    """
+
+    def __init__(
+        self,
+        callbacks: Iterable[Any],
+        *,
+        name: str,
+        world_size: int,
+        required_ranks: Iterable[int] | None = None,
+        run_id: str | None = None,
+        config: dict[str, Any] | None = None,
+        storage: str | None = None,
+        store: StateStore | None = None,
+        announce_checkpoints: bool = True,
+    ) -> None:
+        self.name = name
+        self.world_size = world_size
+        self.required_ranks = tuple(required_ranks) if required_ranks is not None else None
+        self.callbacks = training_callbacks(callbacks)
+        self.config = dict(config or {})
+        self.storage = storage
+        self.store = store
+        self._announce = announce_checkpoints
+        self._requested_id = run_id
+        #: The run's id: the one given, else the resumed run's, else a new one.
+        self.run_id = run_id or f"{name}-{uuid.uuid4().hex[:8]}"
+        self.resume: Resume | None = None
+        self.restored: StateRestored | None = None
+        self.attachment: CallbackAttachment | None = None
+        self.recorder: LogRecorder | None = None
+        #: The health-check period a crash cut, reported when the resumed run begins.
+        self.cut_period: BudgetReport | None = None
+
+    @property
+    def continues(self) -> bool:
+        """Whether this run continues a saved one (where it stood is known)."""
+        return self.resume is not None and self.resume.position is not None
+
+    def resumed(
+        self,
+        resume: Resume | None,
+        callbacks: Iterable[Any] | None = None,
+        restored: StateRestored | None = None,
+    ) -> None:
+        """What the run resumes, read before anything started, and the callbacks
+        restored from it (in place, order kept). A run that continues a saved one
+        takes its id, unless given one."""
+        self.resume = resume
+        if callbacks is not None:
+            self.callbacks = list(callbacks)
+        self.restored = restored
+        if self._requested_id is None and resume is not None and resume.run_id and self.continues:
+            self.run_id = resume.run_id
+
+    def first_index(self, rank: int) -> int:
+        """The index of ``rank``'s first report (a resumed run continues them)."""
+        return self.resume.first_index(rank) if self.resume is not None else 0
+
+    def open_log(self, log: str | os.PathLike[str] | None) -> None:
+        """Create the log, or append to it for a run that continues the one it holds;
+        one already there is never overwritten (``FileExistsError``)."""
+        if log is not None and self.recorder is None:
+            append = appends_to_log(log, resuming=self.continues)
+            self.recorder = LogRecorder(log, run_id=self.run_id, append=append, overwrite=False)
+
+    def open(self, bus: EventBus) -> CallbackAttachment:
+        """Wire the run onto ``bus``, before it starts: the log (``open_log``), the
+        callbacks and their gatherers (where the resume left them), the state store;
+        the bus numbers its events and periods after the history's."""
+        if self.attachment is not None:
+            raise RuntimeError(f"run {self.run_id} is open already")
+        attachment = self.attachment = CallbackAttachment(
+            self.callbacks,
+            world_size=self.world_size or None,
+            required_ranks=self.required_ranks,
+            announce_checkpoints=self._announce,
+        )
+        if self.recorder is not None:
+            self.recorder.attach(bus)
+        attachment.attach(bus)
+        if self.resume is not None:
+            self.resume.apply(attachment, self.world_size)
+            tail = self.recorder.appended if self.recorder is not None else None
+            self.cut_period = self.resume.continue_bus(bus, tail)
+        if self.store is not None:
+            self.store.attach(bus, position_of=self.position_of)
+        return attachment
+
+    def position_of(self, event: CheckpointSaved) -> RunPosition | None:
+        """Where the run stood at the round of ``event`` (saved with the snapshot)."""
+        return self.attachment.position_of(event) if self.attachment is not None else None
+
+    def started(self) -> RunStarted:
+        """The run's first event; a resumed run keeps the time it first started."""
+        position = self.resume.position if self.resume is not None else None
+        return RunStarted(
+            run_id=self.run_id,
+            name=self.name,
+            world_size=self.world_size,
+            config=self.config,
+            storage=self.storage,
+            wall_time=position.start_time if position and position.start_time else time.time(),
+        )
+
+    def after_start(self) -> list[Event]:
+        """What a resumed run says once ``before_run`` has returned (so no callback
+        hears of it first): ``RunResumed``, the period the crash cut, what was restored."""
+        resumed = self.resume.event(self.run_id) if self.resume is not None else None
+        return [e for e in (resumed, self.cut_period, self.restored) if e is not None]
+
+    def finished(
+        self,
+        status: RunStatus,
+        error: str | None = None,
+        *,
+        summary: dict[str, Any] | None = None,
+        stopped: tuple[str, str | None] | None = None,
+    ) -> RunFinished:
+        """The run's last event: its status, and the callback that stopped it (``stopped``,
+        else the first whose ``should_stop`` is true)."""
+        stopped_by, stop_reason = stopped or stop_of(self.callbacks) or (None, None)
+        return RunFinished(
+            run_id=self.run_id,
+            status=status,
+            error=error,
+            stopped_by=stopped_by,
+            stop_reason=stop_reason,
+            summary=summary or {},
+        )
+
+    @property
+    def result(self) -> RunResult | None:
+        """``after_run``'s result once the run ended (with its callbacks' costs so far)."""
+        return self.attachment.lifecycle.result if self.attachment is not None else None
+
+    def say_end(self, seconds: float | None = None) -> None:
+        """One line on the console for how the run ended (once it has a result)."""
+        result = self.result
+        if result is not None:
+            log_run_end(result, seconds)
+
+    def close_log(self) -> None:
+        """Close the log, after the bus's last event (its verdict on the last period)."""
+        if self.recorder is not None:
+            self.recorder.close()
