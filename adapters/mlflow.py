@@ -50,7 +50,7 @@ _BATCH = 1000
 _PARAM_LIMIT = 6000
 _KEY_LIMIT = 250
 _TAG_LIMIT = 5000
-_STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+_STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED", "preempted": "KILLED"}
 _REFUSED = re.compile(r"[^\w\-. /:]")
 
 

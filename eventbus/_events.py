@@ -23,7 +23,7 @@ MAX_TIME = 1e12
 #: A time on the bus's clock. Finite: a recorded NaN or infinity would stall periods and
 #: comparisons, so a log record holding one is damaged (read as a placeholder).
 BusTime = Annotated[float, msgspec.Meta(ge=-MAX_TIME, le=MAX_TIME)]
-RunStatus = Literal["finished", "failed", "cancelled"]
+RunStatus = Literal["finished", "failed", "cancelled", "preempted"]
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True, gc=False):

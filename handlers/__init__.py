@@ -21,6 +21,7 @@ from ._reporter import Reporter
 from ._reports import ReportCallbackHandler
 from ._resume import latest_checkpoint
 from ._run import Run, WorkerFn
+from ._signals import Preempted
 from .builtins._best_checkpoints import BestCheckpoints
 from .builtins._early_stopping import EarlyStopping
 from .builtins._metrics_logger import MetricsLogger
@@ -34,6 +35,7 @@ __all__ = [
     "FrozenDict",
     "FrozenList",
     "MetricsLogger",
+    "Preempted",
     "ProgressDisplay",
     "ReportCallbackHandler",
     "ReportError",

@@ -16,6 +16,8 @@ from typing import Any
 from eventbus import RunResult, RunStatus, describe_exception, get_logger
 from eventbus.state import callback_name
 
+from ._signals import Preempted
+
 __all__ = ["interrupt_in", "log_run_end", "only_cancellations", "status_of", "stop_of"]
 
 _log = get_logger("handlers.run")
@@ -48,8 +50,11 @@ def only_cancellations(exc: BaseException | None, cancelled_class: type[BaseExce
 
 def status_of(ended_by: BaseException) -> tuple[RunStatus, str]:
     """How a run that ``ended_by`` ended is reported, wherever it ran (``open_run``,
-    an adapter): an interrupt cancels it; ``SystemExit`` or a callback's raise fails
-    it; the error text is ``Type: message`` either way."""
+    an adapter): a preemption signal preempts it; an interrupt cancels it;
+    ``SystemExit`` or a callback's raise fails it; the error text is ``Type: message``
+    (``preempted by SIGTERM``)."""
+    if isinstance(ended_by, Preempted):
+        return "preempted", str(ended_by)
     status: RunStatus = "cancelled" if isinstance(ended_by, KeyboardInterrupt) else "failed"
     return status, describe_exception(ended_by)
 

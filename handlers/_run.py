@@ -11,6 +11,7 @@ says how that is reported).
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -48,6 +49,7 @@ from ._engine import WorkerEngine
 from ._errors import WorkerError, WorkerGroupError
 from ._reporter import Reporter, SyncSignal, stopping_lanes, values_for_workers
 from ._resume import Resume, resume_point
+from ._signals import Preempted, takes_signals, watch_signals
 from ._workers import WorkerTasks
 from .options import Restarts, RunOptions
 
@@ -148,6 +150,9 @@ class Run(anyio.AsyncContextManagerMixin):
         #: What ended the run from inside (a callback's on_error="raise", an interrupt).
         self._ended_by: BaseException | None = None
         self._workers = WorkerTasks()
+        #: A second preemption signal came: what is left of the callbacks' work is skipped.
+        self._hurried = False
+        self._draining: anyio.CancelScope | None = None
         #: When the run was entered (``None``: not yet; a run is entered once).
         self._entered: float | None = None
         #: What ``wait_gathered`` waits on: a round gathered, a restart, a worker's end.
@@ -566,14 +571,38 @@ class Run(anyio.AsyncContextManagerMixin):
             await self.bus.publish(event)
 
     async def _host_bus(self) -> None:
+        """The bus, and the preemption signals' watcher, until the run's end is delivered."""
         with anyio.CancelScope(shield=True):
             try:
                 async with self.bus:
-                    self._bus_ready.set()
-                    await self._bus_stop.wait()
+                    async with anyio.create_task_group() as watchers:
+                        if takes_signals():
+                            watchers.start_soon(watch_signals, self._preempted, self._hurry)
+                        self._bus_ready.set()
+                        await self._bus_stop.wait()
+                        watchers.cancel_scope.cancel()
+                    if self._hurried:
+                        await self.bus.aclose(drain=False)
             except Exception as exc:  # a handler with on_error="raise" failed the bus
                 self._bus_error = exc
                 self._bus_ready.set()
+
+    def _preempted(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        _log.warning(
+            f"{name}: ending run {self.run_id} in order (status preempted); "
+            f"{name} again skips what is left of the callbacks' work"
+        )
+        self._end_from_inside(Preempted(signum))
+
+    def _hurry(self, signum: int) -> None:
+        _log.warning(
+            f"{signal.Signals(signum).name} again: skipping what is left of the callbacks' "
+            "work; the log is closed whole"
+        )
+        self._hurried = True
+        if self._draining is not None:
+            self._draining.cancel()
 
     async def _end(self, exc: BaseException | None) -> tuple[BaseException | None, bool]:
         """End the run the body left with ``exc`` (``None``: it returned): wait for the
@@ -617,9 +646,10 @@ class Run(anyio.AsyncContextManagerMixin):
 
     async def _drain(self) -> None:
         """Wait (at most ``drain_timeout``) until everything published was handled."""
-        if self._bus_error is None:
-            with anyio.move_on_after(self.bus.drain_timeout):
+        if self._bus_error is None and not self._hurried:
+            with anyio.move_on_after(self.bus.drain_timeout) as self._draining:
                 await self.bus.wait_idle()
+            self._draining = None
 
     async def _finish(self, status: RunStatus, error: str | None) -> None:
         if self._bus_error is not None:
