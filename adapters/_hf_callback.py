@@ -214,6 +214,8 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._held:  # a save was due and never came (it raised?): the reports go alone
             self._release(None)
+        if self._signalled is not None and args.save_strategy != "no":
+            control.should_save = True  # the preemption checkpoint, at this step
         self._check(control)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -237,8 +239,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._check(control)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._release(None)
-        self._close("finished", None, reraise=True, summary=self._summary)
+        self._end_training(self._summary)
 
     # --- failures -----------------------------------------------------------------------
 

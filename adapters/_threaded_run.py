@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -40,11 +41,13 @@ from eventbus import (
     get_logger,
 )
 from eventbus.state import Snapshot, StateError, StateStore
+from handlers import Preempted
 from handlers.wiring import (
     CallbackAttachment,
     Resume,
     RunCore,
     status_of,
+    takes_signals,
 )
 
 from ._bus_host import BusHost, DeferredEvent, kind_of
@@ -321,6 +324,9 @@ class ThreadedAdapter:
     _stop = False
     #: The callbacks that can ask to stop (a ``should_stop`` attribute), see ``_watch_stops``.
     _stoppers: tuple[Any, ...] = ()
+    #: The preemption signal the run received (``None``: none), see ``_take_signals``.
+    _signalled: int | None = None
+    _handler_before: Any = None
 
     def request_stop(self) -> None:
         """Ask the trainer to stop at its next hook."""
@@ -328,8 +334,9 @@ class ThreadedAdapter:
 
     @property
     def stop_requested(self) -> bool:
-        """Whether ``request_stop`` was called or a callback's ``should_stop`` is true."""
-        if self._stop:
+        """Whether ``request_stop`` was called, a preemption signal came, or a callback's
+        ``should_stop`` is true."""
+        if self._stop or self._signalled is not None:
             return True
         for callback in self._stoppers:  # noqa: SIM110  # a loop: any() costs 3x, every hook asks
             if callback.should_stop is True:
@@ -340,6 +347,43 @@ class ThreadedAdapter:
         """A new run's stop requests: none yet, from ``callbacks`` (the restored ones)."""
         self._stop = False
         self._stoppers = tuple(cb for cb in callbacks if hasattr(cb, "should_stop"))
+
+    def _take_signals(self) -> None:
+        """At a run's start, take SIGTERM where nobody else has (``handlers``' rule: the
+        main thread, no handler of the user's or the trainer's own): it then stops
+        training at the next step and ends the run ``preempted``, instead of killing
+        the process with the run's end unsaid."""
+        self._signalled = None
+        if self._handler_before is None and takes_signals():
+            self._handler_before = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self._signalled is None:
+            self._signalled = signum
+            _log.warning(
+                f"{signal.Signals(signum).name}: stopping training at the next step and "
+                f"ending run {self.run_id} in order (status preempted)"
+            )
+
+    def _give_back_signals(self) -> None:
+        before, self._handler_before = self._handler_before, None
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
+
+    def _end_training(self, summary: dict[str, Any] | None = None) -> None:
+        """The trainer's end of training: the run finishes, or, told to stop by a signal,
+        ends ``preempted`` and raises ``Preempted`` into the trainer (uncaught, the
+        process exits 143 as schedulers expect of a preempted job)."""
+        self._release(None)
+        signalled = self._signalled
+        if signalled is None:
+            self._close("finished", None, reraise=True, summary=summary)
+            if self._signalled is None:
+                return
+            signalled = self._signalled  # it came while the run ended: it ended first
+        else:
+            self._close("preempted", str(Preempted(signalled)), reraise=True, summary=summary)
+        raise Preempted(signalled)
 
     def _release(self, checkpoint: str | None) -> None:  # a no-op by default
         """Hand off the reports the adapter holds back for a save, naming ``checkpoint``."""
@@ -430,6 +474,7 @@ class ThreadedAdapter:
         # A process that exits without the trainer's end hook still ends the run and
         # closes the log.
         atexit.register(self._close_at_exit)
+        self._take_signals()
         self._run.start(core, setup, log=log, name=name)
 
     def _close_at_exit(self) -> None:
@@ -449,7 +494,10 @@ class ThreadedAdapter:
         training (``reraise``): elsewhere the trainer has its own exception, or there
         is nobody to catch it."""
         atexit.unregister(self._close_at_exit)
-        self._run.finish(status, error, before=before, reraise=reraise, summary=summary)
+        try:
+            self._run.finish(status, error, before=before, reraise=reraise, summary=summary)
+        finally:  # a signal while the run ends is still ours: the end completes first
+            self._give_back_signals()
 
     @property
     def run_id(self) -> str:

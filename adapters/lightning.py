@@ -37,6 +37,7 @@ at its next hook, after ``after_run``, as with the other adapters.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Unpack
@@ -46,6 +47,7 @@ import msgspec
 try:
     from lightning.fabric.plugins import CheckpointIO
     from lightning.pytorch import Callback
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "adapters.lightning needs PyTorch Lightning: pip install 'train-eventbus[lightning]'"
@@ -61,6 +63,7 @@ from eventbus import (
     get_logger,
 )
 from eventbus.state import Snapshot, StateError, StateStore
+from handlers import Preempted
 from handlers.wiring import (
     CallbackAttachment,
     Resume,
@@ -288,10 +291,9 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         self._hold(everyone)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if self._run.running:
-            self._release(None)
-            self._close("finished", None, reraise=True)
         self._trainer = None
+        if self._run.running:
+            self._end_training()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """``fit`` failed on this rank: a ``WorkerFailure`` (an ``Exception``) and a failed
@@ -304,6 +306,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
                 error=describe_exception(exception),
             )
             return
+        if isinstance(exception, SIGTERMException):  # Lightning's own SIGTERM handler's
+            exception = Preempted(signal.SIGTERM)
         self._fail(exception, self._rank)
 
     # --- saves (rank 0: the only one that writes) ------------------------------------

@@ -11,6 +11,7 @@ from ._ending import log_run_end, status_of, stop_of
 from ._metric_values import MetricsError, freeze_metrics
 from ._metrics import mean_metrics
 from ._resume import Resume, appends_to_log
+from ._signals import takes_signals
 from ._user import UserCallbackHandler, implemented_hooks, training_callbacks
 
 __all__ = [
@@ -27,5 +28,6 @@ __all__ = [
     "mean_metrics",
     "status_of",
     "stop_of",
+    "takes_signals",
     "training_callbacks",
 ]
