@@ -52,7 +52,9 @@ _BATCH_S = 0.05
 #: How long the driver waits for the controller's last words once ``fit()`` ended.
 _LAST_WORDS_S = 10.0
 
-_Status = tuple[bool, dict[str, Any], str | None]
+#: ``((should_stop, should_checkpoint), for_workers, latest checkpoint)``, as the driver saw them.
+_Stops = tuple[bool, bool]
+_Status = tuple[_Stops, dict[str, Any], str | None]
 
 
 class _Hub:
@@ -115,14 +117,15 @@ class _Hub:
     # --- the driver --------------------------------------------------------------------
 
     async def take(
-        self, wait_s: float, handled: tuple[int, bool, dict[str, Any]] | None = None
+        self, wait_s: float, handled: tuple[int, _Stops, dict[str, Any]] | None = None
     ) -> tuple[list[tuple[str, Any]], bool]:
-        """Say what the driver's callbacks handled (``(rounds, should_stop, values)``),
-        then take what came since the last take, waiting up to ``wait_s`` for news."""
+        """Say what the driver's callbacks handled (``(rounds, (should_stop,
+        should_checkpoint), values)``), then take what came since the last take,
+        waiting up to ``wait_s`` for news."""
         if handled is not None:
-            rounds, should_stop, values = handled
+            rounds, stops, values = handled
             self._handled = rounds
-            self._status = (should_stop, values, self._status[2])
+            self._status = (stops, values, self._status[2])
             await self._notify()
         if not self._news and not self._closed:
             async with self._changed:
@@ -191,7 +194,7 @@ class RayReporter(Reporter):
             raise ReportError(self.rank, exc.field, exc.reason) from None
         saved = None
         if checkpoint is not None:
-            location = _directory(self.rank, checkpoint)
+            location = _directory(self.rank, self._checkpoint_location(checkpoint))
             saved = ray.train.Checkpoint.from_directory(location)
         index = self._index
         self._index += 1
@@ -220,7 +223,12 @@ class RayReporter(Reporter):
     @property
     def should_stop(self) -> bool:
         self._look()
-        return bool(self._status[0])
+        return bool(self._status[0][0])
+
+    @property
+    def should_checkpoint(self) -> bool:
+        self._look()
+        return bool(self._status[0][1])
 
     @property
     def from_callbacks(self) -> dict[str, Any]:
@@ -237,16 +245,13 @@ def _dir_name(index: int) -> str:
     return f"checkpoint_{index:06d}"
 
 
-def _directory(rank: int, checkpoint: object) -> str:
-    try:
-        location = os.fsdecode(os.fspath(checkpoint))  # type: ignore[call-overload]
-    except TypeError:
-        location = ""
-    if not location or not os.path.isdir(location):
+def _directory(rank: int, location: str) -> str:
+    """``location`` (already a path the OS takes: ``Reporter``'s check), if a directory."""
+    if not os.path.isdir(location):
         raise ReportError(
             rank,
             "checkpoint",
-            f"{checkpoint!r} is not a directory: on Ray a checkpoint is a local directory "
+            f"{location!r} is not a directory: on Ray a checkpoint is a local directory "
             "the worker wrote, which Ray persists into the run's storage",
         )
     return location
@@ -407,7 +412,7 @@ class RayEngine:
         if not ray.is_initialized():
             ray.init(**self.init)
         first_index = [run.first_index(rank) for rank in range(run.world_size)]
-        status = (run.should_stop, run.for_workers, latest)
+        status = ((run.should_stop, run.should_checkpoint), run.for_workers, latest)
         hub = ray.remote(num_cpus=0)(_Hub).remote(status, first_index)
         forwarder = _Forwarder(hub)
         trainer = TorchTrainer(
@@ -519,7 +524,9 @@ class _Pump:
                 if not news and now - ended_at > _LAST_WORDS_S:
                     return
 
-    async def _handle(self, news: list[tuple[str, Any]]) -> tuple[int, bool, dict[str, Any]] | None:
+    async def _handle(
+        self, news: list[tuple[str, Any]]
+    ) -> tuple[int, _Stops, dict[str, Any]] | None:
         """Feed ``news`` into the run; what its callbacks handled, if rounds came."""
         run = self.run
         rounds = 0
@@ -541,5 +548,5 @@ class _Pump:
             self.rounds += rounds
             for rank in range(run.world_size):
                 await run.wait_gathered(rank)
-            return self.rounds, run.should_stop, run.for_workers
+            return self.rounds, (run.should_stop, run.should_checkpoint), run.for_workers
         return None

@@ -118,9 +118,12 @@ class RunCore:
 
     def open_log(self, log: str | os.PathLike[str] | None) -> None:
         """Create the log, or append to it for a run that continues the one it holds;
-        one already there is never overwritten (``FileExistsError``)."""
+        one already there is never overwritten: moved aside when the run's folder (the
+        store's) holds no complete checkpoint to continue it, else ``FileExistsError``
+        (``appends_to_log``)."""
         if log is not None and self.recorder is None:
-            append = appends_to_log(log, resuming=self.continues)
+            run_dir = self.store.root if self.store is not None else None
+            append = appends_to_log(log, resuming=self.continues, run_dir=run_dir)
             self.recorder = LogRecorder(log, run_id=self.run_id, append=append, overwrite=False)
 
     def open(self, bus: EventBus) -> CallbackAttachment:

@@ -91,6 +91,14 @@ def open_run(
             ``allow_fresh_state``. The run keeps the saved run's id, continues
             its rounds and each rank's report indices, appends to its ``log``,
             and workers find the checkpoint in ``reporter.latest_checkpoint``.
+            The run's own folder (``state_dir``) with no complete checkpoint yet
+            starts the run fresh, said in one line; an earlier log nothing can
+            continue is moved aside (``run.1.evlog``), never overwritten.
+        preempt_grace: how long a run told to stop by SIGTERM takes to end in order,
+            seconds (default 25): workers see ``reporter.should_checkpoint``, then
+            ``should_stop``; what has not ended then is abandoned in order. The run
+            takes SIGTERM in the main thread where no handler of the user's is
+            installed, and raises ``handlers.Preempted`` (exit code 143).
         engine: where ``run.workers(train)`` runs the workers: by default this
             process's tasks; ``adapters.ray.RayEngine()`` runs them as a Ray Train
             job (it needs ``state_dir``), with the same worker function and callbacks.

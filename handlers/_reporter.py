@@ -32,7 +32,7 @@ from eventbus.state import state_key_of
 
 from ._errors import ReportError
 from ._metric_values import MetricsError, freeze_metrics
-from ._persist import CheckpointCopyError, persist_checkpoint
+from ._persist import persist_checkpoint
 
 _log = get_logger("handlers.reporter")
 _json = msgspec.json.Decoder()
@@ -83,14 +83,15 @@ class Reporter:
         The metrics are copied at once (the worker may reuse its dict) and
         callbacks get them read-only. ``ReportError`` (a ``ValueError``) if the
         metrics hold something a log cannot (``metrics['loss']``: a tensor, say)
-        or ``checkpoint`` is no path (or, in a run with a ``state_dir``, one outside
-        it that cannot be copied in); nothing is reported then.
+        or ``checkpoint`` is no path, or one the OS refuses (a NUL byte, a name or a
+        path too long), or, in a run with a ``state_dir``, one outside it that cannot
+        be copied in; nothing is reported then.
         """
         try:
             frozen = freeze_metrics(metrics)
         except MetricsError as exc:
             raise ReportError(self.rank, exc.field, exc.reason) from None
-        location = None if checkpoint is None else _location(self.rank, checkpoint)
+        location = None if checkpoint is None else self._checkpoint_location(checkpoint)
         run = self.run
         index = self._index
         if location is not None and run.state_dir is not None:
@@ -106,6 +107,11 @@ class Reporter:
                 checkpoint=location,
             )
         )
+
+    def _checkpoint_location(self, checkpoint: object) -> str:
+        """``checkpoint`` as the path string events carry, or a ``ReportError`` if it is
+        none, or one the OS would refuse: the one check every engine's reporter makes."""
+        return _location(self.rank, checkpoint)
 
     async def sync(self) -> None:
         """Wait until every report this rank made was gathered into a round (or
@@ -143,6 +149,15 @@ class Reporter:
     @property
     def should_stop(self) -> bool:
         return self.run.should_stop
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether to save a checkpoint at the next step and report it: the run was
+        told to stop (SIGTERM, a preemption). Every rank that syncs after each report
+        sees it as of the same round, and ``should_stop`` one round later, so the
+        checkpoint's round comes first: save when this is true, then stop when
+        ``should_stop`` is."""
+        return self.run.should_checkpoint
 
     @property
     def from_callbacks(self) -> dict[str, Any]:
@@ -192,21 +207,68 @@ def stopping_lanes(attachment: CallbackAttachment) -> tuple[Subscription, ...]:
 
 
 def _location(rank: int, checkpoint: object) -> str:
-    """A reported checkpoint as the path string events carry (``Path``s are welcome)."""
+    """A reported checkpoint as the path string events carry (``Path``s are welcome),
+    refused where the operating system would refuse it as a path."""
     try:
         location = os.fsdecode(os.fspath(checkpoint))  # type: ignore[call-overload]
     except TypeError:
         location = None
     if not location:
         raise ReportError(rank, "checkpoint", f"{checkpoint!r} is not a checkpoint location")
+    if problem := _refused_path(location):
+        raise ReportError(rank, "checkpoint", f"{_shown(location)} {problem}")
     return location
+
+
+def _path_limits() -> tuple[int, int]:
+    """The longest name and the longest path (in bytes, its final NUL included) the
+    system takes: POSIX's ``NAME_MAX`` and ``PATH_MAX``, asked once of ``/``."""
+    try:
+        return os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows): Linux's
+        return 255, 4096
+
+
+_NAME_MAX, _PATH_MAX = _path_limits()
+
+
+def _refused_path(location: str) -> str | None:
+    """Why no system call would take ``location`` as a path (``None``: it would).
+
+    Checked on the string, with no system call, for every report: a location
+    the OS refuses would otherwise go into the round and the log, and fail
+    later with a bare ``ValueError`` (``embedded null byte``) or ``OSError``
+    (``File name too long``) far from the report that named it.
+    """
+    if "\0" in location:
+        return "holds a NUL byte, which no file system path can"
+    try:
+        raw = os.fsencode(location)
+    except UnicodeEncodeError as exc:
+        return f"cannot be encoded as a file name ({exc.reason} at character {exc.start})"
+    if len(raw) >= _PATH_MAX:
+        return f"is {len(raw)} bytes long, over the limit of {_PATH_MAX - 1} bytes"
+    if os.altsep:
+        raw = raw.replace(os.altsep.encode(), os.sep.encode())
+    longest = max(raw.split(os.sep.encode()), key=len)
+    if len(longest) <= _NAME_MAX:
+        return None
+    which = "" if longest == raw else f" ({_shown(os.fsdecode(longest))})"
+    return f"holds a name of {len(longest)} bytes{which}, over the limit of {_NAME_MAX} bytes"
+
+
+def _shown(text: str, most: int = 60) -> str:
+    """``text`` as a message shows it: its repr, its middle cut if it is long."""
+    if len(text) <= most:
+        return repr(text)
+    return f"{text[: most // 2]!r}…{text[-most // 2 :]!r} ({len(text)} characters)"
 
 
 async def _persisted(rank: int, state_dir: Path, location: str, index: int) -> str:
     """``location`` kept in the run's state dir (copied in, in a thread, if outside)."""
     try:
         return await anyio.to_thread.run_sync(persist_checkpoint, state_dir, location, index)
-    except CheckpointCopyError as exc:
+    except ValueError as exc:  # CheckpointCopyError, or whatever else os.path refuses
         raise ReportError(rank, "checkpoint", str(exc)) from None
 
 

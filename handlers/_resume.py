@@ -7,19 +7,34 @@ and its log (appended to, never overwritten, its events numbered after those
 already there), and says so with a ``RunResumed`` event, which also marks
 the events the crash rolled back. Workers get the checkpoint as
 ``reporter.latest_checkpoint``.
+
+A run's folder always starts: one with no complete checkpoint yet (a kill
+came before the first) starts the run fresh, and an earlier log that nothing
+can continue is moved aside (``run.evlog`` to ``run.1.evlog``), never
+refused, never overwritten. Moved, not appended to: each file keeps one
+history, so a replay of the new log is an uninterrupted run's, with no new
+event for readers to learn.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import stat
 from pathlib import Path
 
 from eventbus import BudgetReport, EventBus, RunPosition, RunResumed, get_logger
-from eventbus.log import LogTail
+from eventbus.log import LogInUse, LogTail
 from eventbus.state import STATE_FILENAME, StateError, StateFormatError, StateStore
 
 from ._attach import CallbackAttachment
 from .options import MAX_WORLD_SIZE
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock to respect
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["Resume", "appends_to_log", "latest_checkpoint", "resume_point"]
 
@@ -114,22 +129,81 @@ def _implausible(position: RunPosition) -> str | None:
     return f"{negative[0]} is negative" if negative else None
 
 
-def appends_to_log(log: str | os.PathLike[str], *, resuming: bool) -> bool:
+def appends_to_log(
+    log: str | os.PathLike[str],
+    *,
+    resuming: bool,
+    run_dir: str | os.PathLike[str] | None = None,
+) -> bool:
     """Whether the run appends to ``log``: it does when the log is there and the run
-    resumes the run it holds. A log already there is never overwritten, so one there
-    for a run not resuming is ``FileExistsError``."""
+    resumes the run it holds. A log already there is never overwritten: for a run not
+    resuming it, it is moved aside (said in one line) when nothing could continue it
+    (``run_dir``, the run's folder, holds no complete checkpoint), else refused
+    (``FileExistsError``: the run was probably meant to resume)."""
     path = Path(log)
     try:
-        present = path.stat().st_size > 0
+        found = path.stat()
     except FileNotFoundError:
         return False
-    if present and not resuming:
+    if not stat.S_ISREG(found.st_mode):
+        return False  # the recorder refuses it, naming it (nothing is moved but a log)
+    if resuming:
+        return True  # an empty one (a kill before its header) makes a new log
+    if run_dir is None or latest_checkpoint(run_dir) is not None:
+        where = (
+            f"resume_from={_shown(run_dir)}" if run_dir is not None else "resume_from= a checkpoint"
+        )
         raise FileExistsError(
             f"{path}: an event log is already there, and a run never overwrites one: give "
-            "log= another path, or resume the run it records (resume_from= a checkpoint "
-            "of that run, whose history the log then continues)"
+            f"log= another path, or resume the run it records ({where} of that run, "
+            "whose history the log then continues)"
         )
-    return present
+    kept = _move_aside(path)
+    _log.warning(
+        f"no complete checkpoint in {_shown(run_dir)} to continue: this run starts a new "
+        f"history in {path}; the earlier one is kept as {kept}"
+    )
+    return False
+
+
+def _shown(folder: str | os.PathLike[str]) -> str:
+    """``folder`` as the user likely wrote it: relative to the current directory
+    when inside it (the store keeps its root resolved)."""
+    try:
+        return str(Path(folder).relative_to(Path.cwd()))
+    except ValueError:
+        return os.fspath(folder)
+
+
+def _move_aside(path: Path) -> Path:
+    """Move the log at ``path`` to the first free ``<stem>.<n><suffix>`` (its suffix
+    kept, so it is still found and read as a log), never over anything; one a
+    recorder is writing is ``LogInUse``, and stays."""
+    with open(path, "rb") as held:  # the lock recorders take (flock), held while moving
+        if fcntl is not None:
+            try:
+                fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise LogInUse(
+                    errno.EBUSY,
+                    f"{path}: another recorder is writing this log right now",
+                    str(path),
+                ) from None
+        for n in range(1, 1_000_000):
+            kept = path.with_name(f"{path.stem}.{n}{path.suffix}")
+            try:
+                os.link(path, kept)  # fails if anything is there: nothing is written over
+            except FileExistsError:
+                continue
+            except OSError:  # a file system without hard links
+                if os.path.lexists(kept):
+                    continue
+                os.rename(path, kept)
+                return kept
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return kept
+    raise FileExistsError(errno.EEXIST, "no free name to keep the earlier log under", str(path))
 
 
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
@@ -163,15 +237,46 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     return found[1] if found is not None else None
 
 
-def resume_point(resume_from: str | os.PathLike[str]) -> str | os.PathLike[str]:
+def resume_point(
+    resume_from: str | os.PathLike[str],
+    *,
+    run_dir: str | os.PathLike[str] | None = None,
+    log: str | os.PathLike[str] | None = None,
+) -> str | os.PathLike[str] | None:
     """What ``resume_from`` names: a checkpoint (one with its own snapshot, or one
     that is no run directory), or a run directory, whose latest complete
-    checkpoint it then is, said on the console."""
+    checkpoint it then is, said on the console. ``None``: it is the run's own
+    folder (``run_dir``) with no complete checkpoint yet, so the run starts fresh,
+    said in one line (by ``appends_to_log`` when it moves an earlier ``log``
+    aside). A location that does not exist is a ``FileNotFoundError`` naming it."""
     given = Path(resume_from)
+    if not os.path.lexists(given):
+        raise FileNotFoundError(
+            f"resume_from={os.fspath(resume_from)}: no such checkpoint or run folder"
+        )
     if (given / STATE_FILENAME).exists() or not given.is_dir():
         return resume_from
     latest = latest_checkpoint(given)
     if latest is None:
-        return resume_from  # the resume says what is missing
+        if run_dir is None or not _same_folder(given, Path(run_dir)):
+            return resume_from  # a checkpoint without states: the resume says what is missing
+        if not _holds_log(log):
+            _log.warning(f"no complete checkpoint in {given} yet: the run starts fresh")
+        return None
     _log.info(f"resuming from {latest}: the latest complete checkpoint in {given}")
     return latest
+
+
+def _same_folder(one: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
+
+
+def _holds_log(log: str | os.PathLike[str] | None) -> bool:
+    """Whether ``appends_to_log`` will find a log to move aside (and say so)."""
+    try:
+        return log is not None and stat.S_ISREG(Path(log).stat().st_mode)
+    except OSError:
+        return False

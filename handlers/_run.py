@@ -57,6 +57,9 @@ __all__ = ["Run", "WorkerFn"]
 
 _log = get_logger("handlers.run")
 
+#: How long a hurried end waits for what was published (the log's last records), seconds.
+_HURRIED_DRAIN = 1.0
+
 WorkerFn = Callable[[Reporter], Awaitable[Any]]
 
 
@@ -150,8 +153,12 @@ class Run(anyio.AsyncContextManagerMixin):
         #: What ended the run from inside (a callback's on_error="raise", an interrupt).
         self._ended_by: BaseException | None = None
         self._workers = WorkerTasks()
+        #: The preemption signal the run got, and the rounds gathered by then.
+        self._preempted_by: int | None = None
+        self._preempted_at = 0
         #: A second preemption signal came: what is left of the callbacks' work is skipped.
         self._hurried = False
+        self._watchers: anyio.abc.TaskGroup | None = None
         self._draining: anyio.CancelScope | None = None
         #: When the run was entered (``None``: not yet; a run is entered once).
         self._entered: float | None = None
@@ -239,9 +246,25 @@ class Run(anyio.AsyncContextManagerMixin):
 
     @property
     def should_stop(self) -> bool:
-        return self._stop_requested or any(
-            getattr(cb, "should_stop", False) is True for cb in self.callbacks
+        return (
+            self._stop_requested
+            or self._rounds_since_preempted() > 1
+            or any(getattr(cb, "should_stop", False) is True for cb in self.callbacks)
         )
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether the workers should checkpoint at their next step: the run was told
+        to stop by SIGTERM (``Reporter.should_checkpoint``)."""
+        return self._rounds_since_preempted() > 0
+
+    def _rounds_since_preempted(self) -> int:
+        """Rounds gathered since a preemption signal (0 without one): the first makes
+        every rank checkpoint at its next step, the one after it stops them, so each
+        rank sees both as of the same round (as ``should_stop`` after ``sync``)."""
+        if self._preempted_by is None or self.attachment is None:
+            return 0
+        return self.attachment.reports.rounds - self._preempted_at
 
     @property
     def for_workers(self) -> dict[str, Any]:
@@ -523,16 +546,20 @@ class Run(anyio.AsyncContextManagerMixin):
             raise self._bus_error
         if exc is not None:
             raise exc
+        if self._preempted_by is not None:
+            raise Preempted(self._preempted_by)
 
     def _prepare(self) -> None:
         """Read what the run resumes from and restore the callbacks (the position
         first, so that a bad one refuses the resume before any callback changed),
-        or register them, and attach the state store."""
+        or register them, and attach the state store. The run's own folder with no
+        complete checkpoint yet starts the run fresh (``resume_point`` says so)."""
         store = self.state_store
         if store is not None:
             resume_from = self._resume_from
             if resume_from is not None:
-                resume_from = resume_point(resume_from)
+                resume_from = resume_point(resume_from, run_dir=store.root, log=self._log_path)
+            if resume_from is not None:
                 resume = Resume.load(store, resume_from)
                 callbacks, restored = store.restore(
                     self.callbacks,
@@ -576,6 +603,7 @@ class Run(anyio.AsyncContextManagerMixin):
             try:
                 async with self.bus:
                     async with anyio.create_task_group() as watchers:
+                        self._watchers = watchers
                         if takes_signals():
                             watchers.start_soon(watch_signals, self._preempted, self._hurry)
                         self._bus_ready.set()
@@ -588,18 +616,40 @@ class Run(anyio.AsyncContextManagerMixin):
                 self._bus_ready.set()
 
     def _preempted(self, signum: int) -> None:
-        name = signal.Signals(signum).name
+        """The first preemption signal: the workers checkpoint at their next step and
+        stop (``should_checkpoint``, then ``should_stop``), the run ends ``preempted``;
+        what has not ended within ``preempt_grace`` is abandoned in order."""
+        name, grace = signal.Signals(signum).name, self.options.preempt_grace
         _log.warning(
-            f"{name}: ending run {self.run_id} in order (status preempted); "
-            f"{name} again skips what is left of the callbacks' work"
+            f"{name}: preempting run {self.run_id}: workers checkpoint at their next step "
+            f"and stop; it ends in order within preempt_grace={grace:g} s ({name} again "
+            "skips what is left of the callbacks' work)"
+        )
+        self._preempted_by = signum
+        self._preempted_at = self.attachment.reports.rounds if self.attachment else 0
+        self._sync_signal.wake()
+        if self._watchers is not None:
+            self._watchers.start_soon(self._grace_period, signum)
+
+    async def _grace_period(self, signum: int) -> None:
+        await anyio.sleep(self.options.preempt_grace)
+        _log.warning(
+            f"run {self.run_id} did not end within preempt_grace="
+            f"{self.options.preempt_grace:g} s of {signal.Signals(signum).name}: "
+            "what is left is abandoned; the log is closed whole"
         )
         self._end_from_inside(Preempted(signum))
+        self._skip_callbacks()
 
     def _hurry(self, signum: int) -> None:
         _log.warning(
             f"{signal.Signals(signum).name} again: skipping what is left of the callbacks' "
             "work; the log is closed whole"
         )
+        self._end_from_inside(Preempted(signum))
+        self._skip_callbacks()
+
+    def _skip_callbacks(self) -> None:
         self._hurried = True
         if self._draining is not None:
             self._draining.cancel()
@@ -634,6 +684,8 @@ class Run(anyio.AsyncContextManagerMixin):
             ended_by = self._ended_by
             if ended_by is not None:
                 self.status, error = status_of(ended_by)
+            elif exc is None and self._preempted_by is not None:  # the workers stopped
+                self.status, error = status_of(Preempted(self._preempted_by))
             elif exc is None:
                 self.status, error = "finished", None
             elif cancelled:
@@ -646,8 +698,11 @@ class Run(anyio.AsyncContextManagerMixin):
 
     async def _drain(self) -> None:
         """Wait (at most ``drain_timeout``) until everything published was handled."""
-        if self._bus_error is None and not self._hurried:
-            with anyio.move_on_after(self.bus.drain_timeout) as self._draining:
+        if self._bus_error is None:
+            # Hurried (a second signal, the grace period over): a moment for the log's
+            # records, not for the callbacks' work.
+            timeout = _HURRIED_DRAIN if self._hurried else self.bus.drain_timeout
+            with anyio.move_on_after(timeout) as self._draining:
                 await self.bus.wait_idle()
             self._draining = None
 

@@ -49,11 +49,16 @@ class RunOptions(BusOptions, frozen=True, kw_only=True):
         drain_timeout: how long the run's end waits for what was reported to be
             handled, seconds; past it, what is left is not delivered (counted and
             said). At least 0.1 s, so the run's end itself is delivered.
+        preempt_grace: how long a run told to stop by SIGTERM takes to end in order,
+            seconds, from the signal: the workers' preemption checkpoint, the
+            callbacks, the log. What is left then is abandoned in order. Keep it
+            under what the scheduler gives (Kubernetes: 30 s by default).
     """
 
     world_size: WorldSize
     required_ranks: tuple[Rank, ...] | None = None
     drain_timeout: EndSeconds = 10.0
+    preempt_grace: EndSeconds = 25.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -76,3 +81,4 @@ class RunKeywords(BusKeywords, total=False):
 
     world_size: int
     required_ranks: Iterable[int] | None
+    preempt_grace: float

@@ -24,7 +24,9 @@ Kinds:
 - ``fragment FILE``: part of a complete example, ``FILE``, which its own test
   runs; the fragment's imports must work and the names it uses must be in FILE;
 - ``install``: pip commands, checked against ``pyproject.toml`` and the Makefile;
-- ``data KIND``: a file or record format, decoded by our own decoder.
+- ``data KIND``: a file or record format, decoded by our own decoder (``slurm``,
+  ``kubernetes``: a scheduler's file, read by bash or YAML, its grace checked against
+  the ``preempt_grace`` it names).
 """
 
 from __future__ import annotations
@@ -213,6 +215,8 @@ SCRIPT_SHOWS: dict[str, list[str]] = {
     "log-sketch": [r"^0 Report$", r"^3 Report$"],
     # The slow callback's calls, and the rounds (the fast gathering gets no span).
     "otel": [r"^\['Slow\.after_report', 'eventbus\.round'\]$"],
+    # SIGTERM at step 5: the run ends preempted, exit code 143, its checkpoint snapshotted.
+    "preemption": [r"^preempted 143 True$"],
 }
 
 
@@ -389,5 +393,24 @@ def test_documented_formats_decode_with_our_decoders(block: Block) -> None:
             if "NaN" in line:  # the tokens JSON Lines writes for NaN and infinity
                 assert math.isnan(event.metrics["loss"])
                 assert event.metrics["grad_norm"] == math.inf
+    elif kind == "slurm":
+        # A batch script bash reads, whose signal comes early enough for the grace it names.
+        check = subprocess.run(["bash", "-n"], input=block.text, text=True, check=False)
+        assert check.returncode == 0, block.where
+        (early,) = re.findall(r"^#SBATCH --signal=TERM@(\d+)$", block.text, re.M)
+        assert "#SBATCH --requeue" in block.text
+        assert _grace(block) < int(early)
+    elif kind == "kubernetes":
+        import yaml  # type: ignore[import-untyped]  # transformers' dependency, untyped
+
+        pod = yaml.safe_load(block.text)
+        assert pod["kind"] == "Pod"
+        assert _grace(block) < pod["spec"]["terminationGracePeriodSeconds"]
     else:
         raise AssertionError(f"{block.where}: unknown data kind {kind!r}")
+
+
+def _grace(block: Block) -> float:
+    """The ``preempt_grace`` a scheduler's file says it leaves room for."""
+    (grace,) = set(re.findall(r"preempt_grace=(\d+)", block.text))
+    return float(grace)

@@ -14,7 +14,6 @@ import contextlib
 import importlib
 import inspect
 import os
-import shutil
 import stat
 import sys
 import tempfile
@@ -166,8 +165,10 @@ def check_output(
 def local_log(path: Path) -> Iterator[Path]:
     """The log at ``path`` as a file that can be read more than once: ``path`` itself,
     or, for a pipe, a FIFO or a device (``cat LOG | eventbus stats /dev/stdin``), a
-    temporary copy made in one pass and deleted afterwards. Errors raised inside
-    name ``path``, not the copy. A missing file or a directory is left to the reader."""
+    temporary copy made in one pass and deleted afterwards. The stream's header is
+    read and checked first, so one that is no log (``/dev/zero``) is refused at its
+    first bytes, never copied on and on. Errors raised inside name ``path``, not the
+    copy. A missing file or a directory is left to the reader."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -182,9 +183,12 @@ def local_log(path: Path) -> Iterator[Path]:
     copy = Path(name)
     try:
         try:
-            with open(fd, "wb") as target, path.open("rb") as source:
-                shutil.copyfileobj(source, target, 1 << 20)
-        except OSError as exc:
+            with open(fd, "wb") as target, reading_log(path) as source:
+                try:
+                    source.copy_to(target)
+                except OSError as exc:  # the copy's, not a read of the log's
+                    raise _cannot_copy(path, exc) from None
+        except OSError as exc:  # closing the copy (a full disk)
             raise _cannot_copy(path, exc) from None
         try:
             yield copy

@@ -51,6 +51,8 @@ from handlers import (
     open_run,
 )
 
+from ._common import same_file
+
 __all__ = ["DemoOptions", "DemoSummary", "FinalLoss", "LinearModel", "make_shard", "run_demo"]
 
 _log = get_logger("adapters.demo")
@@ -242,22 +244,28 @@ def _class_names(keys: tuple[str, ...]) -> str:
     return ", ".join(key.split("[")[0].rsplit(".", 1)[-1] for key in keys) or "nothing"
 
 
-def _demo_checkpoint(path: Path, workers: int) -> Path:
-    """``path`` as given (checkpoint locations keep the form the run gave them), once
-    it is known to hold a checkpoint of every rank; for a run directory, its latest
-    complete checkpoint (said on the console)."""
+def _demo_checkpoint(path: Path, workers: int, out: Path | None) -> tuple[Path, Path]:
+    """(what to resume from, the run directory): ``path`` as given (checkpoint
+    locations keep the form the run gave them), once it is known to hold a
+    checkpoint of every rank; for a run directory, its latest complete checkpoint
+    (said on the console), or, when it has none yet (a kill came before the first),
+    the directory itself, where ``open_run`` starts the run fresh and says so."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such checkpoint or run directory to resume")
     if not (path / "rank_0.json").is_file():
         latest = latest_checkpoint(path)
         if latest is not None:
             _log.info(f"resuming from {latest}: the latest complete checkpoint in {path}")
             path = latest
+        elif path.is_dir() and (out is None or same_file(out, path)):
+            return path, path
     missing = [r for r in range(workers) if not (path / f"rank_{r}.json").is_file()]
     if missing:
         raise ValueError(
             f"{path}: not a demo checkpoint of {workers} ranks (no rank_{missing[0]}.json), "
             "nor a run directory holding one"
         )
-    return path
+    return path, path.parent
 
 
 class DemoOptions(Options, frozen=True, kw_only=True):
@@ -319,13 +327,13 @@ async def run_demo(
     fail_rank, seed, period, step_time = opts.fail_rank, opts.seed, opts.period, opts.step_time
     lr, patience = opts.lr, opts.patience
     if resume is not None:
-        resume = _demo_checkpoint(resume, workers)
-        out = out if out is not None else resume.parent
+        resume, folder = _demo_checkpoint(resume, workers, out)
+        out = out if out is not None else folder
     out = out if out is not None else Path(tempfile.mkdtemp(prefix="eventbus-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     run_id = _resumed_run_id(out, resume) or f"demo-{uuid.uuid4().hex[:8]}"
     log_path = out / f"{run_id}.evlog" if log else None
-    summary = DemoSummary(out=out, log=log_path, resumed_from=resume)
+    summary = DemoSummary(out=out, log=log_path)
     stopping = EarlyStopping("loss", patience=patience, threshold=1e-4)
     best = BestCheckpoints("loss", k=3)
     final = FinalLoss()
@@ -352,7 +360,8 @@ async def run_demo(
             batch = random.Random(f"{seed}:{rank}:{model.step}").sample(data, 16)
             loss = model.sgd_step(batch, lr)
             checkpoint = None
-            if model.step % checkpoint_every == 0:
+            # And where SIGTERM asked every rank to save where it stands (a preemption).
+            if model.step % checkpoint_every == 0 or reporter.should_checkpoint:
                 folder = anyio.Path(out, f"checkpoint_{model.step:06d}")
                 await folder.mkdir(exist_ok=True)
                 # Whole or not at all (a crash mid-write must not leave half a checkpoint).
@@ -377,6 +386,8 @@ async def run_demo(
         state_dir=out,
         resume_from=resume,
     ) as run:
+        if run.resume is not None:  # not when the run directory had no checkpoint yet
+            summary.resumed_from = resume
         if run.restored is not None:  # restored in place: `stopping` and `best` hold it
             summary.restored = run.restored.restored
 

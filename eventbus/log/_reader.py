@@ -12,7 +12,9 @@ pipe is read as a file is, so ``cat LOG | eventbus show /dev/stdin`` works.
 from __future__ import annotations
 
 import enum
+import io
 import os
+import shutil
 import stat
 import zlib
 from collections.abc import Callable, Iterator
@@ -128,8 +130,10 @@ class LogReader:
         self.skipped = 0
         self.errors: list[CorruptLogError] = []
         self.truncated: TruncatedTail | None = None
-        self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115 (closed by close())
+        self._file: io.BufferedReader = open(self.path, "rb")  # noqa: SIM115 (closed by close())
         self._iterated = False
+        #: The header's bytes as read from a stream (which cannot be read again): ``copy_to``.
+        self._head = b""
         try:
             #: Not a regular file (a pipe...): no size, reads bounded by ``STREAM_READ``.
             self.stream = not stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
@@ -147,10 +151,22 @@ class LogReader:
         return self._fallback.placeholders
 
     def _read_header(self) -> tuple[LogFormat, LogHeader, int]:
+        """The header, read no further than it may reach: a file, a pipe or a device
+        (``/dev/zero``, a FIFO whose writer sends garbage and never closes) that does
+        not start as a log is refused at its first bytes, and a JSON Lines header line
+        is read to ``MAX_HEADER_LINE`` at most."""
         f = self._file
+        # What one read gives (a stream: what its writer has sent so far, never waiting
+        # for more), enough to refuse most that is no log without waiting for a prefix.
+        first = f.peek(PREFIX.size)[: PREFIX.size]
+        if first and not _may_start_log(first):
+            raise self._not_a_log(first)
         start = f.read(PREFIX.size)
         if not start:
-            raise LogFormatError(f"{self.path}: empty file, not an event log")
+            raise LogFormatError(
+                f"{self.path}: empty file, not an event log (expected {LOG_MAGIC!r} or a "
+                "JSON Lines header line)"
+            )
         if start.startswith(LOG_MAGIC) or LOG_MAGIC.startswith(start):
             if len(start) < PREFIX.size:
                 raise LogFormatError(f"{self.path}: truncated log header ({len(start)} bytes)")
@@ -164,6 +180,8 @@ class LogReader:
                     f"{PREFIX.size + meta_size} bytes)"
                 )
             header = decode_msgpack_header(self.path, start, meta)
+            if self.stream:
+                self._head = start + meta
             return "msgpack", header, PREFIX.size + meta_size
         if start.lstrip()[:1] == b"{":
             if b"\n" in start:  # a first line shorter than the prefix: no header, cut there
@@ -173,12 +191,19 @@ class LogReader:
             if len(line) > MAX_HEADER_LINE:
                 raise LogFormatError(
                     f"{self.path}: first line is not an event-log header (longer than "
-                    f"{MAX_HEADER_LINE} bytes)"
+                    f"{MAX_HEADER_LINE >> 20} MiB, expected a JSON object with an "
+                    f"{_format.JSONL_MARKER!r} key on a line of at most that)"
                 )
             if not line.endswith(b"\n"):
                 raise LogFormatError(f"{self.path}: truncated log header (no end of line)")
-            return "jsonl", decode_jsonl_header(self.path, line), len(line)
-        raise LogFormatError(
+            header = decode_jsonl_header(self.path, line)
+            if self.stream:
+                self._head = bytes(line)
+            return "jsonl", header, len(line)
+        raise self._not_a_log(start)
+
+    def _not_a_log(self, start: bytes) -> LogFormatError:
+        return LogFormatError(
             f"{self.path}: not an event log (starts with {start[:8]!r}, expected "
             f"{LOG_MAGIC!r} or a JSON Lines header)"
         )
@@ -369,6 +394,23 @@ class LogReader:
         finally:
             self.close()
 
+    def copy_to(self, target: IO[bytes]) -> None:
+        """Write the whole log, header included, to ``target`` as it is, instead of
+        iterating it: how a log that can be read only once (a pipe, ``/dev/stdin``)
+        becomes a file to read again. Its header was checked when the reader was made,
+        so a stream that is no log is refused before anything is copied."""
+        if self._iterated:
+            raise RuntimeError(f"{self.path}: a LogReader is iterated once; open a new one")
+        self._iterated = True
+        try:
+            if self.stream:
+                target.write(self._head)
+            else:
+                self._file.seek(0)
+            shutil.copyfileobj(self._file, target, 1 << 20)
+        finally:
+            self.close()
+
     # --- the file ------------------------------------------------------------------------
 
     def _remaining(self, offset: int) -> int:
@@ -389,6 +431,20 @@ class LogReader:
 
     def __repr__(self) -> str:
         return f"<LogReader {str(self.path)!r} {self.format} schema={self.header.schema_version}>"
+
+
+def _may_start_log(start: bytes) -> bool:
+    """Whether a log may begin with ``start``: the magic (or part of it), or a JSON
+    object's first key (``{"``) after any whitespace."""
+    if start.startswith(LOG_MAGIC) or LOG_MAGIC.startswith(start):
+        return True
+    text = start.lstrip()
+    if not text:
+        return True
+    if text[:1] != b"{":
+        return False
+    rest = text[1:].lstrip()
+    return not rest or rest[:1] == b'"'
 
 
 def _rest_of_line(file: IO[bytes], start: bytes, limit: int, chunk: int) -> bytes | bytearray:

@@ -20,7 +20,7 @@ pytest.importorskip("ray.train")
 
 from adapters._ray_engine import _BATCH_S, _Forwarder, _Hub  # noqa: E402
 
-STATUS: tuple[bool, dict[str, Any], str | None] = (False, {}, None)
+STATUS: tuple[tuple[bool, bool], dict[str, Any], str | None] = ((False, False), {}, None)
 
 
 def rounds(*steps: int) -> list[tuple[str, Any]]:

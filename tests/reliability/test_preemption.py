@@ -15,16 +15,32 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
-from eventbus import AfterRun, Report, RunFinished
+from eventbus import (
+    AfterRun,
+    Report,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    StateSnapshotted,
+    TrainRunContext,
+)
 from eventbus.log import read_log
+from eventbus.testing import replay_log
+from handlers import UserCallback
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Two workers report for ever, a step each 10 ms; a slow callback, if asked, takes 30 s at
-#: the run's end. ``ready`` is written once the first round was handled.
+#: Two workers report, a step each 10 ms, syncing after each report; they save a checkpoint
+#: when asked to (``should_checkpoint``) and stop when asked to (``should_stop``), unless
+#: ``deaf`` (they then never stop: the grace period ends them). A slow callback, if asked,
+#: takes 30 s at the run's end. ``ready`` is written once the first round was handled.
+#: ``resume``: run again on the same folder, as a requeue does; the workers then go on from
+#: their checkpoint to step 300 (a run never preempted would end there too).
 SCRIPT = textwrap.dedent(
     """
     import json, sys, time
@@ -32,7 +48,8 @@ SCRIPT = textwrap.dedent(
     import anyio
     from handlers import UserCallback, open_run
 
-    out, backend, slow_end = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "slow-end"
+    out, backend, how = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    slow_end, deaf, resume = how == "slow-end", how == "deaf", how == "resume"
 
     class Seen(UserCallback):
         def after_report(self, run_context, metrics, checkpoint):
@@ -46,15 +63,25 @@ SCRIPT = textwrap.dedent(
 
     async def train(reporter):
         step = 0
-        while True:
-            await reporter.report({"step": step})
+        if reporter.latest_checkpoint is not None:
+            saved = Path(reporter.latest_checkpoint, f"rank_{reporter.rank}.json")
+            step = json.loads(saved.read_text())["step"] + 1
+        while (deaf or not reporter.should_stop) and step < 300:
+            checkpoint = None
+            if reporter.should_checkpoint and not deaf:
+                checkpoint = out / f"checkpoint_{step}"
+                checkpoint.mkdir(exist_ok=True)
+                (checkpoint / f"rank_{reporter.rank}.json").write_text(json.dumps({"step": step}))
+            await reporter.report({"step": step}, checkpoint=checkpoint)
+            await reporter.sync()
             step += 1
             await anyio.sleep(0.01)
 
     async def main():
         async with open_run(
             world_size=2, callbacks=[Seen()], log=out / "run.evlog", timeout=60,
-            drain_timeout=60,
+            drain_timeout=60, state_dir=out, preempt_grace=1 if deaf else 25,
+            resume_from=out if resume else None,
         ) as run:
             await run.workers(train)
 
@@ -99,17 +126,43 @@ def test_sigterm_ends_the_run_in_order_and_exits_143(
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 143, stderr
     assert "Traceback" not in stderr
-    assert "SIGTERM: ending run" in stderr and "preempted" in stderr
+    assert "SIGTERM: preempting run" in stderr
     assert after_runs(tmp_path) == [{"status": "preempted", "error": "preempted by SIGTERM"}]
     log = read_log(tmp_path / "run.evlog")
     assert not log.truncated
     (finished,) = [e for e in log.events if isinstance(e, RunFinished)]
     assert finished.status == "preempted" and finished.error == "preempted by SIGTERM"
     assert [type(e) for e in log.events].count(AfterRun) == 1
-    # Every report handed to the bus before the end is in the log, each rank's in order.
-    for rank in (0, 1):
-        indices = [e.index for e in log.events if isinstance(e, Report) and e.rank == rank]
-        assert indices == list(range(len(indices))) and indices
+    # Every report handed to the bus before the end is in the log, each rank's in order,
+    # and both ranks stopped at the same step, the one after their preemption checkpoint.
+    reports = {
+        rank: [e for e in log.events if isinstance(e, Report) and e.rank == rank] for rank in (0, 1)
+    }
+    for made in reports.values():
+        assert [e.index for e in made] == list(range(len(made))) and made
+    assert reports[0][-1].metrics["step"] == reports[1][-1].metrics["step"]
+    (saved,) = {e.checkpoint for e in reports[0] + reports[1] if e.checkpoint}
+    assert saved.endswith(f"checkpoint_{reports[0][-1].metrics['step']}")
+    (snapshot,) = [e for e in log.events if isinstance(e, StateSnapshotted)]
+    assert snapshot.checkpoint == saved and not snapshot.error
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_workers_that_never_stop_are_abandoned_at_the_grace_periods_end(
+    tmp_path: Path, backend: str
+) -> None:
+    process = start(tmp_path, backend, "deaf")
+    wait_for(tmp_path / "ready", process)
+    process.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    _, stderr = process.communicate(timeout=60)
+    assert time.monotonic() - started < 15
+    assert process.returncode == 143, stderr
+    assert "did not end within preempt_grace=1 s of SIGTERM" in stderr
+    log = read_log(tmp_path / "run.evlog")
+    assert not log.truncated
+    (finished,) = [e for e in log.events if isinstance(e, RunFinished)]
+    assert finished.status == "preempted"
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -153,3 +206,43 @@ def test_a_handler_of_the_users_own_is_left_alone(tmp_path: Path) -> None:
     process.communicate(timeout=60)
     assert process.returncode == 7
     assert after_runs(tmp_path) == []
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_requeued_it_continues_one_history_from_the_preemption_checkpoint(
+    tmp_path: Path, backend: str
+) -> None:
+    """Run again on the same folder, as Slurm's requeue and a Kubernetes restart do: the
+    same run id, the same log appended, every step once after the checkpoint, and the run
+    ends as one never preempted ends."""
+    process = start(tmp_path, backend, "")
+    wait_for(tmp_path / "ready", process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    requeued = start(tmp_path, backend, "resume")
+    _, stderr = requeued.communicate(timeout=120)
+    assert requeued.returncode == 0, stderr
+    assert after_runs(tmp_path) == [
+        {"status": "preempted", "error": "preempted by SIGTERM"},
+        {"status": "finished", "error": None},
+    ]
+    log = read_log(tmp_path / "run.evlog")
+    starts = [e for e in log.events if isinstance(e, RunStarted)]
+    assert len(starts) == 2 and starts[0].run_id == starts[1].run_id
+    (resumed,) = [e for e in log.events if isinstance(e, RunResumed)]
+    assert resumed.checkpoint.startswith(str(tmp_path / "checkpoint_"))
+    # Replayed, the history is each step once, 0 to 299, on both ranks.
+    inputs = Steps()
+    anyio.run(replay_log, tmp_path / "run.evlog", inputs)
+    assert inputs.steps == [[step, step] for step in range(300)]
+
+
+class Steps(UserCallback):
+    def __init__(self) -> None:
+        self.steps: list[list[int]] = []
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self.steps.append([m["step"] for m in metrics])
