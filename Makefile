@@ -32,6 +32,8 @@ EDITABLE := --config-settings editable_mode=strict
 PACKAGES := eventbus handlers adapters
 # `make check`: what the edit loop leaves to `make test`.
 QUICK := not slow and not browser and not crash and not adapters
+# pytest-xdist workers for `make unit` (the machine this project is tested on has 2 cores).
+WORKERS ?= 2
 # Debian's chromium and the names other systems give it (tests/_browser.py looks for the same).
 CHROMIUM_NAMES := chromium chromium-browser google-chrome
 
@@ -66,8 +68,11 @@ lint: $(VENV)/.installed-all
 typecheck: $(VENV)/.installed-all
 	$(BIN)/mypy
 
+# The whole suite on $(WORKERS) pytest-xdist workers, a file to a worker at a time (its module
+# fixtures made once) and the Ray files together on one (one cluster), the longest first
+# (tests/conftest.py). `make unit WORKERS=0` runs it in one process.
 unit: $(VENV)/.installed-all
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 
 # tests/adapter_tests is not even collected (importing torch, transformers and ray takes
 # seconds), and pytest may cache its rewritten test modules whatever PYTHONDONTWRITEBYTECODE

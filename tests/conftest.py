@@ -14,6 +14,11 @@ edits; ``make check`` leaves out all four, ``make test`` (and so CI) runs everyt
 One marker's tests: ``.venv/bin/python -m pytest -m browser``; what it selects:
 ``... -m slow --collect-only -q``. The time limit of a test is pyproject's ``timeout``
 (pytest-timeout) unless TIMEOUTS gives it more.
+
+``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadfile``): each
+file stays on one worker (its module fixtures are made once), the files of ``RAY_FILES`` on
+one worker together, sharing one Ray cluster (``ray_cluster``), and the longest first
+(``LONGEST``), so that both workers end about together.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import re
 import sysconfig
 from collections.abc import Generator, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _browser import in_ci
@@ -54,6 +60,10 @@ CRASH = (
     "reliability/test_resume_equivalence.py",
     "reliability/test_pending_failures.py",
     "test_state_files.py::test_crash_during_rewrite_always_leaves_a_whole_snapshot",
+    # SIGTERM to real processes, then a requeue on the same folder.
+    "reliability/test_preemption.py",
+    "test_run_folder_starts.py::test_a_process_killed_before_its_first_checkpoint_starts_again_as_it_was_run",
+    "test_run_folder_starts.py::test_the_demo_killed_before_its_first_checkpoint_resumes_from_its_folder",
 )
 
 #: Measured on this project's machine (2 cores, shared with other test runs) with
@@ -63,6 +73,8 @@ CRASH = (
 #: those runs', in seconds.
 SLOW = (
     # Files.
+    "test_log_header_refusal.py",  # 19: every log command on endless streams, subprocesses
+    "test_run_folder_starts.py",  # 15: killed runs started again, subprocesses
     "test_docs.py",  # 76: the README's and docs' commands, from fresh directories
     "test_cli_log.py",  # 46: the log commands, each a subprocess
     "test_replay_costs_cli.py",  # 5: eventbus replay --cost, in subprocesses
@@ -94,6 +106,8 @@ SLOW = (
     # Single tests, each with its figure on the line before.
     # 15
     "test_bus_properties.py::test_every_handler_gets_its_events_in_order_and_counts_add_up",
+    # 3.3: imports ray
+    "test_report_edges.py::test_the_ray_reporter_refuses_such_a_location_by_the_same_check",
     # 6: mypy in a subprocess
     "test_run_callbacks.py::test_mypy_catches_what_is_not_a_callback",
     # 6 and 5: pytest in a subprocess
@@ -163,6 +177,34 @@ MARKERS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The files whose tests run jobs on a local Ray cluster in this process: they share one
+#: (``ray_cluster``, about 8 s to start), run one after another, and on one xdist worker.
+RAY_FILES = (
+    "adapter_tests/test_ray.py",
+    "adapter_tests/test_ray_engine.py",
+    "adapter_tests/test_ray_lifecycle_order.py",
+    "adapter_tests/test_trackers_frameworks.py",
+)
+
+#: The groups of files (a file, or ``ray`` for RAY_FILES; one xdist worker runs a group) that
+#: take longest, longest first, with their seconds in a run of the whole suite on one process
+#: (2026-12-06, --durations): the workers take the groups in this order, then the others in
+#: the order collected, so that no long group starts last.
+LONGEST = (
+    "ray",  # 260: six Ray jobs and more
+    "test_examples.py",  # 141: Ray's examples start their own clusters, twice
+    "reliability/test_resume_equivalence.py",  # 125: 60 demos killed and resumed
+    "test_docs.py",  # 76
+    "adapter_tests/test_ray_engine_bench.py",  # 56: its own cluster
+    "test_cli_log.py",  # 46
+    "test_cli_output_files.py",  # 42
+    "adapter_tests/test_lightning_ddp.py",  # 40
+    "reliability/test_adversarial.py",  # 35
+    "adapter_tests/test_trainer_overhead_bench.py",  # 28
+    "test_benchmarks_run.py",  # 26
+)
+
+
 def missing_from_the_install() -> list[str]:
     """The packages' modules the editable install cannot import: ``make`` installs it with
     ``editable_mode=strict``, a tree of links made when it was installed, so a module added
@@ -199,7 +241,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _where(item: pytest.Item) -> tuple[str, str]:
+def where(item: pytest.Item) -> tuple[str, str]:
     """(path relative to tests/, test name with its parameters) of a collected test."""
     path = os.path.relpath(str(item.path), TESTS).replace(os.sep, "/")
     return path, "::".join(item.nodeid.split("::")[1:])
@@ -220,9 +262,52 @@ def matches(keys: Iterable[str], path: str, name: str) -> bool:
     return False
 
 
+def group(path: str) -> str:
+    """The group of a test file, which one xdist worker runs: ``ray`` for RAY_FILES, else
+    the file itself."""
+    return "ray" if path in RAY_FILES else path
+
+
+def in_order(items: list[pytest.Item], longest_first: bool) -> list[pytest.Item]:
+    """``items`` with RAY_FILES' tests together, where the first of them was (one cluster
+    then serves them all); with ``longest_first``, LONGEST's groups first, in its order.
+    Each file's tests stay together and in their order."""
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(group(where(item)[0]), index)
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        name = group(where(item)[0])
+        rank = LONGEST.index(name) if longest_first and name in LONGEST else len(LONGEST)
+        return rank, first[name]
+
+    return sorted(items, key=key)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadfile``, a file's tests to one worker, as pytest-xdist does, but
+    RAY_FILES as one file, ``ray``; and the files in the order the workers collected them
+    (``in_order``), not xdist's (the files with most tests first). pytest-xdist's own
+    groups (``loadgroup``) cannot be used: they rename the tests, which pytest 9.2 ignores."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = os.path.join(str(config.rootpath), nodeid.split("::", 1)[0])
+            return group(os.path.relpath(path, TESTS).replace(os.sep, "/"))
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = in_order(items, longest_first=hasattr(config, "workerinput"))  # an xdist worker
     for item in items:
-        path, name = _where(item)
+        path, name = where(item)
         for marker, keys in MARKERS.items():
             if matches(keys, path, name):
                 item.add_marker(marker)
@@ -236,6 +321,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.timeout(limit, **kwargs))
             else:
                 item.add_marker(pytest.mark.timeout(**kwargs))
+
+
+#: The test that runs after the one being torn down (None after the last), recorded before
+#: its fixtures are finalized, so that ``ray_cluster`` knows whether to stay up.
+_next_item: list[pytest.Item | None] = [None]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    _next_item[0] = nextitem
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Generator[None]:
+    """A local Ray cluster of 2 CPUs, quiet (errors only, the workers' output not
+    forwarded), kept up from one file of RAY_FILES to the next and shut down after the
+    last, so no other test runs beside it. The test module has set Ray's environment
+    (adapter_tests/_ray_env.py) when it imported ray."""
+    pytest.importorskip("ray.train", reason="Ray Train is not installed (pip install '.[ray]')")
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    upcoming = _next_item[0]
+    if upcoming is None or where(upcoming)[0] not in RAY_FILES:
+        ray.shutdown()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -41,7 +41,14 @@ def defined_tests(path: Path) -> set[str]:
 
 def all_keys() -> list[str]:
     keys = [key for group in conftest.MARKERS.values() for key in group]
-    return keys + list(conftest.TIMEOUTS) + list(conftest.THREAD_TIMEOUT)
+    longest = [name for name in conftest.LONGEST if name != "ray"]
+    return (
+        keys
+        + list(conftest.TIMEOUTS)
+        + list(conftest.THREAD_TIMEOUT)
+        + longest
+        + [*conftest.RAY_FILES]
+    )
 
 
 @pytest.mark.parametrize("key", all_keys())
@@ -55,6 +62,23 @@ def test_each_key_names_a_folder_file_or_test_that_exists(key: str) -> None:
     if name:
         bare = re.sub(r"\[.*\]$", "", name)
         assert bare in defined_tests(path), f"{key}: tests/{where} defines no {bare}"
+
+
+def test_every_in_process_ray_cluster_is_the_shared_one() -> None:
+    """A test module that starts its own cluster would run beside the shared one, on the
+    other xdist worker or after it: each starts through ``ray_cluster``, in RAY_FILES."""
+    starting = sorted(
+        path.relative_to(TESTS).as_posix()
+        for path in TESTS.rglob("test_*.py")
+        if "ray.init(" in path.read_text() and path != Path(__file__).resolve()
+    )
+    assert starting == []
+    using = sorted(
+        path.relative_to(TESTS).as_posix()
+        for path in TESTS.rglob("test_*.py")
+        if "ray_cluster" in path.read_text() and path != Path(__file__).resolve()
+    )
+    assert using == sorted(conftest.RAY_FILES)
 
 
 def test_a_key_is_listed_once_in_each_table() -> None:

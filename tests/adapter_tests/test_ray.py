@@ -1,12 +1,12 @@
 """The Ray Train v2 adapter against a real local Ray cluster (2 CPU workers).
 
-One cluster and two ``fit()`` calls for the whole module (each costs 15-35 s
-here): a run that reports 4 rounds with checkpoints, and a run whose rank 1
-fails. The callbacks run in Ray's controller process, so the test callback
-writes what it receives to a file that the test reads back. A third ``fit()``,
-without the ``lifecycle`` companion, runs only where the installed Ray's
-``UserCallback`` has ``before_run``/``after_run`` (none up to Ray 2.60 has);
-both ways of starting and ending the run are also driven by hand, without a
+One cluster (tests/conftest.py's ``ray_cluster``, shared with the other Ray test files)
+and two ``fit()`` calls for the whole module (each costs 15-35 s here): a run that reports
+4 rounds with checkpoints, and a run whose rank 1 fails. The callbacks run in Ray's
+controller process, so the test callback writes what it receives to a file that the test
+reads back. A third ``fit()``, without the ``lifecycle`` companion, runs only where the
+installed Ray's ``UserCallback`` has ``before_run``/``after_run`` (none up to Ray 2.60
+has); both ways of starting and ending the run are also driven by hand, without a
 cluster, with that detection patched.
 """
 
@@ -16,7 +16,6 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -165,16 +164,7 @@ def run_fit(storage: Path, name: str, config: dict[str, Any], *, lifecycle: bool
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def fits(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Fit]:
+def fits(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Fit]:
     storage = tmp_path_factory.mktemp("ray-storage")
     return {
         "ok": run_fit(storage, "ok", {}),
@@ -231,7 +221,7 @@ def test_ray_hands_over_the_workers_exception_and_our_callbacks_get_it(
     not ray_adapter._RAY_RUN_HOOKS,
     reason="the installed Ray's UserCallback has no before_run/after_run (none up to 2.60 has)",
 )
-def test_with_rays_run_hooks_no_lifecycle_is_needed(cluster: None, tmp_path: Path) -> None:
+def test_with_rays_run_hooks_no_lifecycle_is_needed(ray_cluster: None, tmp_path: Path) -> None:
     fit = run_fit(tmp_path, "hooks", {}, lifecycle=False)
     assert fit.error is None
     hooks = [call["hook"] for call in fit.calls]

@@ -14,7 +14,7 @@ import collections
 import json
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,15 +177,6 @@ def outcome(result: RunResult | None) -> dict[str, Any]:
     return {name: getattr(result, name) for name in keep}
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 async def run_job(
     where: Path,
     engine: RayEngine | None,
@@ -210,7 +201,7 @@ async def run_job(
 
 
 @pytest.fixture(scope="module")
-def both(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def both(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same job run locally and on Ray, uninterrupted."""
     import anyio
 
@@ -260,7 +251,7 @@ def test_states_are_saved_inside_rays_checkpoints(both: dict[str, Any]) -> None:
 
 
 def test_a_restart_inside_the_job_keeps_the_callbacks_going(
-    cluster: None, tmp_path: Path, both: dict[str, Any]
+    ray_cluster: None, tmp_path: Path, both: dict[str, Any]
 ) -> None:
     import anyio
 
@@ -279,7 +270,7 @@ def test_a_restart_inside_the_job_keeps_the_callbacks_going(
 
 
 def test_a_failed_job_resumed_from_its_state_dir_ends_as_an_uninterrupted_one(
-    cluster: None, tmp_path: Path, both: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    ray_cluster: None, tmp_path: Path, both: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With relative paths, as the README types them: Ray's workers run in folders of
     their own, so the checkpoint they resume from must reach them absolute."""

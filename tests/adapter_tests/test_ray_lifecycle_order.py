@@ -1,8 +1,8 @@
 """The order of a run's hooks on the Ray engine, as on every way in (issue 39, item 2).
 
-One Ray job (each costs 10-30 s here), on test_ray_engine.py's local cluster
-fixture: ``before_run`` returns before any worker starts; a worker fails once,
-after two rounds, with an exception Ray cannot pickle, and the group restarts.
+One Ray job (each costs 10-30 s here), on the local cluster the Ray test files share
+(tests/conftest.py's ``ray_cluster``): ``before_run`` returns before any worker starts; a
+worker fails once, after two rounds, with an exception Ray cannot pickle, and the group restarts.
 ``after_exception`` must come before the restarted group's first round and get
 the worker's text as a ``WorkerError``, made sendable inside the worker.
 """
@@ -23,7 +23,6 @@ quiet_ray()  # before ray is imported
 pytest.importorskip("ray.train", reason="Ray Train is not installed (pip install '.[ray]')")
 
 import ray.cloudpickle  # noqa: E402
-from test_ray_engine import cluster  # noqa: E402, F401  (its fixture: one cluster at a time)
 
 from adapters.ray import RayEngine  # noqa: E402
 from eventbus import RunResult, TrainRunContext  # noqa: E402
@@ -105,7 +104,7 @@ def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     """One Ray job: before_run, two rounds, the failure, a restart, four rounds."""
     import anyio
 
-    request.getfixturevalue("cluster")
+    request.getfixturevalue("ray_cluster")
 
     where = tmp_path_factory.mktemp("order")
     order = Order(where / MARKER)

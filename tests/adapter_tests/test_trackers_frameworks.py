@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,18 +328,12 @@ def saved_step(checkpoint: str, rank: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    pytest.importorskip("ray.train", reason="Ray Train is not installed (pip install '.[ray]')")
-    import ray
+def cluster(ray_cluster: None) -> None:
+    """The Ray test files' shared cluster (tests/conftest.py), this module's worker
+    function shipped to it by value: Ray's workers cannot import this test module."""
     import ray.cloudpickle
 
-    # Ray's workers cannot import this test module: ship the worker function by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def run_job(
