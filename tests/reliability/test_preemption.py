@@ -246,3 +246,44 @@ class Steps(UserCallback):
         self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
     ) -> None:
         self.steps.append([m["step"] for m in metrics])
+
+
+def test_the_demo_preempted_saves_where_it_stands_and_resumes_from_its_folder(
+    tmp_path: Path,
+) -> None:
+    """``eventbus demo`` as a cluster ends it: SIGTERM, exit 143, the preemption checkpoint
+    with the callbacks' states in it; run again on the folder, the same run goes on."""
+    out = tmp_path / "run"
+    demo = [sys.executable, "-m", "adapters.cli", "demo", "--out", str(out), "--patience"]
+    args = ["1000000", "--checkpoint-every", "1000000", "--step-time", "0.01"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [*demo, *args, "--steps", "100000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list(out.glob("*.evlog")):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    time.sleep(1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    ((log_path,), (saved,)) = list(out.glob("*.evlog")), list(out.glob("checkpoint_*"))
+    assert (saved / "callback_state.json").exists()
+    step = int(saved.name.split("_")[1])
+    resumed = subprocess.run(
+        [*demo, *args, "--steps", str(step + 20), "--resume", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert list(out.glob("*.evlog")) == [log_path]  # one run, one log
+    ends = [e for e in read_log(log_path).events if isinstance(e, RunFinished)]
+    assert [e.status for e in ends] == ["preempted", "finished"]
