@@ -1,15 +1,20 @@
 """What a run says on the console when something goes wrong: one line each, in words.
 
 A rank's worker fails once and the group restarts; a report that is not the run's
-own is rejected; the run's end sums it all up. Run it: ``python examples/what_you_hear.py``.
+own is rejected; the run's end sums it all up. Then a run the cluster preempts
+(SIGTERM, as Slurm or Kubernetes sends it): its workers stop at the same step and
+it ends in order. Run it: ``python examples/what_you_hear.py``.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+
 import anyio
 
 from eventbus import Report
-from handlers import Reporter, open_run
+from handlers import Preempted, Reporter, open_run
 
 
 async def worker(reporter: Reporter) -> None:
@@ -27,5 +32,25 @@ async def main() -> None:
         await run.workers(worker, max_restarts=1)
 
 
+async def until_stopped(reporter: Reporter) -> None:
+    step = 0
+    while not reporter.should_stop:
+        if reporter.rank == 0 and step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # what the cluster sends
+        await reporter.report({"loss": 1.0 / (step + 1)})
+        await reporter.sync()
+        step += 1
+
+
+async def preempted() -> None:
+    run = open_run(world_size=2, run_id="spot")
+    try:
+        async with run:
+            await run.workers(until_stopped)
+    except Preempted:
+        pass  # uncaught, it would end the process with exit code 143
+
+
 if __name__ == "__main__":
     anyio.run(main)
+    anyio.run(preempted)
