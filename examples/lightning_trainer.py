@@ -21,6 +21,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -83,7 +84,7 @@ class LossTracker(UserCallback, StatefulCallback):
 
 
 def make_trainer(root: str, callback: EventBusCallback) -> Any:
-    checkpoints = pl.callbacks.ModelCheckpoint(
+    checkpoints = ModelCheckpoint(
         dirpath=Path(root, "checkpoints"), every_n_train_steps=5, save_top_k=-1, save_last=True
     )
     return pl.Trainer(

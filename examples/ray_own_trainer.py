@@ -16,6 +16,7 @@ callbacks with both, through ``open_run(engine=RayEngine())``.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -82,15 +83,17 @@ def train_fn(config: dict[str, Any]) -> None:
 
 def main() -> int:
     storage = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="ray_train_")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     bus_callback = EventBusUserCallback([Console("[controller]")], period=1.0)
+    # Ray's annotation says UserCallbacks; its controller takes the lifecycle's kind too.
+    callbacks: list[Any] = [bus_callback, bus_callback.lifecycle]
     trainer = DataParallelTrainer(
         train_fn,
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(
             name="example",
             storage_path=storage,
-            callbacks=[bus_callback, bus_callback.lifecycle],
+            callbacks=callbacks,
             failure_config=FailureConfig(max_failures=0),
         ),
     )

@@ -74,7 +74,9 @@ def show(folder: str) -> None:
     steps = [event.step for event in board.Scalars("loss")]
     print(f"TensorBoard: loss at {len(steps)} steps, {len(set(steps))} distinct")
     client = MlflowClient(f"sqlite:///{folder}/mlflow.db")
-    (run,) = client.search_runs([client.get_experiment_by_name("examples").experiment_id])
+    experiment = client.get_experiment_by_name("examples")
+    assert experiment is not None  # the logger made it
+    (run,) = client.search_runs([experiment.experiment_id])
     history = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
     print(
         f"MLflow: run {run.info.run_id} {run.info.status}, "

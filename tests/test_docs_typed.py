@@ -158,3 +158,21 @@ def test_the_example_passes_mypy_strict(block: Block, mypy_errors: dict[str, lis
 def test_the_example_passes_pyright(block: Block, pyright_errors: dict[str, list[str]]) -> None:
     errors = pyright_errors.get(file_name(block), [])
     assert errors == [], f"{block.where}: pyright:\n" + in_the_docs(block, errors)
+
+
+def test_the_examples_pass_pyright_as_written() -> None:
+    """``examples/`` as a user opens them in an editor that runs pyright (mypy --strict
+    already checks them with the packages, ``make typecheck``)."""
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    done = checker(
+        [sys.executable, "-m", "pyright", "--outputjson", "--pythonpath", sys.executable, "."],
+        examples,
+    )
+    report = json.loads(done.stdout)
+    assert report["summary"]["filesAnalyzed"] >= len(list(examples.glob("*.py")))
+    errors = [
+        f"{Path(d['file']).name}:{d['range']['start']['line'] + 1}: {d['message']}"
+        for d in report["generalDiagnostics"]
+        if d["severity"] == "error"
+    ]
+    assert errors == []
