@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -410,7 +411,10 @@ class RayEngine:
         if latest is not None:
             latest = str(_absolute(latest))
         if not ray.is_initialized():
+            taken = signal.getsignal(signal.SIGTERM)
             ray.init(**self.init)
+            if taken is not signal.SIG_DFL:  # the run's (or the user's): not Ray's exit
+                signal.signal(signal.SIGTERM, taken)
         first_index = [run.first_index(rank) for rank in range(run.world_size)]
         status = ((run.should_stop, run.should_checkpoint), run.for_workers, latest)
         hub = ray.remote(num_cpus=0)(_Hub).remote(status, first_index)

@@ -117,3 +117,77 @@ def test_sigterm_ends_a_trainers_run_preempted(
         assert (checkpoint / "callback_state.json").exists()
     else:
         assert process.returncode == 0, stderr  # Lightning's SIGTERMException exits 0
+
+
+RAY_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    import _ray_env
+    _ray_env.quiet_ray()  # Ray's environment for tests, before ray is imported
+    import anyio
+    from adapters.ray import RayEngine
+    from handlers import UserCallback, open_run
+
+    out = Path(sys.argv[1])
+
+    class Seen(UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            (out / "ready").touch()
+
+        def after_run(self, run_context, result):
+            (out / "after_run.json").write_text(json.dumps(
+                {"status": result.status, "last_checkpoint": result.last_checkpoint}))
+
+    async def train(reporter):
+        step = 0
+        while not reporter.should_stop:
+            checkpoint = None
+            if reporter.should_checkpoint:
+                folder = Path(out, f"saved_{reporter.rank}_{step}")
+                folder.mkdir(exist_ok=True)
+                (folder / "step.json").write_text(json.dumps({"step": step}))
+                checkpoint = str(folder)
+            await reporter.report({"step": step}, checkpoint=checkpoint)
+            await reporter.sync()
+            step += 1
+            time.sleep(0.05)
+
+    async def main():
+        engine = RayEngine(init={"num_cpus": 2, "include_dashboard": False})
+        run = open_run(world_size=2, callbacks=[Seen()], state_dir=out, engine=engine)
+        async with run:
+            await run.workers(train)
+
+    anyio.run(main)
+    """
+)
+
+
+def test_sigterm_to_a_ray_engine_driver_checkpoints_the_workers_and_ends_preempted(
+    tmp_path: Path,
+) -> None:
+    """``ray.init`` installs Ray's own SIGTERM handler in the driver; the engine keeps the
+    run's: the workers save at their next step (Ray persists it), stop, and the run ends
+    preempted, exit code 143."""
+    pytest.importorskip("ray.train", reason="Ray Train is not installed (pip install '.[ray]')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])}
+    process = subprocess.Popen(
+        [sys.executable, "-c", RAY_SCRIPT, str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "ready").exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no round in 180 s"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    ended = json.loads((tmp_path / "after_run.json").read_text())
+    assert ended["status"] == "preempted"
+    saved = Path(ended["last_checkpoint"])  # Ray's copy, in the run's state_dir
+    assert saved.parent == tmp_path and (saved / "callback_state.json").exists()
