@@ -55,7 +55,6 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 from eventbus import (
     CheckpointSaved,
-    EventBus,
     Report,
     RunPosition,
     StateRestored,
@@ -65,7 +64,6 @@ from eventbus import (
 from eventbus.state import Snapshot, StateError, StateStore
 from handlers import Preempted
 from handlers.wiring import (
-    CallbackAttachment,
     Resume,
     RunCore,
     training_callbacks,
@@ -240,6 +238,9 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
                 "global_step": int(trainer.global_step),
             },
             storage=str(root),
+            # Each snapshot says where the run stood, so a resume continues the run.
+            store=self._store,
+            position_of=self._position_of,
             # Lightning writes a checkpoint after its round: ``_after_save`` announces it.
             announce_checkpoints=False,
         )
@@ -421,22 +422,15 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         return Path(str(trainer.default_root_dir)).name or "lightning"
 
     def _start_bus(self, core: RunCore) -> None:
-        store = self._store
+        self._start_run(core, log=self.log_path, name="eventbus-lightning")
 
-        def setup(bus: EventBus, attachment: CallbackAttachment) -> None:
-            if store is None:
-                return
-
-            def position_of(event: CheckpointSaved) -> RunPosition | None:
-                # Kept for the ``last.ckpt`` copy of this step (see ``_before_save``).
-                position = core.position_of(event)
-                self._saved_position = (event.checkpoint, position)
-                return position
-
-            # Each snapshot says where the run stood, so a resume continues the run.
-            store.attach(bus, position_of=position_of)
-
-        self._start_run(core, setup, log=self.log_path, name="eventbus-lightning")
+    def _position_of(self, event: CheckpointSaved) -> RunPosition | None:
+        """Where the run stood at ``event``'s checkpoint, kept for the ``last.ckpt`` copy
+        of this step (see ``_before_save``)."""
+        core = self._run.core
+        position = core.position_of(event) if core is not None else None
+        self._saved_position = (event.checkpoint, position)
+        return position
 
     def _resume_in(
         self, store: StateStore | None, checkpoint: str | None, loaded: Snapshot | None

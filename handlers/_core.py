@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from eventbus import (
@@ -58,6 +58,8 @@ class RunCore:
         announce_checkpoints: a round's checkpoint is announced (``CheckpointSaved``)
             by the gathering; a trainer that writes its checkpoint after the round
             announces it itself.
+        position_of: where the run stood at a checkpoint, for its snapshot; by default
+            the gathering's (``RunCore.position_of``), which a trainer may wrap.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class RunCore:
         storage: str | None = None,
         store: StateStore | None = None,
         announce_checkpoints: bool = True,
+        position_of: Callable[[CheckpointSaved], RunPosition | None] | None = None,
     ) -> None:
         self.name = name
         self.world_size = world_size
@@ -80,6 +83,7 @@ class RunCore:
         self.config = dict(config or {})
         self.storage = storage
         self.store = store
+        self._position_of = position_of or self.position_of
         self._announce = announce_checkpoints
         self._requested_id = run_id
         #: The run's id: the one given, else the resumed run's, else a new one.
@@ -146,7 +150,7 @@ class RunCore:
             tail = self.recorder.appended if self.recorder is not None else None
             self.cut_period = self.resume.continue_bus(bus, tail)
         if self.store is not None:
-            self.store.attach(bus, position_of=self.position_of)
+            self.store.attach(bus, position_of=self._position_of)
         return attachment
 
     def position_of(self, event: CheckpointSaved) -> RunPosition | None:

@@ -228,3 +228,15 @@ def test_a_resumed_fit_continues_the_same_run_in_the_same_log(
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_fresh_lightning_fit_moves_an_earlier_log_aside_never_over_it(tmp_path: Path) -> None:
+    """A run's folder always starts (issue 40, item 4): a fit that does not resume, given
+    the log of an earlier one, moves that log aside (``run.1.evlog``) and records its own."""
+    log = tmp_path / "run.evlog"
+    for _ in range(2):
+        callback = pl_adapter.EventBusCallback([RoundCounter()], log=log)
+        _lightning_model.make_trainer(tmp_path, [callback]).fit(_lightning_model.Regression())
+    first, second = read_log(tmp_path / "run.1.evlog"), read_log(log)
+    started = [e for e in first.events + second.events if isinstance(e, RunStarted)]
+    assert len(started) == 2 and started[0].run_id != started[1].run_id
