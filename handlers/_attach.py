@@ -89,7 +89,10 @@ class CallbackAttachment:
         #: Worker exceptions raised in this process, by rank and traceback (``keep_original``).
         self._originals: dict[tuple[int, str], Exception] = {}
         self.user = UserCallbackHandler(
-            callbacks, context_of=context_for, exception_of=self.exception_of
+            callbacks,
+            context_of=context_for,
+            exception_of=self.exception_of,
+            after_the_end=self.lifecycle.after_the_end,
         )
         self.subscriptions: list[Subscription] = []
 

@@ -71,6 +71,8 @@ class RunCallbackHandler:
         self.run_context: TrainRunContext | None = None
         #: What ``AfterRun`` carried (``None`` until the run ended).
         self.ended: RunResult | None = None
+        #: The bus sequence number of the ``RunFinished`` that ended the run.
+        self.ended_seq: int | None = None
         #: By handler name: the budget reports that named it over budget.
         self.periods_over_budget: Counter[str] = Counter()
         self._result_of = result_of
@@ -126,9 +128,16 @@ class RunCallbackHandler:
         if self.ended is not None:
             return
         context = self.context_for(event)
+        self.ended_seq = event.seq
         self.ended = result = self._result_of(event, context)
         if self._emit is not None:
             self._emit(AfterRun(context=context, result=result))
+
+    def after_the_end(self, event: Event) -> bool:
+        """Whether ``event`` came after the run's end (the bus's verdict on its last
+        period, say): ``after_run`` is a callback's last hook, so it gets none of them."""
+        ended = self.ended_seq
+        return ended is not None and event.seq > ended
 
     def _begin(self, context: TrainRunContext) -> None:
         self.run_context = context

@@ -126,6 +126,8 @@ class UserCallbackHandler:
         exception_of: gives ``after_exception`` each failure's exception; by
             default a ``WorkerError`` rebuilt from the event's text (a live
             run has the worker's own).
+        after_the_end: whether an event came after the run's end: ``on_event`` is
+            not called for those, so ``after_run`` stays a callback's last hook.
     """
 
     def __init__(
@@ -134,10 +136,12 @@ class UserCallbackHandler:
         *,
         context_of: ContextOf | None = None,
         exception_of: ExceptionOf | None = None,
+        after_the_end: Callable[[Event], bool] | None = None,
     ) -> None:
         self.callbacks = training_callbacks(callbacks)
         self._context_of = context_of or TrainRunContext.from_event
         self._exception_of = exception_of
+        self._after_the_end = after_the_end
         self.subscriptions: list[Subscription] = []
         #: Per callback (same order), the subscriptions of its hooks.
         self.subscriptions_by_callback: list[list[Subscription]] = []
@@ -180,6 +184,8 @@ class UserCallbackHandler:
                 if inspect.iscoroutinefunction(method):
                     kwargs.pop("blocking", None)  # blocking is for sync methods only
                 handler = _calling(method, args_of)
+                if hook == "on_event" and self._after_the_end is not None:
+                    handler = _until_the_end(handler, self._after_the_end)
                 try:
                     sub = bus.subscribe(types, handler, name=name, order=order, **kwargs)
                 except (OptionError, OptionTypeError) as exc:  # its own timeout, budget...
@@ -217,6 +223,24 @@ def _calling(
         return method(*args_of(event))
 
     return call
+
+
+def _until_the_end(
+    handler: Callable[[Any], Any], after_the_end: Callable[[Event], bool]
+) -> Callable[[Any], Any]:
+    """``handler``, skipping the events that come after the run's end."""
+    if inspect.iscoroutinefunction(handler):
+
+        async def until_the_end_async(event: Event) -> None:
+            if not after_the_end(event):
+                await handler(event)
+
+        return until_the_end_async
+
+    def until_the_end(event: Event) -> Any:
+        return None if after_the_end(event) else handler(event)
+
+    return until_the_end
 
 
 def implemented_hooks(callback: Any) -> dict[str, Callable[..., Any]]:
