@@ -68,22 +68,29 @@ class VirtualClock:
         """The clock's time, in seconds."""
         return self._now
 
-    def set(self, when: float) -> None:
-        """Move the clock to ``when`` (never backwards) and wake due sleepers."""
+    def set(self, when: float, *, blocked: bool = False) -> None:
+        """Move the clock to ``when`` (never backwards) and wake due sleepers.
+
+        ``blocked=True`` moves it as a call that blocks the event loop lets time
+        pass: the listeners hear of it only with the clock's next move (live, no
+        period ends during a plain sync callback: the bus notices it once the call
+        returns); sleepers are woken, as they run only once the loop is free anyway.
+        """
         if not math.isfinite(when):
             raise ValueError(f"virtual clock cannot be set to {when}: not a finite time")
         if when < self._now:
             raise ValueError(f"virtual clock cannot go back from {self._now} to {when}")
         self._now = when
-        for listener in self._listeners:
-            listener(when)
+        if not blocked:
+            for listener in self._listeners:
+                listener(when)
         sleepers = self._sleepers
         while sleepers and sleepers[0][0] <= when:
             heapq.heappop(sleepers)[2].set()
 
-    def advance(self, seconds: float) -> None:
+    def advance(self, seconds: float, *, blocked: bool = False) -> None:
         """Move the clock ``seconds`` ahead (see ``set``)."""
-        self.set(self._now + seconds)
+        self.set(self._now + seconds, blocked=blocked)
 
     async def sleep_until(self, deadline: float) -> None:
         """Wait until the clock is moved to ``deadline`` or past it."""
@@ -113,7 +120,7 @@ class FastForwardClock(VirtualClock):
     def now(self) -> float:
         return time.monotonic() + self._offset
 
-    def set(self, when: float) -> None:
+    def set(self, when: float, *, blocked: bool = False) -> None:
         if not math.isfinite(when):
             raise ValueError(f"clock cannot be set to {when}: not a finite time")
         now = self.now()
@@ -122,4 +129,4 @@ class FastForwardClock(VirtualClock):
         else:
             when = now
         self._now = when
-        super().set(when)
+        super().set(when, blocked=blocked)

@@ -114,6 +114,12 @@ class Lane:
                 await self._wake.wait()
                 continue
             n = min(len(queue), MAX_BATCH)
+            if sub.over_budget != "warn" and sub.state == "normal" and sub.counters.timed_per_call:
+                # A policy can act on what is queued: a handler that is not cheap takes
+                # one event at a time, so its time is charged as it goes and a period
+                # that made it over budget coalesces or skips the rest of the backlog
+                # (one long batch was charged at its end, and delivered in full).
+                n = 1
             batch = [queue.popleft() for _ in range(n)]
             if self._room is not None:
                 self._room.set()

@@ -97,7 +97,10 @@ class Periods:
         return end
 
     def cut(self, now: float) -> BudgetReport | None:
-        """The bus closes: the unfinished period's report, if the period has begun."""
+        """The bus closes: the unfinished period's report, if the period has begun
+        (the periods that ended meanwhile are closed first: a sync call that blocked
+        the loop past the end leaves them to whoever looks next)."""
+        self.roll(now)
         if now > self.start:
             return self.report(self.start, now, partial=True)
         return None
@@ -181,8 +184,15 @@ def close_period(
     ``partial`` period (the last one, cut short when the bus closed) is
     judged against the budget of a whole ``period``: its own length may be
     microseconds, and a share of that would call any callback over budget.
+
+    A handler's calls are added when they (or their batch) end, and one
+    handler never runs twice at once: its time past the period's own length
+    was spent after the period, and is carried into the next one (the
+    lifetime total keeps it), so no report has a handler busy longer than
+    the period lasted.
     """
-    length = end - start
+    span = end - start
+    length = span
     if partial and period is not None:
         length = judged_length(start, end, period, partial=True)
     usages = []
@@ -190,6 +200,8 @@ def close_period(
     total = 0.0
     for sub in subs:
         counters = sub.counters
+        carried = counters.period_total - span if counters.period_total > span else 0.0
+        counters.period_total -= carried
         budget = (sub.budget if sub.budget is not None else bus_budget) * length
         usage = HandlerUsage(
             handler=sub.name,
@@ -203,10 +215,11 @@ def close_period(
             over_budget=counters.period_total > budget,
         )
         usages.append(usage)
-        if usage.calls or usage.skipped or usage.faults or usage.timeouts:
+        if usage.calls or usage.total or usage.skipped or usage.faults or usage.timeouts:
             reported.append(usage)
         total += counters.period_total
         counters.close_period()
+        counters.period_total = carried
     report = BudgetReport(
         period=index,
         start=start,

@@ -60,7 +60,9 @@ def _figures(value: float, significant: int) -> str:
 
 def duration_text(seconds: float) -> str:
     """``seconds`` in the unit that reads best, to three figures: ``205 ms``, ``5 s``,
-    ``40 µs``, ``120 ns``."""
+    ``40 µs``, ``120 ns`` (rounded first, so that 0.9999996 s is ``1 s``, not ``1,000 ms``)."""
+    if abs(seconds) < 1:
+        seconds = float(f"{seconds:.3g}")
     size = abs(seconds)
     if size >= 1 or size == 0 or not math.isfinite(size):
         return f"{_figures(seconds, 3)} s"

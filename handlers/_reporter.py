@@ -127,13 +127,17 @@ class Reporter:
 
         The callbacks waited for are those that can change ``should_stop``:
         every inline one (the default ``delivery``), and, of those in a lane,
-        the ones with a ``should_stop`` attribute (declared on the class or set
-        in ``__init__``, as ``EarlyStopping`` does). Any other lane callback's
-        backlog is its own: a slow one lags behind the trainer instead of
-        slowing it down, and with ``over_budget="coalesce"`` it skips the rounds
-        it could not keep up with. A lane callback that stops the run through
-        ``run.request_stop()`` is not waited for: the ranks see that stop at a
-        later ``sync``, possibly not all at the same round.
+        the ones that declare a ``should_stop`` attribute, on their class or a
+        base class, or set in ``__init__`` (as ``EarlyStopping`` does): that
+        declaration is how a callback says it can stop the run. ``UserCallback``,
+        ``StatefulCallback`` and the built-ins but ``EarlyStopping`` have none,
+        so subclassing them makes no callback a stopper. Any other lane
+        callback's backlog is its own: a slow one lags behind the trainer
+        instead of slowing it down, and with ``over_budget="coalesce"`` it skips
+        the rounds it could not keep up with once a period has found it over
+        budget. A lane callback that stops the run through ``run.request_stop()``
+        is not waited for: the ranks see that stop at a later ``sync``, possibly
+        not all at the same round.
         """
         await self.run.wait_gathered(self.rank)
 

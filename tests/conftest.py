@@ -95,6 +95,8 @@ SLOW = (
     "test_bench_faults.py",  # 13
     "test_bench_builtins.py",  # 11
     "test_bench_instances.py",  # 5
+    "test_bench_policies.py",  # 7: eventbus bench --over-budget, each run for seconds
+    "test_replay_equals_live.py",  # 7: live runs that sleep, beside their replays
     "test_log_properties.py",  # 7: hypothesis over logs
     "reliability/test_soak.py",  # 6 (and much longer with --soak)
     "test_demo.py",  # 4: the demo trainer, in subprocesses

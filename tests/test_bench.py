@@ -291,6 +291,7 @@ def test_a_log_is_benched_with_its_recorded_periods(
 UNITLESS = {
     *("events", "rounds", "periods", "repeats", "calls", "bus_calls", "periods_over_budget"),
     *("faults", "bus_faults", "bus_skipped"),  # counts, as calls are
+    "period",  # a state change's: the index of the period it holds from
 }
 UNITS = ("_us", "_ms", "_ns", "_s", "_pct")
 

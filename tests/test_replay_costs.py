@@ -60,7 +60,7 @@ class Slow(UserCallback):
         index = int(metrics[0]["round"])
         self.rounds.append(index)
         if self.clock is not None:
-            self.clock.advance(self.costs[index])
+            self.clock.advance(self.costs[index], blocked=True)  # a sync call blocks the loop
 
 
 def slow_with(policy: OverBudgetPolicy) -> type[Slow]:

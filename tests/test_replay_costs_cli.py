@@ -3,15 +3,20 @@ line, its budget policy acting deterministically, and bad flags refused in one l
 
 from __future__ import annotations
 
+import re
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 from _builders import eventbus
 
 from adapters.cli import CliError
 from adapters.cli._log import _cost_flags
 from eventbus.testing import report_rounds, write_log
+from handlers import Reporter, UserCallback, open_run
 
 CALLBACKS = textwrap.dedent(
     """
@@ -111,3 +116,94 @@ def test_a_bad_cost_flag_names_the_flag_and_what_it_must_be(flag: str, message: 
 def test_a_handler_given_two_costs_is_refused() -> None:
     with pytest.raises(CliError, match=r"--cost Slow\.after_report is given twice"):
         _cost_flags(["Slow.after_report=0.05", "Slow.after_report=0.1"])
+
+
+# --- against a live run (issue 43, item 1) -----------------------------------------------------
+
+#: What the words of a budget verdict say: "took 205 ms of a 1 s period", "cut short after
+#: 430 ms", in the stdout's state changes and the stderr's warnings.
+TOOK = re.compile(r"took ([\d,.]+) (s|ms|µs|ns) of a ([\d,.]+) (s|ms|µs|ns) period")
+CUT = re.compile(r"cut short after ([\d,.]+) (s|ms|µs|ns)")
+UNITS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
+
+
+def seconds(figure: str, unit: str) -> float:
+    return float(figure.replace(",", "")) * UNITS[unit]
+
+
+class Sleeping(UserCallback):
+    """The live run's ``Slow``: the same hook, asleep 30 ms a call."""
+
+    over_budget = "disable"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+        self.calls += 1
+        time.sleep(0.03)
+
+
+def said_right(said: str) -> None:
+    """No callback took more of a period than the period, or than the cut last one lasted."""
+    took = TOOK.findall(said)
+    assert took  # the state change and the warning say what it took
+    for used, unit, length, length_unit in took:
+        assert seconds(used, unit) <= seconds(length, length_unit), said
+    for line in said.splitlines():
+        if (cut := CUT.search(line)) is not None:
+            for used, unit, _, _ in TOOK.findall(line):
+                assert seconds(used, unit) <= seconds(*cut.groups()), line
+
+
+def test_the_issues_log_of_rounds_milliseconds_apart_is_replayed_as_a_held_trainer(
+    tmp_path: Path,
+) -> None:
+    """Issue 43: 42 rounds 1.5 ms apart, 50 ms charged a call, "disable". The replay made
+    all 42 calls, 0 skipped, and said "1.25 s of a 1 s period ... cut short after 101 ms".
+    Live, a sync callback holds the trainer: period 0 holds 20 calls of 50 ms, then it is
+    disabled, and the 22 rounds left are skipped."""
+    (tmp_path / "my_callbacks.py").write_text(CALLBACKS)
+    log = write_log(
+        tmp_path / "ms.evlog", report_rounds(42, world_size=2), start=100.0, interval=0.0015
+    )
+    args = ("replay", log, "--callbacks", "my_callbacks:Slow", "--period", "1")
+    done = eventbus(*args, "--cost", "Slow.after_report=0.05", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in table(done.stdout) if line.split()[0] == "Slow.after_report"]
+    calls, skipped, state = int(row.split()[1]), int(row.split()[4]), row.split()[-1]
+    assert (calls, skipped, state) == (20, 22, "disabled")
+    said_right(done.stdout + done.stderr)
+
+
+def test_a_charged_replay_prints_the_live_runs_calls_and_no_period_longer_than_it_was(
+    tmp_path: Path,
+) -> None:
+    """Rounds a millisecond apart, 30 ms a call, "disable", periods of 1 s and the budget
+    5%: live, the callback blocks the trainer, fills period 0 and is disabled. The
+    replay charged 30 ms a call prints the calls and skips the live run made, and never
+    a callback busy longer than a period, or than the cut last one lasted."""
+    (tmp_path / "my_callbacks.py").write_text(CALLBACKS)
+    log = tmp_path / "live.evlog"
+    sleeping = type("Slow", (Sleeping,), {})()
+
+    async def train(reporter: Reporter) -> None:
+        for step in range(40):
+            await reporter.report({"step": step})
+            await anyio.sleep(0.001)
+
+    async def live() -> None:
+        async with open_run(world_size=1, callbacks=[sleeping], log=log, period=1.0) as run:
+            await run.workers(train)
+
+    anyio.run(live)
+    assert 0 < sleeping.calls < 40  # disabled live
+
+    args = ("replay", log, "--callbacks", "my_callbacks:Slow", "--period", "1")
+    done = eventbus(*args, "--cost", "Slow.after_report=0.03", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in table(done.stdout) if line.split()[0] == "Slow.after_report"]
+    calls, skipped, state = int(row.split()[1]), int(row.split()[4]), row.split()[-1]
+    assert (calls, skipped, state) == (sleeping.calls, 40 - sleeping.calls, "disabled")
+
+    said_right(done.stdout + done.stderr)

@@ -126,3 +126,72 @@ def test_the_readmes_screenshot_command_makes_one(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert distinct_colours(shot) > 50
+
+
+#: For each span shaded on the bench page's cost chart: the colour (RGBA) inside it on the
+#: rows of the plot left clear at period 0, left of every span (no grid line, no series:
+#: the plot is transparent there, the page's white shows through), the middle one by
+#: opacity (a series crossing the span is not the shade), read from the canvas.
+SHADES_JS = """(() => {
+  const canvas = document.querySelector("#chart-cost canvas");
+  const ctx = canvas.getContext("2d");
+  function column(x, top, height) {
+    const data = ctx.getImageData(Math.round(x), top, 1, height).data;
+    const rows = [];
+    for (let i = 0; i < data.length; i += 4) rows.push(Array.from(data.slice(i, i + 4)));
+    return rows;
+  }
+  return (window.eventbusReport.spans["chart-cost"] || []).map((s) => {
+    const outside = column(s.plotLeft + 3, s.top, s.height);
+    const inside = column(s.left + Math.max(3, (s.right - s.left) / 4), s.top, s.height);
+    const clear = inside.filter((_, row) => outside[row][3] === 0);
+    clear.sort((a, b) => a[3] - b[3]);
+    return {kind: s.kind, clear: clear.length, inside: clear[clear.length >> 1] || null};
+  });
+})()"""
+
+SLOW_CALLBACK = """
+import time
+
+from handlers import UserCallback
+
+
+class Slow(UserCallback):
+    def after_report(self, run_context, metrics, checkpoint):
+        time.sleep(0.01)  # 100 ms of a 1 s period at 10 rounds a second: twice its budget
+"""
+
+
+def shade_of(colour: str, alpha: float = 0.15) -> list[float]:
+    """``colour`` at ``alpha`` (RGBA, 0-255), as report.js shades a span."""
+    return [int(colour[i : i + 2], 16) for i in (1, 3, 5)] + [alpha * 255]
+
+
+@pytest.mark.parametrize(
+    ("policy", "state", "colour"),
+    [("disable", "disabled", "#777777"), ("coalesce", "coalescing", "#E69F00")],
+)
+def test_a_bench_page_shades_where_the_bus_disabled_or_coalesced_a_callback(
+    tmp_path: Path, policy: str, state: str, colour: str
+) -> None:
+    """Before: a callback the bench disabled was one unbroken line, nothing shaded."""
+    (tmp_path / "slow_bench.py").write_text(SLOW_CALLBACK)
+    page = tmp_path / "bench.html"
+    eventbus(
+        *("bench", "slow_bench:Slow", "--over-budget", policy, "--world-size", "1"),
+        *("--rate", "10", "--duration", "5", "--period", "1", "--repeat", "1"),
+        *("--html", str(page)),
+        cwd=tmp_path,
+    )
+    rendered = render_page(page, tmp_path / "bench.png", height=1400, script=SHADES_JS)
+    assert rendered.console_errors == [] and rendered.network_requests == []
+    shades = rendered.value
+    assert shades and {s["kind"] for s in shades} == {state}, shades
+    expected = shade_of(colour)
+    for shade in shades:
+        assert shade["clear"] > 20, shade
+        # A faint colour is stored premultiplied: its channels come back a few units off.
+        assert all(abs(a - b) <= 8 for a, b in zip(shade["inside"], expected, strict=True)), (
+            shade,
+            expected,
+        )

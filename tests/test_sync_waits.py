@@ -9,10 +9,17 @@ throttle a synced trainer one to one, and coalesce nothing.
 The slow callback here lags in rounds, not seconds: each call lasts until the
 trainer has completed ``LAG`` more rounds. Were ``sync`` to wait for it, trainer
 and callback would wait for each other (the guard's ``fail_after`` says so).
+
+Then the same on the wall clock, as a user writes it (issue 43, item 2): a trainer of
+20 ms steps that syncs after each report keeps its pace, within 10%, beside a 50 ms
+coalescing lane callback (a ``UserCallback``, and a built-in's subclass in a thread),
+which skips the rounds it cannot keep up with, so the run's end does not wait for a
+backlog either.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -20,7 +27,7 @@ import anyio.lowlevel
 import pytest
 
 from eventbus import BudgetReport, EventBus, HandlerStateChanged, Report, VirtualClock
-from handlers import Reporter, UserCallback, open_run
+from handlers import MetricsLogger, Reporter, UserCallback, open_run
 
 pytestmark = pytest.mark.anyio
 
@@ -175,3 +182,73 @@ async def test_wait_idle_waits_only_for_the_lanes_it_is_given() -> None:
             assert not done.is_set()
             gate.set()
         assert done.is_set() and lane.queued == 0
+
+
+# --- the same on the wall clock, as a user writes it (issue 43, item 2) -------------------
+
+#: The trainer's rounds and its step time: its expected pace is ``PACE_ROUNDS * STEP``.
+PACE_ROUNDS = 50
+STEP = 0.02
+#: Each call of the slow callback, 50 ms: far over its budget, and slower than the trainer.
+SLOW_CALL = 0.05
+
+
+class SleepsInALane(UserCallback):
+    """A user's slow callback: 50 ms per round, in a lane, coalescing when over budget."""
+
+    delivery = "lane"
+    over_budget = "coalesce"
+
+    async def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+        await anyio.sleep(SLOW_CALL)
+
+
+class SlowLogger(MetricsLogger):
+    """A built-in's subclass, sync and in a worker thread: not a stopper either."""
+
+    delivery = "lane"
+    over_budget = "coalesce"
+    blocking = True
+
+    def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+        time.sleep(SLOW_CALL)
+
+
+async def synced_trainer(callbacks: list[Any]) -> tuple[float, float, Any]:
+    """The seconds the trainer's loop took (reporting and syncing after each step), those
+    the whole run took (its end waits for the callbacks), and the run's result."""
+    start = time.perf_counter()
+    async with open_run(world_size=1, callbacks=callbacks, period=0.2) as run:
+        reporter = run.reporter(0)
+        for step in range(PACE_ROUNDS):
+            await anyio.sleep(STEP)  # the training step
+            await reporter.report({"step": step})
+            await reporter.sync()
+        loop = time.perf_counter() - start
+    return loop, time.perf_counter() - start, run.result
+
+
+@pytest.fixture(scope="module")
+def unthrottled() -> float:
+    """The synced trainer's loop without a callback: its pace on this machine, now."""
+    loop, _, _ = anyio.run(synced_trainer, [])
+    return loop
+
+
+@pytest.mark.parametrize("callback", [SleepsInALane, SlowLogger], ids=lambda c: c.__name__)
+def test_a_synced_trainer_keeps_its_pace_beside_a_slow_coalescing_callback(
+    callback: type[UserCallback], unthrottled: float
+) -> None:
+    """Waited for, 50 calls of 50 ms would make the 1 s loop 2.5 s; delivered in full
+    (a lane's backlog run as one batch, charged at its end, so no period found it over
+    budget), the run's end waited 1.5 s for the backlog, and nothing was skipped."""
+    pace = PACE_ROUNDS * STEP
+    assert pace <= unthrottled < 1.5 * pace, "the machine is too loaded to measure a pace"
+    loop, whole, result = anyio.run(synced_trainer, [callback()])
+    assert loop < 1.10 * unthrottled, f"{loop:.3f} s against {unthrottled:.3f} s without it"
+    # It skipped what it could not keep up with, so the run's end waits for a call or
+    # two (the one in progress, the newest round), not for a backlog.
+    assert whole - loop < 4 * SLOW_CALL, f"the run ended {whole - loop:.3f} s after the loop"
+    (cost,) = (c for c in result.callbacks if c.handler.endswith(".after_report"))
+    assert cost.skipped > 0 and cost.calls + cost.skipped == PACE_ROUNDS
+    assert cost.calls <= pace / SLOW_CALL + 2

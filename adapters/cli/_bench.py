@@ -14,11 +14,11 @@ from typing import Any
 import msgspec
 
 from adapters.report import bench_report
-from eventbus import BusOptions, Event, configure_logging
+from eventbus import BusOptions, Event, OverBudgetPolicy, configure_logging
 from eventbus.log import LogError, log_timing
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, UserCallback
 
-from ._bench_figures import BenchResult, CallbackFigures, Spread
+from ._bench_figures import BenchResult, CallbackFigures, Spread, state_spans, states_text
 from ._bench_runner import (
     DEFAULT_METRICS,
     Workload,
@@ -160,6 +160,16 @@ def register(subparsers: Any) -> None:
         "--timeout", type=float, default=None, help="deadline per call, seconds (default 30)"
     )
     parser.add_argument(
+        "--over-budget",
+        action="append",
+        default=[],
+        metavar="[NAME=]POLICY",
+        help="what the bus does with a callback over budget in a period: warn, coalesce "
+        "(deliver only its newest pending event of each type) or disable (for its probation "
+        "periods); POLICY for every callback, NAME=POLICY for one (NAME: as given, or its "
+        "class name; repeatable). Default: each callback's own (its class's over_budget)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=5,
@@ -219,7 +229,8 @@ def _run(args: argparse.Namespace) -> int:
     events, start, period = _events(args, workload)
     metrics = workload.metric_names if workload is not None else report_metrics(events)
     metric, note = builtin_metric(specs, chosen, metrics, source="the log" if args.log else "")
-    make_callbacks = _factory(specs, metric)
+    make_callbacks, made = _factory(specs, metric)
+    policies = over_budget_policies(args.over_budget, specs, made)
     options = BusOptions.build(None, period=period, **given(args, "budget", "timeout"))
     progress = _progress_bar() if sys.stderr.isatty() else None
     try:
@@ -230,6 +241,7 @@ def _run(args: argparse.Namespace) -> int:
             start=start,
             repeats=args.repeat,
             progress=progress,
+            over_budget=policies,
         )
     except ValueError as exc:
         raise as_cli_error(exc) from None
@@ -242,6 +254,50 @@ def _run(args: argparse.Namespace) -> int:
         print(f"eventbus bench: error: nothing measured: {nothing}", file=sys.stderr)
         return 1
     return 0
+
+
+#: The policies ``--over-budget`` takes.
+POLICIES: tuple[OverBudgetPolicy, ...] = ("warn", "coalesce", "disable")
+
+
+def over_budget_policies(
+    given: list[str], specs: list[str], callbacks: list[Any]
+) -> list[OverBudgetPolicy | None]:
+    """``--over-budget``, per callback (``callbacks``, made from ``specs``): the policy
+    given for it by name (its spec, or its class name), else the one given for every
+    callback, else ``None`` (its own). A policy that is none, a name that is no
+    benched callback, or two policies for one callback: one line naming it."""
+    for_all: OverBudgetPolicy | None = None
+    named: dict[str, OverBudgetPolicy] = {}
+    for text in given:
+        name, is_named, word = (part.strip() for part in text.rpartition("="))
+        policy = next((p for p in POLICIES if p == word), None)
+        if policy is None:
+            raise CliError(
+                f"--over-budget {text!r}: {word!r} is not a policy (warn, coalesce or disable)"
+            )
+        if is_named and not name:
+            raise CliError(f"--over-budget {text!r}: no callback named before '='")
+        before = named.get(name) if is_named else for_all
+        if before is not None and before != policy:
+            whose = f"{name!r}" if is_named else "every callback"
+            raise CliError(f"--over-budget gives {whose} two policies: {before} and {policy}")
+        if is_named:
+            named[name] = policy
+        else:
+            for_all = policy
+    names = [
+        {spec, spec.rpartition(":")[2], type(cb).__name__}
+        for spec, cb in zip(specs, callbacks, strict=True)
+    ]
+    unknown = [name for name in named if not any(name in known for known in names)]
+    if unknown:
+        benched = ", ".join(dict.fromkeys(specs))
+        raise CliError(
+            f"--over-budget: no benched callback is named {unknown[0]!r} (benched: {benched}; "
+            "a callback is named as given, or by its class name)"
+        )
+    return [next((named[name] for name in named if name in known), for_all) for known in names]
 
 
 def _workload(args: argparse.Namespace) -> Workload | None:
@@ -384,6 +440,7 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
     """The bench's figures as the report's page: facts, the cost chart, the exact table."""
     runs = f"{result.repeats} run{'s' if result.repeats > 1 else ''}"
     overhead = result.overhead_per_event_ns
+    periods = all_periods(result)
     summary = [
         ("callbacks", ", ".join(specs), ""),
         ("events", f"{result.events:,}", ""),
@@ -428,8 +485,17 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
             f"{f.period_share_mean_pct:.3f}%",
             f"{f.period_share_max_pct:.3f}%",
             str(f.periods_over_budget),
+            f"{f.bus_skipped:,}",
+            f.over_budget,
+            states_text(f, periods) or "-",
         ]
         for f in sorted(result.callbacks, key=lambda f: -f.bus_total_ms)
+    ]
+    # Where the bus disabled or coalesced a callback, shaded as the run report shades it.
+    spans = [
+        (start, end, change.state, f"{f.name} {change.state}: {change.reason}")
+        for f in result.callbacks
+        for start, end, change in state_spans(f, periods)
     ]
     return bench_report(
         title="Bench: " + ", ".join(specs),
@@ -438,6 +504,7 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
         per_period_pct=result.per_period_pct,
         budget_pct=result.budget_pct,
         rows=rows,
+        spans=spans,
         notes=[
             f"Per call: timed directly, without the runtime, over {runs} (exact percentiles).",
             *callback_notes(result),
@@ -447,12 +514,14 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
     )
 
 
-def _factory(specs: list[str], metric: str) -> Callable[[], list[Any]]:
+def _factory(specs: list[str], metric: str) -> tuple[Callable[[], list[Any]], list[Any]]:
+    """What makes fresh callbacks for each pass, and the ones it made first (to fail
+    before the bench, with the CLI's one-line errors)."""
+
     def make() -> list[Any]:
         return [BUILTINS[s](metric) if s in BUILTINS else load_object(s) for s in specs]
 
-    make()  # fail before the bench, with the CLI's one-line errors
-    return make
+    return make, make()
 
 
 def _events(
@@ -488,13 +557,16 @@ def format_table(result: BenchResult) -> str:
         lines.append(carried_metrics(result.metrics))
     if result.builtins_metric:
         lines.append(f"the built-ins watch {result.builtins_metric!r} (--metric NAME)")
-    # A faults column only when a callback raised: the usual table stays as it was.
+    # A faults column only when a callback raised, a policy column only when one is not
+    # "warn" (the bus's default): the usual table stays as it was.
     faulted = any(f.faults for f in result.callbacks)
+    policed = any(f.over_budget != "warn" for f in result.callbacks)
     lines += [
         "",
         f"{'callback':<40} {'calls':>7} {'mean µs':>9} {'p50 µs':>8} {'p99 µs':>8} "
         f"{'max µs':>9} {'period %':>9} {'worst %':>8} {'over':>5}"
-        + (f" {'faults':>7}" if faulted else ""),
+        + (f" {'faults':>7}" if faulted else "")
+        + (" policy" if policed else ""),
     ]
     for f in sorted(result.callbacks, key=lambda f: f.mean_us * f.calls, reverse=True):
         lines.append(
@@ -502,6 +574,7 @@ def format_table(result: BenchResult) -> str:
             f"{f.p99_us:>8.2f} {f.max_us:>9.2f} {f.period_share_mean_pct:>8.3f}% "
             f"{f.period_share_max_pct:>7.3f}% {f.periods_over_budget:>5}"
             + (f" {f.faults:>7}" if faulted else "")
+            + (f" {f.over_budget}" if policed else "")
         )
     said = callback_notes(result)
     if said:
@@ -531,8 +604,9 @@ def carried_metrics(metrics: tuple[str, ...]) -> str:
 
 def callback_notes(result: BenchResult) -> list[str]:
     """One line per callback that raised (how often, and the first error) or that the
-    bus did not give every call (disabled, coalescing: why)."""
+    bus did not give every call (disabled, coalescing: why, and in which periods)."""
     lines = []
+    periods = all_periods(result)
     for f in result.callbacks:
         if f.faults:
             lines.append(
@@ -544,7 +618,18 @@ def callback_notes(result: BenchResult) -> list[str]:
                 f"{f.name}: through the bus, {f.bus_calls:,} calls ({f.bus_note}); its "
                 f"per-call figures are of all {f.calls:,}, called directly"
             )
+        states = states_text(f, periods)
+        if states:
+            lines.append(
+                f"{f.name} (over_budget={f.over_budget}): {states} (periods 0 to "
+                f"{periods - 1}); {f.bus_skipped:,} of {f.calls:,} deliveries skipped"
+            )
     return lines
+
+
+def all_periods(result: BenchResult) -> int:
+    """The bench's periods, a partial last one included."""
+    return result.periods + (1 if result.partial_period_s else 0)
 
 
 def _missing_metric_hint(figures: CallbackFigures, metrics: tuple[str, ...]) -> str:
@@ -590,7 +675,7 @@ def _range(spread: Spread, fmt: str, unit: str) -> str:
 def over_budget_warning(result: BenchResult) -> str:
     """One line for the whole bench (the bus warns once per period): which callbacks
     went over budget, in how many periods, and how far at worst."""
-    periods = result.periods + (1 if result.partial_period_s else 0)
+    periods = all_periods(result)
     over = [
         f"{f.name} in {f.periods_over_budget} of {periods} periods "
         f"(worst {f.period_share_max_pct:.1f}% of a period, budget {f.budget_pct:.1f}%)"

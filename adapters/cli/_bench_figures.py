@@ -15,11 +15,11 @@ Every figure carries its unit in its name (``_us``, ``_ms``, ``_s``,
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from eventbus import BudgetReport
+from eventbus import BudgetReport, HandlerStateChanged
 
 __all__ = [
     "MAX_RATIO_SPREAD",
@@ -28,10 +28,13 @@ __all__ = [
     "BenchResult",
     "CallbackFigures",
     "Spread",
+    "StateChange",
     "Timings",
     "bench_result",
     "not_measured",
     "runtime_cost",
+    "state_spans",
+    "states_text",
 ]
 
 #: Fewer runs than this cannot say how far a ratio may be off.
@@ -56,6 +59,17 @@ class Spread(msgspec.Struct, frozen=True, kw_only=True):
         return cls(median=statistics.median(values), low=min(values), high=max(values))
 
 
+class StateChange(msgspec.Struct, frozen=True, kw_only=True):
+    """A callback's change of state through the bus: ``state`` (``"normal"``,
+    ``"coalescing"``, ``"disabled"``) from health-check period ``period`` on (a
+    period over budget changes it from the next one, as the run report counts), and
+    ``reason``, in the bus's words."""
+
+    period: int
+    state: str
+    reason: str
+
+
 class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
     """One callback method of one callback instance, named as a live run names its
     subscription (a second instance of a class: ``EarlyStopping.after_report#2``).
@@ -63,7 +77,8 @@ class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
     calls that raised, ``first_error`` the first one's ``Type: message`` on one
     line); through the bus, as its accounting saw it (``bus_calls``,
     ``bus_total_ms``, ``bus_faults``; ``bus_skipped``: deliveries the bus did not
-    make, ``bus_note`` why: disabled, coalescing) and per health-check period
+    make, ``bus_note`` why: disabled, coalescing; ``over_budget``: the policy the bus
+    applied, ``state_changes`` what it did, in order) and per health-check period
     (``period_share_*_pct``: its time as a percentage of a period; the mean is over
     the run's time, so a partial last period weighs by its length)."""
 
@@ -84,6 +99,8 @@ class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
     bus_faults: int = 0
     bus_skipped: int = 0
     bus_note: str = ""
+    over_budget: str = "warn"
+    state_changes: tuple[StateChange, ...] = ()
 
 
 class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,12 +177,16 @@ def bench_result(
     first_errors: dict[str, str] | None = None,
     short: dict[str, str] | None = None,
     metrics: Sequence[str] = (),
+    changes: Sequence[tuple[int, HandlerStateChanged]] = (),
+    policies: Mapping[str, str] | None = None,
 ) -> BenchResult:
     """The figures of the measured pass's budget reports and of the timed runs.
 
     ``faults``, ``first_errors``: per callback, the direct calls that raised and the
     first error. ``short``: the callbacks the bus did not give every delivery in
     some pass, and why; then the runtime's cost per event is not measured.
+    ``changes``: the measured pass's changes of state, each with the period it holds
+    from; ``policies``: each callback's over-budget policy.
 
     Shares are of the run's time (``period_share_mean_pct``) or of one whole
     period (per period, worst): a partial period's time is neither lost nor
@@ -190,6 +211,12 @@ def bench_result(
     faults = faults or {}
     first_errors = first_errors or {}
     short = short or {}
+    policies = policies or {}
+    states: dict[str, list[StateChange]] = {}
+    for holds_from, change in changes:
+        states.setdefault(change.handler, []).append(
+            StateChange(period=holds_from, state=change.state, reason=change.reason)
+        )
     callbacks = []
     for name, durations in per_call.items():
         if not durations:
@@ -215,6 +242,8 @@ def bench_result(
                 bus_faults=used.faults,
                 bus_skipped=used.skipped,
                 bus_note=short.get(name, ""),
+                over_budget=policies.get(name, "warn"),
+                state_changes=tuple(states.get(name, ())),
             )
         )
     partial = [length for report, length in zip(reports, lengths, strict=True) if report.partial]
@@ -306,3 +335,36 @@ def runtime_cost(timings: Timings, events: int) -> tuple[Spread, Spread | None, 
 
 def _quantile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def state_spans(figures: CallbackFigures, periods: int) -> list[tuple[int, int, StateChange]]:
+    """The stretches of periods ``[start, end)`` in which the bus disabled or coalesced
+    the callback, each with the change that began it; ``periods``: how many the bench
+    had (the last stretch may run to its end)."""
+    changes = figures.state_changes
+    ends = [c.period for c in changes[1:]] + [periods] if changes else []
+    return [(c.period, end, c) for c, end in zip(changes, ends, strict=True) if c.state != "normal"]
+
+
+def states_text(figures: CallbackFigures, periods: int) -> str:
+    """Where the bus disabled or coalesced the callback, by state, in the order it did:
+    ``coalescing in periods 1-3 and 6-9``; ``""`` if it never did."""
+    stretches: dict[str, list[str]] = {}
+    for start, end, change in state_spans(figures, periods):
+        last = max(start, end - 1)
+        stretches.setdefault(change.state, []).append(
+            f"{start}" if last == start else f"{start}-{last}"
+        )
+    said = []
+    for state, where in stretches.items():
+        word = "period" if len(where) == 1 and "-" not in where[0] else "periods"
+        shown = where[:STRETCHES_SHOWN]
+        if len(where) > STRETCHES_SHOWN:
+            shown.append(f"{len(where) - STRETCHES_SHOWN} more")
+        listed = ", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1 else shown[0]
+        said.append(f"{state} in {word} {listed}")
+    return "; ".join(said)
+
+
+#: How many stretches of one state a line names before it counts the rest.
+STRETCHES_SHOWN = 8

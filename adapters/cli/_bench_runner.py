@@ -18,6 +18,7 @@ The timings (through the bus, with nothing attached, the floor) are taken
 
 from __future__ import annotations
 
+import functools
 import inspect
 import random
 import time
@@ -37,6 +38,8 @@ from eventbus import (
     EventPlaceholder,
     FastForwardClock,
     HandlerStateChanged,
+    HealthCheckTick,
+    OverBudgetPolicy,
     Report,
     RoundGathered,
     RunFinished,
@@ -273,6 +276,7 @@ def run_bench(
     start: float | None = None,
     repeats: int = 5,
     progress: Progress | None = None,
+    over_budget: Sequence[OverBudgetPolicy | None] = (),
     **keywords: Unpack[BusKeywords],
 ) -> BenchResult:
     """Benchmark fresh callbacks from ``make_callbacks`` on ``events`` (see the module doc).
@@ -287,6 +291,10 @@ def run_bench(
     subscriptions (``EarlyStopping.after_report``, then ``EarlyStopping.after_report#2``).
     A callback that raises is timed raising: its faults and first error are in its
     figures, and the other callbacks are measured as usual.
+    ``over_budget``: per callback of ``make_callbacks()`` (in order), the policy the
+    bus applies when it is over budget (``None``: its own, as its class says), set as
+    its ``over_budget`` attribute, so the bench compares policies without editing the
+    class; its figures say when the bus disabled or coalesced it (``state_changes``).
     """
     bus_options = BusOptions.build(options, **keywords)
     repeats = checked("repeats", repeats, Annotated[int, Meta(ge=1, le=1000)])
@@ -308,9 +316,11 @@ def run_bench(
         done += 1
         first(done)
 
-    measured = anyio.run(
-        _through_bus, make_callbacks(), workload, bus_options, begin, first if progress else None
-    )
+    def through_bus(callbacks: list[Any], progress: Progress | None = None) -> _Pass:
+        passing = functools.partial(_through_bus, over_budget=over_budget)
+        return anyio.run(passing, callbacks, workload, bus_options, begin, progress)
+
+    measured = through_bus(make_callbacks(), first if progress else None)
     workload = measured.published  # without the events this bus derives itself
     names = measured.names
     timings = Timings(bus=[measured.seconds])
@@ -318,12 +328,12 @@ def run_bench(
     for run in range(repeats):
         # Fresh callbacks for each pass: stateful ones see the run once each time.
         if run:
-            again = anyio.run(_through_bus, make_callbacks(), workload, bus_options, begin, None)
+            again = through_bus(make_callbacks())
             timings.bus.append(again.seconds)
             shortfalls.append(_shortfalls(again))
             step()
         # The same workload with nothing attached: what driving it costs, to take out.
-        alone = anyio.run(_through_bus, [], workload, bus_options, begin, None)
+        alone = through_bus([])
         timings.baseline.append(alone.seconds)
         step()
         calls = _direct_calls(make_callbacks(), measured.rounds, workload, names)
@@ -350,6 +360,8 @@ def run_bench(
         first_errors=direct.first_errors,
         short=short,
         metrics=report_metrics(workload),
+        changes=measured.changes,
+        policies=measured.policies,
     )
 
 
@@ -370,7 +382,10 @@ class _Pass(NamedTuple):
     rounds: Rounds
     published: list[Event]
     names: _Names
-    changes: list[HandlerStateChanged]
+    #: Each change of a handler's state, with the period it holds from.
+    changes: list[tuple[int, HandlerStateChanged]]
+    #: Each subscription's over-budget policy, by name.
+    policies: dict[str, str]
 
 
 def _shortfalls(measured: _Pass) -> dict[str, str]:
@@ -382,7 +397,7 @@ def _shortfalls(measured: _Pass) -> dict[str, str]:
             if usage.skipped:
                 skipped[usage.handler] = skipped.get(usage.handler, 0) + usage.skipped
     changes: dict[str, list[HandlerStateChanged]] = {}
-    for change in measured.changes:
+    for _, change in measured.changes:
         changes.setdefault(change.handler, []).append(change)
     why: dict[str, str] = {}
     for name, made in changes.items():
@@ -402,25 +417,39 @@ async def _through_bus(
     bus_options: BusOptions,
     start: float,
     progress: Progress | None,
+    *,
+    over_budget: Sequence[OverBudgetPolicy | None] = (),
 ) -> _Pass:
     """One pass through a bus, timed from the first publish until the last event is
     handled (starting and closing the bus are not the workload's cost). The bus
     closes at the workload's last event: its last period is partial, cut there,
     and no empty period follows the workload."""
     world_size = max((getattr(e, "world_size", 0) for e in events), default=0) or None
+    chosen = {
+        id(cb): policy
+        for cb, policy in zip(callbacks, over_budget, strict=False)
+        if policy is not None
+    }
     training, plain = split_callbacks(callbacks)
+    for callback in training:
+        if id(callback) in chosen:
+            _set_policy(callback, chosen[id(callback)])
     clock = _StartClock(start)
     reports: list[BudgetReport] = []
-    changes: list[HandlerStateChanged] = []
+    states = _States()
     rounds: Rounds = []
     hook_names: list[dict[str, str]] = []
+    policies: dict[str, str] = {}
     async with EventBus(bus_options, clock=clock) as bus:
         clock.go()
         bus.subscribe(
             BudgetReport, reports.append, name="bench.budget_reports", order=Stage.OBSERVE
         )
         bus.subscribe(
-            HandlerStateChanged, changes.append, name="bench.state_changes", order=Stage.OBSERVE
+            (HealthCheckTick, HandlerStateChanged),
+            states.seen,
+            name="bench.state_changes",
+            order=Stage.OBSERVE,
         )
         if training:
             attachment = attach_user_callbacks(bus, training, world_size=world_size)
@@ -428,6 +457,11 @@ async def _through_bus(
                 {_hook_of(sub.name): sub.name for sub in subs}
                 for subs in attachment.user.subscriptions_by_callback
             ]
+            policies.update(
+                (sub.name, sub.over_budget)
+                for subs in attachment.user.subscriptions_by_callback
+                for sub in subs
+            )
             # The rounds, kept to feed the same ones to the floor loop: a subscriber
             # of the rounds like the callbacks, after them.
             bus.subscribe(
@@ -444,7 +478,9 @@ async def _through_bus(
         workload_types = tuple({type(e) for e in published})
         plain_names = _plain_names(plain)
         for handler, name in zip(plain, plain_names, strict=True):
-            bus.subscribe(workload_types, handler, name=name)
+            policy = chosen.get(id(handler), "warn")
+            bus.subscribe(workload_types, handler, name=name, over_budget=policy)
+            policies[name] = policy
         copies = [msgspec.structs.replace(e, seq=-1) for e in published]  # a bus stamps them
         started = time.perf_counter()
         await _drive(bus, clock, copies, progress)
@@ -452,7 +488,34 @@ async def _through_bus(
         clock.set(max(e.time for e in published))  # the workload's timeline ends here
         await bus.wait_idle()
         seconds = time.perf_counter() - started
-    return _Pass(reports, seconds, rounds, published, _Names(hook_names, plain_names), changes)
+    names = _Names(hook_names, plain_names)
+    return _Pass(reports, seconds, rounds, published, names, states.changes, policies)
+
+
+def _set_policy(callback: Any, policy: OverBudgetPolicy) -> None:
+    """``callback``'s over-budget policy, as its class would set it (attach checks it)."""
+    try:
+        callback.over_budget = policy
+    except (AttributeError, TypeError) as exc:
+        raise ValueError(
+            f"{callback_name(callback)}: cannot set its over_budget to {policy!r} ({exc})"
+        ) from None
+
+
+class _States:
+    """The handlers' changes of state, each with the period it holds from, counted as
+    the run report counts them: a budget verdict (made as period k closes, between its
+    tick and its report) and any change after it hold from period k + 1."""
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[int, HandlerStateChanged]] = []
+        self._period = 0
+
+    def seen(self, event: HealthCheckTick | HandlerStateChanged) -> None:
+        if isinstance(event, HealthCheckTick):
+            self._period = event.period + 1
+        else:
+            self.changes.append((self._period, event))
 
 
 def _hook_of(subscription: str) -> str:

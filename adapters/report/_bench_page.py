@@ -26,7 +26,12 @@ BENCH_HEADERS = [
     "share of run",
     "worst period",
     "periods over budget",
+    "bus skipped",
+    "over budget policy",
+    "disabled or coalescing",
 ]
+#: The columns of figures (right-aligned).
+_NUMERIC = range(1, BENCH_HEADERS.index("over budget policy"))
 
 
 def bench_report(
@@ -38,9 +43,12 @@ def bench_report(
     budget_pct: float,
     rows: Sequence[Sequence[str]],
     notes: Sequence[str] = (),
+    spans: Sequence[tuple[float, float, str, str]] = (),
 ) -> str:
     """The page: ``summary`` as facts, each callback's share of every period against
-    ``budget_pct``, and ``rows`` (``BENCH_HEADERS``), the costliest first."""
+    ``budget_pct``, and ``rows`` (``BENCH_HEADERS``), the costliest first. ``spans``:
+    ``(first period, end, state, label)`` where the bus disabled or coalesced a
+    callback, shaded on the chart as the run report shades them."""
     group = SeriesGroup()
     for name, shares in per_period_pct.items():
         index = group.series(name)
@@ -66,14 +74,14 @@ def bench_report(
             "colour": "#D55E00",
             "label": f"budget {budget_pct:.3g}% of a period",
         }
+    for start, end, state, label in spans:
+        chart.span(start, end, state, label)
     document = Document(title, subtitle)
     document.section(
         "summary",
         "Summary",
         facts(summary) + "".join(f'<p class="note">{escape(note)}</p>' for note in notes),
     )
-    body = document.add_chart(chart) + table(
-        BENCH_HEADERS, rows, numeric=range(1, len(BENCH_HEADERS))
-    )
+    body = document.add_chart(chart) + table(BENCH_HEADERS, rows, numeric=_NUMERIC)
     document.section("cost", "Callback cost", body)
     return document.render()

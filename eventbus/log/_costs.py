@@ -2,7 +2,11 @@
 
 On a virtual clock a call costs nothing, so nothing is ever over budget. A
 charged handler's calls advance the replay's clock by their cost, and the bus
-times, judges and polices them as it would live calls of that length.
+times, judges and polices them as it would live calls of that length. A plain
+sync call blocks the event loop live: its charge moves the clock as a blocked
+loop does (``VirtualClock.set(blocked=True)``), so a period ends during it only
+once it returns; an async or blocking (threaded) call leaves the loop free, and
+a period ends during it, as live.
 """
 
 from __future__ import annotations
@@ -95,35 +99,41 @@ class Charges:
     def wrap(self, sub: Subscription, *, measured: bool = False) -> None:
         """Charge ``sub``'s calls from now on."""
         handler = sub.handler
-        advance = self.clock.advance
+        clock = self.clock
         if sub.blocking:  # called in a worker thread: the event loop moves the clock
-            loop_advance = advance
 
             def advance(seconds: float) -> None:
-                anyio.from_thread.run_sync(loop_advance, seconds)
+                anyio.from_thread.run_sync(clock.advance, seconds)
+
+        elif sub.is_async:
+            advance = clock.advance
+        else:  # a plain sync call: the loop is blocked while it runs
+
+            def advance(seconds: float) -> None:
+                clock.advance(seconds, blocked=True)
 
         cost_of = self.cost
         wrapper: Callable[[Any], Any]
         if measured:
-            clock = time.perf_counter
+            wall = time.perf_counter
             if sub.is_async:
 
                 async def measured_async(event: Event) -> Any:
-                    start = clock()
+                    start = wall()
                     try:
                         return await handler(event)
                     finally:
-                        advance(clock() - start)
+                        advance(wall() - start)
 
                 wrapper = measured_async
             else:
 
                 def measured_sync(event: Event) -> Any:
-                    start = clock()
+                    start = wall()
                     try:
                         return handler(event)
                     finally:
-                        advance(clock() - start)
+                        advance(wall() - start)
 
                 wrapper = measured_sync
         elif sub.is_async:
@@ -150,6 +160,17 @@ class Charges:
             wrapper = charged_sync
         sub.handler = wrapper
         self.wrapped.append((sub, handler, wrapper))
+
+    @property
+    def hold_the_trainer(self) -> bool:
+        """Whether a charged handler is plain sync and inline: live, such a call blocks
+        the event loop, so the trainer reports nothing more until it returns (an
+        async or threaded one leaves the trainer going, its events waiting in the
+        inbox; a lane's backlog is its own)."""
+        return any(
+            not (sub.is_async or sub.blocking) and sub.delivery == "inline"
+            for sub, _, _ in self.wrapped
+        )
 
     def cost(self, sub: Subscription, event: Event) -> float:
         """What this call of ``sub`` costs; 0, keeping the error, if the costs cannot say."""

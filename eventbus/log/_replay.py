@@ -259,22 +259,35 @@ async def _replay_instant(
     later than the clock, the bus finishes what it has, whose charges move the
     clock, maybe past that event's time; the event then joins those waiting
     behind the slow handlers (the next batch) instead of moving the clock.
+    A charged plain sync inline handler blocks the loop live, and the trainer
+    with it: each event then waits for the inline handlers before it, so it is
+    published at its recorded time or once they are done, whichever is later;
+    but events recorded at one time, which the recorded bus took as one batch
+    (it stamps a batch once), are published together, to make one batch again.
     Idle gaps are skipped either way.
     """
     now = clock.now
     publish = bus.publish
+    held = charges is not None and charges.hold_the_trainer
+    last = None  # the recorded time of the event published before
     for event in selection:
         t = event.time
-        if t > now():
-            if charges is not None:
+        if charges is not None:
+            if t > now():
                 await bus.wait_idle()
-                if charges.error is not None:
-                    return  # raised by ``replay``, once the bus is idle
-            if charges is None or t > now():
-                if t >= bus.period_end:
-                    await _cross_period(bus, clock, t, event)
-                    continue
+            elif held and t != last:
+                await bus.wait_idle(lanes=())
+            last = t
+            if charges.error is not None:
+                return  # raised by ``replay``, once the bus is idle
+        if t > now():
+            if t < bus.period_end:
                 clock.set(t)
+            elif charges is None:
+                await _cross_period(bus, clock, t, event)
+                continue
+            else:  # not alone: the events recorded with it go in its batch
+                await _cross_period(bus, clock, t, None)
         await publish(event)
     if charges is not None:
         await bus.wait_idle()  # the last charges move the clock

@@ -9,6 +9,8 @@
   // Each chart's y axis as last drawn, by chart id: its scale and its tick labels
   // (for the tests, and anyone checking a page in the console).
   var axes = {};
+  // Each chart's shaded spans as last drawn, by chart id, in canvas pixels (likewise).
+  var shaded = {};
   // Rounds and periods are whole numbers: ticks at 1, 2, 5, 10, 20, 50...
   var WHOLE = [];
   for (var scale = 1; scale <= 1e12; scale *= 10) WHOLE.push(scale, 2 * scale, 5 * scale);
@@ -57,6 +59,15 @@
     };
   }
 
+  // A span covers its periods [from, to): the x axis reaches the end of the last one, so
+  // that a state the run (or the bench) ended in is shaded, not drawn past the plot.
+  function xRange(spec) {
+    var ends = (spec.spans || []).map(function (span) { return span.to; });
+    if (!ends.length) return undefined;
+    var end = Math.max.apply(null, ends);
+    return function (u, min, max) { return [min, Math.max(max, end)]; };
+  }
+
   function place(u, x) {
     return Math.round(u.valToPos(x, "x", true));
   }
@@ -68,9 +79,14 @@
         drawClear: [
           function (u) {
             var ctx = u.ctx, top = u.bbox.top, height = u.bbox.height;
+            shaded[spec.id] = [];
             (spec.spans || []).forEach(function (span) {
               var style = styles[span.kind] || {colour: "#999999"};
               var left = place(u, span.from), right = place(u, span.to);
+              shaded[spec.id].push({
+                kind: span.kind, left: left, right: right, top: top, height: height,
+                plotLeft: u.bbox.left,
+              });
               ctx.save();
               ctx.globalAlpha = 0.15;
               ctx.fillStyle = style.colour;
@@ -156,7 +172,7 @@
         return {series: [b[0], b[1]], fill: b[2]};
       }),
       scales: {
-        x: {time: false},
+        x: {time: false, range: xRange(spec)},
         y: {distr: spec.logY ? 3 : 1, range: range(spec)},
       },
       axes: [
@@ -194,7 +210,7 @@
       p.plot.setSize({width: Math.max(p.box.clientWidth, 320), height: p.plot.height});
     });
   });
-  window.eventbusReport = {format: format, logRange: logRange, axes: axes};
+  window.eventbusReport = {format: format, logRange: logRange, axes: axes, spans: shaded};
   document.body.dataset.charts = String(drawn);
   document.body.dataset.ready = "1";
 })();
