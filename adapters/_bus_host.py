@@ -17,7 +17,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Unpack
 
-from eventbus import BusClosed, CloseReport, Event, EventBus, describe_exception, get_logger
+from eventbus import (
+    BusClosed,
+    CloseReport,
+    Event,
+    EventBus,
+    Subscription,
+    describe_exception,
+    get_logger,
+)
 from eventbus.log import LogRecorder
 
 from ._options import AdapterKeywords, AdapterOptions, Backend
@@ -127,8 +135,11 @@ class BusHost(ABC):
         abandoned (still busy after ``timeout``) or never ran."""
 
     @abstractmethod
-    def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Block until everything handed off so far was handled; False on timeout."""
+    def wait_idle(
+        self, timeout: float = 30.0, *, lanes: tuple[Subscription, ...] | None = None
+    ) -> bool:
+        """Block until everything handed off so far was handled; False on timeout.
+        ``lanes``: of the lane handlers, only these are waited for (``EventBus.wait_idle``)."""
 
     @property
     def error(self) -> BaseException | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from eventbus import CloseReport, Event, EventBus, get_logger
+from eventbus import CloseReport, Event, EventBus, Subscription, get_logger
 
 from ._bus_host import STOP, BusHost, DeferredEvent, kind_of
 
@@ -42,12 +42,14 @@ IDLE_POLL_INTERVAL = 0.1
 
 
 class _Barrier:
-    """Set ``done`` once everything handed off before it was handled."""
+    """Set ``done`` once everything handed off before it was handled (of the lane
+    handlers, only by ``lanes``, when given)."""
 
-    __slots__ = ("done",)
+    __slots__ = ("done", "lanes")
 
-    def __init__(self) -> None:
+    def __init__(self, lanes: tuple[Subscription, ...] | None) -> None:
         self.done = threading.Event()
+        self.lanes = lanes
 
 
 class BusThread(BusHost):
@@ -104,15 +106,18 @@ class BusThread(BusHost):
 
     # --- hand-off (the caller's thread) -------------------------------------------
 
-    def wait_idle(self, timeout: float = 30.0) -> bool:
+    def wait_idle(
+        self, timeout: float = 30.0, *, lanes: tuple[Subscription, ...] | None = None
+    ) -> bool:
         """Block until nothing handed off so far is pending (handled, or the bus ended;
         once closing: until the thread ended); False on timeout. Wakes the bus at
-        once: its caller is waiting, so there is no hook to interrupt."""
+        once: its caller is waiting, so there is no hook to interrupt. ``lanes``: of
+        the lane handlers, only these are waited for."""
         if self._thread is None:
             return True
         if not self.running:
             return self._done.wait(timeout)
-        barrier = _Barrier()
+        barrier = _Barrier(lanes)
         self._queue.append(barrier)
         if self._done.is_set():  # ended meanwhile; its last look at the queue may have missed us
             return True
@@ -182,7 +187,7 @@ class BusThread(BusHost):
 
     async def _control(self, bus: EventBus, item: object) -> bool:
         if type(item) is _Barrier:
-            await bus.wait_idle()
+            await bus.wait_idle(lanes=item.lanes)
             item.done.set()
             return True
         return False

@@ -179,13 +179,16 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         step (``control.should_save``, set before ``on_log``) is held until
         ``on_save``, which makes the saved checkpoint its round's.
 
-        No lock, no wake-up of another thread: the report is appended
-        (``BusHost.offer``) and made into a ``Report`` by the bus from a tuple
-        (a ``DeferredEvent``: cheaper here). A bus stepped in the hooks then
-        takes it at once (``poll``: at most once per ``poll_interval``), so a
-        stop its callbacks ask for is seen below; a bus thread takes it at its
-        next look. The slow cases (a full hand-off, a callback's failure to
-        raise here) go through ``ThreadedRun.handoff``.
+        The report is appended (``BusHost.offer``) and made into a ``Report``
+        by the bus from a tuple (a ``DeferredEvent``: cheaper here). With a
+        callback that can stop the run (a ``should_stop``), the hook then waits
+        until such callbacks handled it (``ThreadedRun.wait_for_stoppers``), so
+        a stop it decides ends training at this step, whatever the step's or the
+        other callbacks' time. Without one: no lock, no wake-up of another
+        thread; a bus stepped in the hooks takes it at once (``poll``: at most
+        once per ``poll_interval``), a bus thread at its next look. The slow
+        cases (a full hand-off, a callback's failure to raise here) go through
+        ``ThreadedRun.handoff``.
         """
         run = self._run
         thread = run.thread
@@ -205,9 +208,12 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 return
             deferred = (self._make_report, index, metrics)
             if thread.offer(deferred):
-                thread.poll(handed_off=True)
+                if not self._stoppers:
+                    thread.poll(handed_off=True)
             else:
                 run.handoff(deferred)  # also raises a callback's failure of the run
+            if self._stoppers:  # the stop this report decides is this step's
+                run.wait_for_stoppers()
         if self._stop or (self._stoppers and self.stop_requested):
             control.should_training_stop = True
 
@@ -236,7 +242,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             self._held.append((self._index, metrics))
             self._index += 1
         self._release(location)
-        self._check(control)
+        self._check(control, handed_off=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._end_training(self._summary)
@@ -273,10 +279,11 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 report = msgspec.structs.replace(report, checkpoint=checkpoint)
             self._run.handoff(report)
 
-    def _check(self, control: Any) -> None:
+    def _check(self, control: Any, handed_off: bool = False) -> None:
         """Every few hooks: a callback's failure ends training now (raised: the Trainer
-        stops at once); a callback's wish to stop, at the Trainer's next step."""
-        if self._looked():
+        stops at once); a callback's wish to stop, at the end of this step
+        (``handed_off``: this hook gave the bus a report, see ``_looked``)."""
+        if self._looked(handed_off):
             control.should_training_stop = True
 
     def _run_name(self, args: Any) -> str:

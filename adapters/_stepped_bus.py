@@ -1,19 +1,21 @@
 """A bus stepped in the trainer's own thread, at its hooks: no second thread.
 
 A bus in a thread of its own takes the GIL from the trainer at each look (the
-figures: ``docs/adapters.md``, ``benchmarks/bench_trainer_overhead.py``), so by
-default the bus's asyncio loop runs only inside the trainer's hooks: a hook
-appends to the deque, and ``poll`` (at most once per ``poll_interval``) or a
-checkpoint steps the bus: its loop runs until the handlers have finished what
-the step gave them, lanes included, as the framework's own callbacks would,
-in the trainer's thread. So a call never spans two hooks: the time a callback
-is charged is the time it ran (an async callback awaiting 1 ms is charged
-1 ms, and the trainer waits that 1 ms), never the trainer's compute between
-two hooks, and its deadline is enforced inside the step, by the bus's own
-watchdog, as under ``open_run``. A step gives up after ``handoff_timeout``
-(a bus that never goes idle, such as handlers publishing to each other
-without end): what is left goes on at the next steps. ``wait_idle`` and the
-run's end wait the same way, with their own limits.
+figures: ``docs/adapters.md``, ``benchmarks/bench_trainer_overhead.py``), so
+by default the bus's asyncio loop runs only inside the trainer's hooks: a hook
+appends to the deque, and ``poll`` (at most once per ``poll_interval``), a
+checkpoint, or, with a callback that can stop the run, the hook that handed
+off a report (``ThreadedRun.wait_for_stoppers``) steps the bus: its loop runs
+until the handlers have finished what the step gave them, lanes included, as
+the framework's own callbacks would, in the trainer's thread. So a call never
+spans two hooks: the time a callback is charged is the time it ran (an async
+callback awaiting 1 ms is charged 1 ms, and the trainer waits that 1 ms),
+never the trainer's compute between two hooks, and its deadline is enforced
+inside the step, by the bus's own watchdog, as under ``open_run``. A step
+gives up after ``handoff_timeout`` (a bus that never goes idle, such as
+handlers publishing to each other without end): what is left goes on at the
+next steps. ``wait_idle`` and the run's end wait the same way, with their own
+limits.
 
 A callback that waits long holds the trainer, as a framework callback would:
 an async or ``blocking = True`` one up to its deadline, a plain sync one to
@@ -31,7 +33,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from eventbus import CloseReport, Event, EventBus, get_logger
+from eventbus import CloseReport, Event, EventBus, Subscription, get_logger
 
 from ._bus_host import STOP, BusHost
 
@@ -170,9 +172,12 @@ class SteppedBus(BusHost):
         self._step()
         return accepted
 
-    def wait_idle(self, timeout: float = 30.0) -> bool:
+    def wait_idle(
+        self, timeout: float = 30.0, *, lanes: tuple[Subscription, ...] | None = None
+    ) -> bool:
         """Run the bus until everything handed off was handled, lanes included (True),
-        or ``timeout`` passed (False)."""
+        or ``timeout`` passed (False). ``lanes`` changes nothing here: a step always
+        lets the calls it started end (see the module docstring)."""
         task = self._main_task
         if task is None or task.done():
             return True

@@ -36,6 +36,7 @@ from eventbus import (
     EventBus,
     RunStatus,
     StateRestored,
+    Subscription,
     WorkerFailure,
     describe_exception,
     get_logger,
@@ -47,6 +48,7 @@ from handlers.wiring import (
     Resume,
     RunCore,
     status_of,
+    stopping_lanes,
     takes_signals,
 )
 
@@ -117,6 +119,8 @@ class ThreadedRun:
         #: The bus's failure once it was raised in the trainer's thread.
         self.raised: BaseException | None = None
         self._dropped_before = 0
+        #: The lanes ``wait_for_stoppers`` waits for (known once the run's bus is wired).
+        self._stopping: tuple[Subscription, ...] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name, "options": self.options, "steps_in_hooks": self.steps_in_hooks}
@@ -196,6 +200,7 @@ class ThreadedRun:
         self.core = core
         self.close_report = None
         self.raised = None
+        self._stopping = None
         self.handoff(core.started())
         if before_run_first:
             thread.wait_idle(self.drain_timeout)
@@ -242,6 +247,19 @@ class ThreadedRun:
                     run_id=self.run_id,
                     event_type=kind_of(event),
                 )
+
+    def wait_for_stoppers(self) -> None:
+        """Block until the callbacks that can stop the run handled everything handed off
+        so far (at most ``handoff_timeout``): what ``Reporter.sync`` waits for, every
+        inline callback and the lanes of those with a ``should_stop``, so the trainer
+        reads ``should_stop`` as of its latest report, however long a tracker takes
+        (a stop then never depends on the time a step or a callback took)."""
+        thread, attachment = self.thread, self.attachment
+        if thread is None or attachment is None:
+            return
+        if self._stopping is None:
+            self._stopping = stopping_lanes(attachment)
+        thread.wait_idle(self.options.handoff_timeout, lanes=self._stopping)
 
     def check(self) -> None:
         """Raise the bus's failure now, if there is one (the run is ended first)."""
@@ -390,12 +408,17 @@ class ThreadedAdapter:
 
     def _looked(self, handed_off: bool = False) -> bool:
         """Let a bus stepped in the hooks take what it was given (``handed_off``: this
-        hook gave it a report), raise a callback's failure of the run now, and say
+        hook gave it a report: with callbacks that can stop the run, they handle it
+        before the hook returns), raise a callback's failure of the run now, and say
         whether our callbacks ask to stop."""
-        thread = self._run.thread
+        run = self._run
+        thread = run.thread
         if thread is not None:
-            thread.poll(handed_off)
-        self._run.check()
+            if handed_off and self._stoppers:
+                run.wait_for_stoppers()
+            else:
+                thread.poll(handed_off)
+        run.check()
         return self.stop_requested
 
     def _fail(self, exc: BaseException, rank: int) -> None:

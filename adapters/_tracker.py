@@ -17,12 +17,20 @@ is one the crash rolled back and the resumed run redoes. A round's default
 step is the tracker's own count of rounds (``rounds``, saved too), not the
 round's index on the bus: a framework adapter's resumed bus numbers its
 rounds from 0 again.
+
+Names and values: a backend refuses some names (MLflow: characters outside its set,
+path-like names, more than 250 characters; TensorBoard: text that is not UTF-8), and
+one refused name would cost its whole write. ``BackendNames`` maps every name once, by
+the backend's own rule, and keeps names that differ apart; a value that is not a number
+is left out with one warning per name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +55,15 @@ from eventbus import (
 from handlers import UserCallback
 from handlers.wiring import mean_metrics
 
-__all__ = ["TrackerCallback", "TrackerError", "cost_scalars", "round_scalars"]
+__all__ = [
+    "BackendNames",
+    "TrackerCallback",
+    "TrackerError",
+    "backend_name",
+    "cost_scalars",
+    "round_scalars",
+    "safe_text",
+]
 
 _log = get_logger("adapters.trackers")
 
@@ -61,14 +77,23 @@ def round_scalars(
 ) -> dict[str, float]:
     """A round as scalars: ``<metric>``, the mean over ranks as the run's summary and
     report take it (``handlers.wiring.mean_metrics``: finite values only, so one rank's
-    NaN does not hide the others'), and, with ``per_rank`` and more than one rank,
+    NaN does not hide the others'; one rank's values as reported, a NaN as a NaN, so that
+    a single process's divergence shows), and, with ``per_rank`` and more than one rank,
     ``<metric>/rank_<i>``, each rank's as reported (a NaN stays a NaN). Only numbers
-    count (not booleans, strings or nested values)."""
-    scalars: dict[str, float] = {key: float(v) for key, v in mean_metrics(metrics).items()}
+    count (not booleans, strings or nested values), and only those a float holds (an int
+    past 1.8e308 is left out)."""
+    if len(metrics) == 1:
+        alone = metrics[0].items()
+        return {key: float(v) for key, v in alone if _is_number(v) and _fits(v)}
+    try:
+        means = mean_metrics(metrics)
+    except OverflowError:  # an int past a float's range (a report's hold 64 bits)
+        means = mean_metrics([{k: v for k, v in m.items() if _fits(v)} for m in metrics])
+    scalars: dict[str, float] = {key: float(v) for key, v in means.items() if _fits(v)}
     if per_rank and len(metrics) > 1:
         for rank, reported in zip(ranks, metrics, strict=False):
             for key, value in reported.items():
-                if _is_number(value):
+                if _is_number(value) and _fits(value):
                     scalars[f"{key}/rank_{rank}"] = float(value)
     return scalars
 
@@ -91,6 +116,71 @@ def cost_scalars(report: BudgetReport) -> dict[str, float]:
             if count:
                 scalars[f"{prefix}/{name}"] = float(count)
     return scalars
+
+
+def safe_text(text: str) -> str:
+    """``text`` as UTF-8 can hold it: a lone surrogate (an undecodable file name's byte, a
+    broken string from a user) as its escape, ``\\udcff``, which every backend takes."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
+def backend_name(name: str, rule: Callable[[str], str], limit: int | None) -> str:
+    """``name`` as a backend takes it: itself when ``rule`` (the backend's, which makes any
+    text a name it accepts) leaves it as it is and it is at most ``limit`` characters;
+    otherwise the rule's name, cut to leave room, and ``-`` with 8 hex digits of a hash of
+    the whole name. The hash keeps apart names that the rule or the cut would merge
+    (``acc@1`` and ``acc#1``, two long names that differ at their end), and depends on the
+    name alone, so a name is the same key in every process and every resume of a run."""
+    fixed = rule(name)
+    if fixed == name and (limit is None or len(name) <= limit):
+        return name
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    suffix = f"-{digest}"
+    cut = fixed if limit is None else fixed[: limit - len(suffix)]
+    return rule(cut + suffix)
+
+
+#: Names a ``BackendNames`` remembers: past it, it starts afresh (a run reporting a new name
+#: each round must not grow it without bound), and says again a renamed name it meets again.
+_NAMES_KEPT = 65_536
+
+
+class BackendNames:
+    """``backend_name`` of each name, worked out once per name, with one warning for each
+    name the backend does not take as it is (in the writer thread: never on the step)."""
+
+    def __init__(self, owner: str, rule: Callable[[str], str], limit: int | None, why: str) -> None:
+        self._owner = owner
+        self._rule = rule
+        self._limit = limit
+        self._why = why
+        self._known: dict[str, str] = {}
+
+    def __call__(self, name: str, what: str = "metric") -> str:
+        known = self._known.get(name)
+        if known is not None:
+            return known
+        if len(self._known) >= _NAMES_KEPT:
+            self._known.clear()
+        mapped = self._known[name] = backend_name(name, self._rule, self._limit)
+        if mapped != name:
+            _log.warning(
+                f"{self._owner}: {what} {_shown(name)} is written as {_shown(mapped)}: "
+                f"{self._why}; a hash of the name after it keeps names apart (said once "
+                "per name)"
+            )
+        return mapped
+
+
+def _shown(name: str) -> str:
+    """``name`` quoted for a message, a long one cut."""
+    if len(name) <= 80:
+        return repr(name)
+    return f"{name[:40]!r}...{name[-20:]!r} ({len(name):,} characters)"
 
 
 #: The longest a worker thread waits for a tracker's thread, seconds: past the hook's
@@ -135,6 +225,12 @@ class _WriterThread:
     def lag(self) -> int:
         """Writes handed over and not yet done."""
         return self.put_count - self.done_count
+
+    def keep_error(self, exc: BaseException) -> None:
+        """Have the bus side raise ``exc`` as a write that failed (a write that went on:
+        its tracker keeps what it could not write, and says so once)."""
+        with self._lock:
+            self._errors.append(exc)
 
     def take_errors(self) -> list[BaseException]:
         with self._lock:
@@ -206,6 +302,11 @@ class TrackerCallback(UserCallback, StatefulCallback):
     #: Writes the thread may fall behind by before the hooks wait for it.
     max_lag: ClassVar[int] = 10_000
 
+    #: The backend's names: at most ``name_limit`` characters, and ``_backend_rule``, which
+    #: makes any text a name the backend takes; ``name_rule`` says it in words.
+    name_limit: ClassVar[int | None] = None
+    name_rule: ClassVar[str] = ""
+
     state_attributes: tuple[str, ...] = ("rounds", "last_step")
 
     def __init__(
@@ -219,6 +320,12 @@ class TrackerCallback(UserCallback, StatefulCallback):
         #: Rounds not written for want of ``step_metric`` (this process only).
         self.rounds_without_step = 0
         self._thread: _WriterThread | None = None
+        self._names = self._new_names()
+        #: Metrics said to be no numbers, once each (in the writer thread).
+        self._not_numbers: set[str] = set()
+        #: Error descriptions said, and how many failed writes were not said again.
+        self._said: set[str] = set()
+        self.failed_writes = 0
 
     # --- the hooks (the bus's side) --------------------------------------------------
 
@@ -228,6 +335,8 @@ class TrackerCallback(UserCallback, StatefulCallback):
                 f"{self!r} is already writing a run: give each run its own tracker object"
             )
         thread = self._thread = _WriterThread(f"{type(self).__name__}-writer")
+        self._names = self._new_names()
+        self._not_numbers, self._said, self.failed_writes = set(), set(), 0
         # ``last_step`` is restored before the run begins: set, this run continues one.
         thread.put(self._open_or_break, run_context, self.last_step)
 
@@ -267,6 +376,12 @@ class TrackerCallback(UserCallback, StatefulCallback):
         thread.put(self._end, result)
         await thread.close()
         self._raise_errors(thread)
+        repeated = self.failed_writes - len(self._said)
+        if repeated > 0:
+            _log.warning(
+                f"{self!r}: {repeated:,} more writes to {self.tracker} failed as said before "
+                "in this run, each losing what it wrote"
+            )
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -296,14 +411,30 @@ class TrackerCallback(UserCallback, StatefulCallback):
         return None
 
     def _raise_errors(self, thread: _WriterThread) -> None:
+        """Raise the first failed write not said before (one ``HandlerFailed`` for a store
+        that fails every write, not one each round); the rest are counted."""
         errors = thread.take_errors()
-        if errors:
-            more = f" (and {len(errors) - 1} more writes failed)" if len(errors) > 1 else ""
-            broken = "; nothing more is written" if thread.broken else ""
-            first = describe_exception(errors[0])
-            raise TrackerError(
-                f"{self!r}: writing to {self.tracker} failed: {first}{more}{broken}"
-            ) from errors[0]
+        self.failed_writes += len(errors)
+        new = [exc for exc in errors if describe_exception(exc) not in self._said]
+        if not new:
+            return
+        first = describe_exception(new[0])
+        if len(self._said) < _NAMES_KEPT:
+            self._said.add(first)
+        notes = "".join(f"; {note}" for note in getattr(new[0], "__notes__", ()))
+        more = f" (and {len(errors) - 1} more writes failed)" if len(errors) > 1 else ""
+        broken = "; nothing more is written" if thread.broken else ""
+        raise TrackerError(
+            f"{self!r}: writing to {self.tracker} failed: {first}{notes}{more}{broken}"
+        ) from new[0]
+
+    def _new_names(self) -> BackendNames:
+        return BackendNames(repr(self), self._backend_rule, self.name_limit, self.name_rule)
+
+    @staticmethod
+    def _backend_rule(name: str) -> str:
+        """``name`` as one the backend takes (see ``backend_name``); any text as it is."""
+        return name
 
     # --- in the writer thread ----------------------------------------------------------
 
@@ -315,16 +446,38 @@ class TrackerCallback(UserCallback, StatefulCallback):
             raise
 
     def _write_round(self, event: RoundGathered, step: int, wall_time: float) -> None:
+        self._say_not_numbers(event.metrics)
         scalars = round_scalars(event.metrics, event.ranks, per_rank=self.per_rank)
         if scalars:
-            self._scalars(scalars, step, wall_time)
+            self._scalars(self._named(scalars), step, wall_time)
         if event.checkpoint is not None:
             self._checkpoint(event.checkpoint, event.round, step, wall_time)
 
     def _write_costs(self, report: BudgetReport, step: int, wall_time: float) -> None:
         scalars = cost_scalars(report)
         if scalars:
-            self._scalars(scalars, step, wall_time)
+            self._scalars(self._named(scalars), step, wall_time)
+
+    def _named(self, scalars: dict[str, float]) -> dict[str, float]:
+        names = self._names
+        return {names(name): value for name, value in scalars.items()}
+
+    def _say_not_numbers(self, metrics: Sequence[dict[str, Any]]) -> None:
+        """One warning for each metric name whose value is not a number (a string, a
+        bool, ``None``, a list, a dict): it is left out of the tracker."""
+        for reported in metrics:
+            for name, value in reported.items():
+                if (_is_number(value) and _fits(value)) or name in self._not_numbers:
+                    continue
+                if len(self._not_numbers) >= _NAMES_KEPT:
+                    self._not_numbers.clear()
+                self._not_numbers.add(name)
+                kind = "None" if value is None else f"a {type(value).__name__}"
+                what = "past a float's range" if _is_number(value) else f"{kind}, not a number"
+                _log.warning(
+                    f"{self!r}: metric {_shown(name)} is {what}: it is not written to "
+                    f"{self.tracker} (said once per name)"
+                )
 
     def _open(self, run_context: TrainRunContext, resumed_after: int | None) -> None:
         """Open the tracker's run; ``resumed_after``: the step after which a resume
@@ -345,6 +498,14 @@ class TrackerCallback(UserCallback, StatefulCallback):
 
     def _end(self, result: RunResult) -> None:
         raise NotImplementedError
+
+
+def _fits(value: object) -> bool:
+    """Not an int a float cannot hold."""
+    return type(value) is not int or -_FLOAT_MAX <= value <= _FLOAT_MAX
+
+
+_FLOAT_MAX = int(sys.float_info.max)
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:

@@ -1,21 +1,38 @@
 """``MLflowLogger``: a run's rounds, configuration and callbacks' cost, in an MLflow run.
 
 Metrics use TensorBoard's keys (``<metric>``, ``<metric>/rank_<i>``,
-``callbacks/<handler>/share``, ...; characters MLflow refuses become ``_``),
-at the round's step; the run's configuration becomes params; tags say our run
-id and status; checkpoints are logged as artifacts when asked; the MLflow run
-ends with our run's status (``FINISHED``, ``FAILED``, ``KILLED`` for a
-cancelled run).
+``callbacks/<handler>/share``, ...), at the round's step; the run's
+configuration becomes params; tags say our run id and status; checkpoints are
+logged as artifacts when asked; the MLflow run ends with our run's status
+(``FINISHED``, ``FAILED``, ``KILLED`` for a cancelled or preempted run), on
+every end, whether the last rows could be written or not.
+
+Any name is written: a name MLflow refuses (a character outside letters,
+digits, ``_ - . : /`` and space; a path such as ``eval/``, ``//``, ``./``, or
+an empty name; more than 250 characters) gets the name ``mlflow_key`` gives
+it, with one warning.
 
 One run, once: MLflow keeps every value ever logged for a step (it has no
 way to take one back), so by default a round is written when a checkpoint
-makes it final, at that checkpoint, and the rounds after the last checkpoint
-when the run finishes. A crash rolls back only rounds that were never
-written; the resumed run, whose state holds the MLflow run id, continues the
-same MLflow run and writes the redone rounds once. ``live=True`` writes each
-round at once instead: MLflow is up to date, and a crash leaves the rounds it
-rolled back in MLflow's history beside their redone values. A worker-group
-restart inside one run keeps its MLflow run.
+makes it final, at that checkpoint (before it is snapshotted), and the rounds
+after the last checkpoint when the run finishes. A crash rolls back only
+rounds that were never written; the resumed run, whose state holds the MLflow
+run id, continues the same MLflow run and writes the redone rounds once. A
+worker-group restart inside one run keeps its MLflow run.
+
+Bounded: rows wait for a checkpoint at most 30 s, and 5,000 rows at most;
+past either the tracker's thread writes them (``live=True``: each round at
+once), so a run without checkpoints is written as it goes, its memory stays
+bounded, and its end has few rows left to write. Rows written before a crash
+rolled them back stay in MLflow: the resume writes only the steps MLflow does
+not hold (one warning says which), so MLflow keeps those first values where
+TensorBoard shows the redone ones, and each step is there once.
+
+A store that refuses a write (a locked database, a full disk, a server away)
+costs no row at once: they are kept, at most 50,000 (the oldest lost first),
+and written again every 5 s and at each checkpoint, off the training step;
+that is said once, and what was lost when it takes writes again or at the
+end.
 
 Everything goes through an explicit ``MlflowClient``: MLflow's active-run
 globals (``mlflow.start_run``), which a user or another integration may be
@@ -26,6 +43,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any
 
 try:
@@ -36,9 +54,9 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "adapters.mlflow needs MLflow: pip install 'train-eventbus[mlflow]'"
     ) from _exc
 
-from eventbus import RunResult, TrainRunContext, get_logger
+from eventbus import RunResult, TrainRunContext, describe_exception, get_logger
 
-from ._tracker import TrackerCallback
+from ._tracker import TrackerCallback, backend_name, safe_text
 
 __all__ = ["MLflowLogger", "mlflow_key"]
 
@@ -50,14 +68,35 @@ _BATCH = 1000
 _PARAM_LIMIT = 6000
 _KEY_LIMIT = 250
 _TAG_LIMIT = 5000
+#: Rows wait for a checkpoint at most this long, seconds, and this many at most: past
+#: either, the thread writes them (a run without checkpoints is written as it goes).
+_HOLD_SECS = 30.0
+_HOLD_ROWS = 5_000
+#: How often rows MLflow refused are tried again, seconds (and at each checkpoint).
+_RETRY_SECS = 5.0
+#: Rows kept while MLflow refuses writes (about 250 bytes each).
+_KEPT_ROWS = 50_000
 _STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED", "preempted": "KILLED"}
 _REFUSED = re.compile(r"[^\w\-. /:]")
+#: Path parts MLflow refuses (a name "must not resolve to other names" as a file path).
+_PATH_PARTS = {".": "_", "..": "__"}
+
+
+def _mlflow_rule(name: str) -> str:
+    """Any text as a name MLflow takes (its ``_validate_metric_name``): refused characters
+    as ``_``; as a path, no empty part (``//``, a leading or trailing ``/``), no ``.`` or
+    ``..`` part, no leading ``..``; never empty."""
+    parts = _REFUSED.sub("_", name).split("/")
+    fixed = "/".join(_PATH_PARTS.get(part, part) for part in parts if part) or "_"
+    return "_" + fixed[1:] if fixed.startswith("..") else fixed
 
 
 def mlflow_key(key: str) -> str:
-    """``key`` with each character MLflow refuses in a metric or param name as ``_``,
-    cut to MLflow's 250 characters (a key it refuses would fail the whole batch)."""
-    return _REFUSED.sub("_", key)[:_KEY_LIMIT]
+    """``key`` as MLflow takes it as a metric, param or tag name: itself if MLflow takes
+    it; else with refused characters as ``_``, path-like parts mended, cut to 250
+    characters, and ``-`` and 8 hex digits of a hash of the whole key after it, so that
+    keys that differ stay apart (see ``adapters._tracker.backend_name``)."""
+    return backend_name(key, _mlflow_rule, _KEY_LIMIT)
 
 
 class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
@@ -83,6 +122,15 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
     """
 
     tracker = "MLflow"
+    #: A store slower than training holds the hooks back sooner than TensorBoard's file:
+    #: the run's end then has at most this many rounds left to write (about 2 s on a
+    #: local SQLite store), well within the run's ``drain_timeout``.
+    max_lag = 2_000
+    name_limit = _KEY_LIMIT
+    name_rule = (
+        "MLflow takes at most 250 characters: letters, digits, '_', '-', '.', ':', ' ' and "
+        "'/' between parts that are neither empty nor '.' or '..' (the rest become '_')"
+    )
     state_args = (
         "tracking_uri",
         "experiment",
@@ -119,9 +167,21 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         self.mlflow_run_id: str | None = None
         self.experiment_id: str | None = None
         self._client: Any = None
-        self._held: list[Any] = []
-        self._held_steps: set[int] = set()
+        #: Rows not written yet, in order (at most ``_HOLD_ROWS`` and a round, or
+        #: ``_KEPT_ROWS`` while MLflow refuses them), and when they are written at the latest.
+        self._rows: list[Any] = []
+        self._write_at = 0.0
+        #: After a resume: the last step MLflow holds of each key, past the checkpoint.
+        self._held: dict[str, int] = {}
+        #: While MLflow refuses writes: the first error; rows lost to the bound, and steps.
+        self._failing: str | None = None
+        self._lost = 0
+        self._lost_steps: tuple[int, int] | None = None
         self._checkpoints: list[str] = []
+
+    @staticmethod
+    def _backend_rule(name: str) -> str:
+        return _mlflow_rule(name)
 
     @property
     def state_key(self) -> str:
@@ -131,6 +191,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
 
     def _open(self, run_context: TrainRunContext, resumed_after: int | None) -> None:
         client = self._client = MlflowClient(self.tracking_uri)
+        self._rows, self._held, self._failing, self._lost = [], {}, None, 0
         run = self._saved_run(client) or self._run_of(client, run_context.run_id)
         if run is None:
             tags = {
@@ -139,17 +200,20 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
                 "eventbus.name": run_context.name,
                 "eventbus.status": "running",
             }
-            run = client.create_run(
-                self._experiment_id(client), run_name=self.run_name or run_context.name, tags=tags
-            )
+            tags = {self._names(k, "tag"): safe_text(v)[:_TAG_LIMIT] for k, v in tags.items()}
+            name = safe_text(self.run_name or run_context.name)
+            run = client.create_run(self._experiment_id(client), run_name=name, tags=tags)
         else:
             client.update_run(run.info.run_id, status="RUNNING")
             client.set_tag(run.info.run_id, "eventbus.status", "running")
             if resumed_after is not None:
-                self._warn_if_ahead(client, run, resumed_after)
+                self._held = self._steps_held(client, run, resumed_after)
         self.mlflow_run_id = run.info.run_id
         self.experiment_id = run.info.experiment_id
-        self._log_params(run, run_context.config)
+        try:
+            self._log_params(run, run_context.config)
+        except Exception as exc:  # the params lost, not the run's metrics
+            self._writer().keep_error(exc)
 
     def _saved_run(self, client: Any) -> Any:
         """The run a restored state names, if the tracking store still has it."""
@@ -164,22 +228,25 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
             )
             return None
 
-    def _warn_if_ahead(self, client: Any, run: Any, resumed_after: int) -> None:
-        """One warning if the MLflow run holds steps the resume is about to redo: they
-        were written live before a crash, or the run resumes from an earlier checkpoint
-        than its last one. MLflow cannot take a value back, so it will keep both."""
-        key = next((k for k in run.data.metrics if not k.startswith("callbacks/")), None)
-        if key is None:
-            return
-        ahead = [m.step for m in client.get_metric_history(run.info.run_id, key)]
-        ahead = [step for step in ahead if step > resumed_after]
-        if ahead:
+    def _steps_held(self, client: Any, run: Any, resumed_after: int) -> dict[str, int]:
+        """The last step the MLflow run holds of each metric, where it is past the step the
+        resume redoes from: written before a crash, or the run resumes from an earlier
+        checkpoint than its last. MLflow cannot take a value back, so those steps are not
+        written again; one warning says which."""
+        held: dict[str, int] = {}
+        for key in run.data.metrics:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            if steps and max(steps) > resumed_after:
+                held[key] = max(steps)
+        if held:
             _log.warning(
                 f"{self!r}: MLflow run {run.info.run_id} already holds steps "
-                f"{min(ahead)} to {max(ahead)}, which this resume redoes (written live "
-                "before a crash, or the run resumes from an earlier checkpoint than its "
-                "last): MLflow keeps every value, so those steps will have two"
+                f"{resumed_after + 1} to {max(held.values())}, which this resume redoes (they "
+                "were written before a crash, or the run resumes from an earlier checkpoint "
+                "than its last): MLflow cannot take a value back, so it keeps those values "
+                "and gets only the steps it does not hold"
             )
+        return held
 
     def _run_of(self, client: Any, run_id: str) -> Any:
         """The MLflow run tagged with our run's id: a resume whose state did not save it."""
@@ -208,7 +275,10 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         params cannot change, so a changed value is one info line, not an error: the
         framework adapters' configuration says where a resumed run starts)."""
         logged: dict[str, str] = dict(run.data.params)
-        params = {mlflow_key(k): str(v)[:_PARAM_LIMIT] for k, v in _flat(config).items()}
+        params = {
+            self._names(k, "config key"): safe_text(str(v))[:_PARAM_LIMIT]
+            for k, v in _flat(config).items()
+        }
         changed = sorted(k for k, v in params.items() if k in logged and logged[k] != v)
         if changed:
             _log.info(
@@ -221,28 +291,33 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
 
     def _scalars(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
         timestamp = int(wall_time * 1000)
-        rows = [Metric(mlflow_key(k), v, timestamp, step) for k, v in scalars.items()]
-        if self.live:
-            self._write(rows)
-        else:
-            self._held.extend(rows)
-            self._held_steps.add(step)
+        held = self._held
+        if held and step > max(held.values()):
+            held.clear()
+        rows = self._rows
+        if not rows:
+            self._write_at = time.monotonic() + _HOLD_SECS
+        rows.extend(
+            Metric(k, v, timestamp, step)
+            for k, v in scalars.items()
+            if k not in held or step > held[k]
+        )
+        due = time.monotonic() >= self._write_at
+        if due or (self._failing is None and (self.live or len(rows) >= _HOLD_ROWS)):
+            self._write_rows()
 
     def _text(self, tag: str, text: str, step: int, wall_time: float) -> None:
-        value = f"step {step}: {text}"[:_TAG_LIMIT]
+        value = safe_text(f"step {step}: {text}")[:_TAG_LIMIT]
         self._client.set_tag(self.mlflow_run_id, f"eventbus.{tag}", value)
 
     def _checkpoint(self, checkpoint: str, round_: int, step: int, wall_time: float) -> None:
-        self._client.set_tag(self.mlflow_run_id, "eventbus.checkpoint", checkpoint[:_TAG_LIMIT])
+        value = safe_text(checkpoint)[:_TAG_LIMIT]
+        self._client.set_tag(self.mlflow_run_id, "eventbus.checkpoint", value)
         if self.log_checkpoints:
             self._checkpoints.append(checkpoint)
 
     def _flush(self) -> None:
-        # Cleared once written: a flush that fails keeps them for the next one (MLflow's
-        # store takes a row it already has as written, so a retry writes each once).
-        self._write(self._held)
-        self._held = []
-        self._held_steps.clear()
+        self._write_rows()
         checkpoints, self._checkpoints = self._checkpoints, []
         for checkpoint in checkpoints:
             name = os.path.basename(os.path.normpath(checkpoint))
@@ -254,27 +329,77 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
     def _end(self, result: RunResult) -> None:
         if self._client is None or self.mlflow_run_id is None:
             return
-        if result.status == "finished":
-            self._flush()
-        elif self._held_steps:
-            steps = sorted(self._held_steps)
-            _log.warning(
-                f"{self!r}: the rounds after the last checkpoint (steps {steps[0]} to "
-                f"{steps[-1]}) are not written to MLflow: the run {result.status}, and "
-                "a resume from that checkpoint redoes them (live=True writes every round "
-                "at once)"
-            )
-        tags = [RunTag("eventbus.status", result.status)]
-        if result.stopped_by:
-            tags.append(RunTag("eventbus.stopped_by", result.stopped_by[:_TAG_LIMIT]))
-        if result.error:
-            tags.append(RunTag("eventbus.error", result.error[:_TAG_LIMIT]))
-        self._client.log_batch(self.mlflow_run_id, tags=tags)
-        self._client.set_terminated(self.mlflow_run_id, _STATUS.get(result.status, "FINISHED"))
+        try:
+            if result.status == "finished":
+                self._flush()
+            elif self._rows and self._failing is None:
+                steps = sorted({row.step for row in self._rows})
+                self._rows = []
+                _log.warning(
+                    f"{self!r}: the rounds after the last checkpoint (steps {steps[0]} to "
+                    f"{steps[-1]}) are not written to MLflow: the run {result.status}, and "
+                    "a resume from that checkpoint redoes them (live=True writes every round "
+                    "at once)"
+                )
+        finally:  # the MLflow run ends with ours, whatever the last writes did
+            if self._rows or self._lost:
+                _log.warning(
+                    f"{self!r}: {self._unwritten()} are not written to MLflow, which refused "
+                    f"them ({self._failing})"
+                )
+            ended = {
+                "eventbus.status": result.status,
+                "eventbus.stopped_by": result.stopped_by,
+                "eventbus.error": result.error,
+            }
+            tags = [RunTag(k, safe_text(v)[:_TAG_LIMIT]) for k, v in ended.items() if v]
+            self._client.log_batch(self.mlflow_run_id, tags=tags)
+            self._client.set_terminated(self.mlflow_run_id, _STATUS.get(result.status, "FINISHED"))
 
-    def _write(self, rows: list[Any]) -> None:
-        for start in range(0, len(rows), _BATCH):
-            self._client.log_batch(self.mlflow_run_id, metrics=rows[start : start + _BATCH])
+    def _write_rows(self) -> None:
+        """Write the rows waiting, in order, a batch at a time. When MLflow refuses, keep
+        them for the next write (at most ``_KEPT_ROWS``: the oldest are lost first) and
+        say so once; and once when it takes them again, with what was lost."""
+        rows = self._rows
+        while rows:
+            try:
+                self._client.log_batch(self.mlflow_run_id, metrics=rows[:_BATCH])
+            except Exception as exc:
+                self._refused(exc)
+                return
+            del rows[:_BATCH]
+        if self._failing is not None:
+            lost = f"; {self._unwritten()} lost" if self._lost else ""
+            _log.warning(
+                f"{self!r}: MLflow takes writes again (it refused them: {self._failing}); "
+                f"the rows kept meanwhile are written{lost}"
+            )
+            self._failing, self._lost, self._lost_steps = None, 0, None
+
+    def _refused(self, exc: Exception) -> None:
+        rows = self._rows
+        if len(rows) > _KEPT_ROWS:
+            dropped = rows[: len(rows) - _KEPT_ROWS]
+            del rows[: len(dropped)]
+            first, last = self._lost_steps or (dropped[0].step, dropped[-1].step)
+            self._lost_steps = (min(first, dropped[0].step), max(last, dropped[-1].step))
+            self._lost += len(dropped)
+        self._write_at = time.monotonic() + _RETRY_SECS
+        if self._failing is None:
+            self._failing = describe_exception(exc)
+            exc.add_note(
+                f"{len(rows):,} rows are kept (at most {_KEPT_ROWS:,}) and written when MLflow "
+                "takes them"
+            )
+            self._writer().keep_error(exc)
+
+    def _unwritten(self) -> str:
+        """The rows lost and waiting, and their steps, for a message."""
+        steps = [row.step for row in self._rows]
+        if self._lost_steps is not None:
+            steps += self._lost_steps
+        count = len(self._rows) + self._lost
+        return f"{count:,} rows (steps {min(steps)} to {max(steps)})"
 
 
 def _absolute(uri: str | None) -> str | None:

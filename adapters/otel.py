@@ -69,6 +69,19 @@ the histogram out, only the slow, failed and timed-out calls reach the tap,
 and the bus pays nothing per call (within noise of the bus alone). Spans and the period
 metrics come once per round and once per period.
 
+Charged like any callback: everything that can export (a span's end, with a
+``SimpleSpanProcessor``, calls its exporter) runs in the tap's own handler,
+``OpenTelemetryTap``, in ``BudgetReport``s, ``RunResult.callbacks`` and the
+run report beside the callbacks. The bus's call observer only notes a slow or
+failed call (and records its duration in the histogram, which exports
+nothing); its span is made at the tap's next event (the next round, the
+period's end, the run's end). The handler is ``blocking``: it runs in a
+worker thread, so an exporter that hangs is abandoned at the tap's deadline
+(``timeout``, default the bus's), counted as the tap's timeout, and the run
+goes on; until that export returns, the tap skips what comes (each skip
+counted in ``errors``, the first logged). The tap's own calls get no span:
+their cost is in its budget.
+
 Never silent, never in the run's way: an error raised by the OpenTelemetry
 pipeline (an exporter or span processor that raises into the tap) is logged
 once, counted in ``errors``, and the tap goes on. (The SDK's own
@@ -78,7 +91,9 @@ errors and report them through the standard ``logging`` module.)
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -143,6 +158,9 @@ _DURATION_BUCKETS = (
 _SHARE_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 #: Attribute sets kept for reuse, at most (handlers x event types x error types).
 _MAX_CACHED = 4096
+#: Slow or failed calls waiting for the tap's next event to become spans, at most (the
+#: oldest go first: an exporter stuck for good must not hold the run's memory).
+_MAX_PENDING = 10_000
 _ROUND = "eventbus.round"
 
 Attributes = dict[str, Any]
@@ -175,6 +193,8 @@ class OpenTelemetryTap(UserCallback):
         durations: Record every handler call in ``messaging.process.duration``;
             ``False`` leaves the histogram out, so that only slow, failed and
             timed-out calls reach the tap and the bus pays nothing per call.
+        timeout: The deadline of one call of the tap's handler (its exports), in
+            seconds (default: the bus's ``timeout``); past it, the call is abandoned.
     """
 
     def __init__(
@@ -184,9 +204,13 @@ class OpenTelemetryTap(UserCallback):
         *,
         min_span_s: float = 0.001,
         durations: bool = True,
+        timeout: float | None = None,
     ) -> None:
         self.min_span_s: float = checked("min_span_s", min_span_s, WaitSeconds)
         self.durations = bool(durations)
+        self.export_timeout: float | None = (
+            None if timeout is None else checked("timeout", timeout, WaitSeconds)
+        )
         self._exporter = _Exporter(
             tracer_provider, meter_provider, min_span_s=self.min_span_s, durations=self.durations
         )
@@ -203,11 +227,11 @@ class OpenTelemetryTap(UserCallback):
     def attach(self, bus: EventBus) -> Callable[[], None]:
         """Export what happens on ``bus`` (a bare one: a callback list does this itself);
         returns a function that stops it, ending the round in progress."""
-        return _Attachment(self._exporter, bus).detach
+        return _Attachment(self._exporter, bus, self.export_timeout).detach
 
     def __eventbus_subscribe__(self, bus: EventBus) -> list[Subscription]:
         """Called with the bus by whatever attaches the callback list this tap is in."""
-        return _Attachment(self._exporter, bus).subscriptions
+        return _Attachment(self._exporter, bus, self.export_timeout).subscriptions
 
 
 class _Exporter:
@@ -318,13 +342,20 @@ class _Exporter:
         )
 
 
+#: A call noted for a span: the call, its attributes, its parent, its end (wall clock, ns).
+_Noted = tuple[HandlerCall, Attributes, "Context", int]
+
+
 class _Attachment:
     """A tap on one bus: its subscription, its call observer, the round in progress.
 
-    Everything here runs in the bus's own task (or thread), one call at a time.
+    The observer runs in the bus's loop and only notes calls (``pending``); the
+    handler runs in a worker thread (``blocking``), one call at a time while none
+    is abandoned: ``_busy`` keeps a call from starting while an abandoned one still
+    runs (it is skipped, counted as an error).
     """
 
-    def __init__(self, exporter: _Exporter, bus: EventBus) -> None:
+    def __init__(self, exporter: _Exporter, bus: EventBus, timeout: float | None) -> None:
         self.exporter = exporter
         self.bus = bus
         #: The span current where the tap was attached: the parent of rounds.
@@ -333,28 +364,35 @@ class _Attachment:
         self.inside: Context | None = None  # the round in progress, as a parent
         self.since = time.time_ns()  # where the next round's span starts
         self.run: Attributes = {}
+        self.pending: deque[_Noted] = deque(maxlen=_MAX_PENDING)
+        self._busy = threading.Lock()
         self.subscriptions = [
             bus.subscribe(
                 (RunStarted, RoundGathered, RunFinished, BudgetReport),
                 self.handle,
                 name="OpenTelemetryTap",
                 order=Stage.RECORD,
+                blocking=True,
+                timeout=timeout,
             )
         ]
+        self._own = self.subscriptions[0].name
         least = 0.0 if exporter.durations else exporter.min_span_s
         self._stop_observing = bus.observe_calls(self.observe, min_seconds=least)
 
     def detach(self) -> None:
-        """Stop exporting this bus; the round in progress ends here."""
+        """Stop exporting this bus; the calls noted become spans, the round in progress
+        ends here."""
         self._stop_observing()
         for sub in self.subscriptions:
             sub.cancel()
-        self._guarded(self._end_round, None)
+        self.handle(None)
 
     # --- the bus's calls ----------------------------------------------------------------
 
     def observe(self, calls: list[HandlerCall]) -> None:
-        """A batch's calls: each in the histogram, the slow and failed ones as spans."""
+        """A batch's calls: each in the histogram; the slow and failed ones noted, for
+        the tap's handler to make their spans (an export is charged to the tap)."""
         exporter = self.exporter
         try:
             record = exporter.duration.record if exporter.duration is not None else None
@@ -364,14 +402,19 @@ class _Attachment:
                 attributes = exporter.call_attributes(call, error_type)
                 if record is not None and call.calls == 1:
                     record(call.elapsed, attributes)
-                if error_type is not None or call.elapsed >= shortest:
-                    self.call_span(call, attributes)
+                if (error_type is not None or call.elapsed >= shortest) and (
+                    call.handler != self._own
+                ):
+                    end = time.time_ns() - round((self.bus.clock.now() - call.end) * 1e9)
+                    parent = self.inside if self.inside is not None else self.outer
+                    self.pending.append((call, attributes, parent, end))
         except Exception as exc:
             exporter.failed(exc)
 
-    def call_span(self, call: HandlerCall, attributes: Attributes) -> None:
-        """A span for ``call``, placed in wall-clock time from its end on the bus's clock."""
-        end = time.time_ns() - round((self.bus.clock.now() - call.end) * 1e9)
+    def call_span(
+        self, call: HandlerCall, attributes: Attributes, parent: Context, end: int
+    ) -> None:
+        """A span for ``call`` under ``parent``, ending at ``end`` (wall clock, ns)."""
         start = end - round(call.elapsed * 1e9)
         span_attributes: Attributes = {**attributes, "messaging.message.id": str(call.event.seq)}
         outcome = call.outcome
@@ -384,7 +427,6 @@ class _Attachment:
             span_attributes["eventbus.timeout.outcome"] = outcome
         if call.calls > 1:
             span_attributes["eventbus.calls"] = call.calls
-        parent = self.inside if self.inside is not None else self.outer
         span = self.exporter.start_span(call.handler, parent, start, span_attributes)
         if call.error is not None:
             span.record_exception(call.error, timestamp=end)
@@ -395,12 +437,31 @@ class _Attachment:
 
     # --- the run's events -----------------------------------------------------------------
 
-    def handle(self, event: Event) -> None:
-        self._guarded(self._handle, event)
-
-    def _guarded(self, action: Callable[[Any], None], argument: Any) -> None:
+    def handle(self, event: Event | None) -> None:
+        """The tap's handler (``None``: detached): the calls noted become spans, then
+        ``event`` is exported; skipped while an abandoned call still exports."""
+        if not self._busy.acquire(blocking=False):
+            self.exporter.failed(
+                TimeoutError(
+                    "an export abandoned at the tap's deadline has not returned: "
+                    "the tap skips what comes until it does"
+                )
+            )
+            return
         try:
-            action(argument)
+            pending = self.pending
+            while pending:
+                self._guarded(self.call_span, *pending.popleft())
+            if event is None:
+                self._guarded(self._end_round, None)
+            else:
+                self._guarded(self._handle, event)
+        finally:
+            self._busy.release()
+
+    def _guarded(self, action: Callable[..., None], *arguments: Any) -> None:
+        try:
+            action(*arguments)
         except Exception as exc:
             self.exporter.failed(exc)
 

@@ -19,19 +19,28 @@ thread, and ours keeps even their encoding off the training step. A round's
 scalars go to the writer as one summary, not one ``add_scalar`` each: the
 same records, at 60 us a round of 12 scalars instead of 412 us (torch's
 writer, here), which at one report per 1 ms step was a fifth of the steps.
+
+Any name is written: a tag is UTF-8 text, so a lone surrogate in a metric's name
+(``"loss\\udc80"``, from bytes decoded with ``surrogateescape``) becomes ``_``, with a
+hash of the name after it (``loss_-1a2b3c4d``) and one warning; one such name used to
+cost its whole round.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from eventbus import RunResult, TrainRunContext
 from eventbus.options import Seconds, checked
 
-from ._tracker import TrackerCallback
+from ._tracker import TrackerCallback, safe_text
 
 __all__ = ["TensorBoardLogger", "summary_writer_class"]
+
+#: What UTF-8 cannot hold: a surrogate code point alone.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def summary_writer_class() -> tuple[Any, Any]:
@@ -68,6 +77,7 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
     """
 
     tracker = "TensorBoard"
+    name_rule = "TensorBoard takes UTF-8 text, so a lone surrogate becomes '_'"
     state_args = ("log_dir", "step_metric", "per_rank", "costs")
 
     def __init__(
@@ -98,6 +108,10 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
             text = f"run {run_context.run_id} resumed: steps from {purge_step} on are redone"
             self._summary.add_text("resumes", text, purge_step)
 
+    @staticmethod
+    def _backend_rule(name: str) -> str:
+        return _SURROGATE.sub("_", name)
+
     def _scalars(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
         # What ``add_scalar`` writes, for all of them at once (both writers' file writer).
         value = self._summary_class.Value
@@ -107,7 +121,7 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
         self._summary._get_file_writer().add_summary(summary, step, wall_time)
 
     def _text(self, tag: str, text: str, step: int, wall_time: float) -> None:
-        self._summary.add_text(tag, text, step, walltime=wall_time)
+        self._summary.add_text(tag, safe_text(text), step, walltime=wall_time)
 
     def _checkpoint(self, checkpoint: str, round_: int, step: int, wall_time: float) -> None:
         self._text("checkpoints", f"round {round_}: {checkpoint}", step, wall_time)
@@ -120,5 +134,5 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
         if summary is None:
             return
         status = result.status + (f" (stopped by {result.stopped_by})" if result.stopped_by else "")
-        summary.add_text("status", status, self._step_now())
+        summary.add_text("status", safe_text(status), self._step_now())
         summary.close()

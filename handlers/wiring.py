@@ -10,6 +10,7 @@ from ._core import RunCore
 from ._ending import log_run_end, status_of, stop_of
 from ._metric_values import MetricsError, freeze_metrics
 from ._metrics import mean_metrics
+from ._reporter import stopping_lanes
 from ._resume import Resume, appends_to_log
 from ._signals import takes_signals
 from ._user import UserCallbackHandler, implemented_hooks, training_callbacks
@@ -28,6 +29,7 @@ __all__ = [
     "mean_metrics",
     "status_of",
     "stop_of",
+    "stopping_lanes",
     "takes_signals",
     "training_callbacks",
 ]

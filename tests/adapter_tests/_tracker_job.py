@@ -1,6 +1,6 @@
 """A two-rank ``open_run`` job writing to TensorBoard and MLflow, SIGKILLed at a chosen step.
 
-    python _tracker_job.py WORK KILL_AT [--resume] [--live]
+    python _tracker_job.py WORK KILL_AT [--resume] [--live] [--kill-in-flush]
 
 Runs in ``WORK`` with relative paths (``runs/job``, ``runs/tb``,
 ``sqlite:///runs/mlflow.db``), as the README types them: 12 steps, a checkpoint every
@@ -8,7 +8,9 @@ Runs in ``WORK`` with relative paths (``runs/job``, ``runs/tb``,
 values; ``attempt`` says which attempt wrote a step. With ``KILL_AT`` > 0 the process
 SIGKILLs itself once the round of that step has reached both trackers' writers (and
 TensorBoard's file: its writer flushes every 50 ms here): nothing of Python's shutdown
-runs, as when an operator or the OOM killer kills a job.
+runs, as when an operator or the OOM killer kills a job. With ``--kill-in-flush`` it is
+killed in the middle of MLflow's write at the checkpoint of step ``KILL_AT`` instead: the
+store has the first half of that write's rows (the rounds since the checkpoint before).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 
+import adapters.mlflow
 from adapters.mlflow import MLflowLogger
 from adapters.tensorboard import TensorBoardLogger
 from handlers import Reporter, WorkerFn, open_run
@@ -62,6 +66,27 @@ def worker(attempt: int, kill_at: int) -> WorkerFn:
     return train
 
 
+def kill_in_flush(step: int) -> None:
+    """SIGKILL this process halfway through MLflow's write at the checkpoint of ``step``."""
+    adapters.mlflow._HOLD_SECS = 3600.0  # only the checkpoints write, however slow the machine
+    flush = MLflowLogger._flush
+
+    def flushing(self: MLflowLogger) -> None:
+        if self.last_step == step - 1:  # the checkpoint's round is the last one given
+            write = self._client.log_batch
+
+            def torn(run_id: str, metrics: Any = (), **kwargs: Any) -> None:
+                if metrics:
+                    write(run_id, metrics=metrics[: len(metrics) // 2])
+                    os.kill(os.getpid(), signal.SIGKILL)
+                write(run_id, metrics=metrics, **kwargs)
+
+            self._client.log_batch = torn
+        flush(self)
+
+    MLflowLogger._flush = flushing  # type: ignore[method-assign]
+
+
 async def main(kill_at: int, resume: bool, live: bool) -> None:
     attempt = 2 if resume else 1
     trackers = [
@@ -81,4 +106,7 @@ async def main(kill_at: int, resume: bool, live: bool) -> None:
 if __name__ == "__main__":
     work, kill_at, *flags = sys.argv[1:]
     os.chdir(work)
+    if "--kill-in-flush" in flags:
+        kill_in_flush(int(kill_at))
+        kill_at = "0"
     anyio.run(main, int(kill_at), "--resume" in flags, "--live" in flags)

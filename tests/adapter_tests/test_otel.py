@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ pytest.importorskip("opentelemetry.sdk", reason="pip install 'train-eventbus[ote
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -467,11 +468,88 @@ async def test_with_durations_every_call_is_timed(otel: Otel) -> None:
     assert sub.stats().calls == 600
 
 
-def test_min_span_s_is_checked(otel: Otel) -> None:
+# --- charged, and cut at a deadline ---------------------------------------------------------
+
+
+class SlowExporter(SpanExporter):
+    """Takes ``delay`` seconds per export (a collector far away), or, with ``hold``, until
+    it is released (a collector that never answers)."""
+
+    def __init__(self, delay: float = 0.0, *, hold: bool = False) -> None:
+        self.delay = delay
+        self.release = threading.Event()
+        self.hold = hold
+        self.exports = 0
+
+    def export(self, spans: Any) -> SpanExportResult:
+        if self.hold:
+            self.release.wait(30)
+        time.sleep(self.delay)
+        self.exports += 1
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def tap_cost(run: Any) -> Any:
+    [cost] = [c for c in run.result.callbacks if c.handler == "OpenTelemetryTap"]
+    return cost
+
+
+@pytest.mark.anyio
+async def test_the_exports_time_is_charged_to_the_taps_own_handler(otel: Otel) -> None:
+    """Every export (round spans and the slow calls' spans) runs in the tap's handler:
+    what the run waited for its exporter is in ``RunResult.callbacks``, by name."""
+    exporter = SlowExporter(0.1)
+    otel.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tap = otel.tap()
+    started = time.monotonic()
+    async with open_run(world_size=2, callbacks=[Slow(), tap], period=30) as run:
+        await run.workers(three_rounds)
+    stalled = time.monotonic() - started
+    # The three rounds, the stretch after the last and the three slow calls.
+    assert exporter.exports == len(otel.spans) == 7
+    cost = tap_cost(run)
+    assert cost.total >= 0.1 * exporter.exports
+    charged = sum(c.total for c in run.result.callbacks)
+    assert stalled - charged < 0.35  # (before: 4 of 7 exports were charged to nobody)
+    assert otel.named("OpenTelemetryTap") == []  # its own cost is its budget's, no span
+
+
+@pytest.mark.anyio
+async def test_an_exporter_that_hangs_is_cut_at_the_taps_deadline(otel: Otel) -> None:
+    exporter = SlowExporter(hold=True)
+    otel.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tap = otel.tap(timeout=0.2)
+    started = time.monotonic()
+    try:
+        with capture_logs() as logs:
+            async with open_run(world_size=2, callbacks=[Slow(), tap], period=30) as run:
+                await run.workers(three_rounds)
+        elapsed = time.monotonic() - started
+    finally:
+        exporter.release.set()
+    assert run.result.status == "finished" and run.result.rounds == 3
+    assert elapsed < 3.0  # one deadline, not one per export (nor 30 s)
+    cost = tap_cost(run)
+    assert cost.timeouts == 1 and 0.2 <= cost.max < 1.0
+    # The bus says the tap timed out, as of any callback; while the abandoned export
+    # runs, what comes is skipped: counted, and said once.
+    [timed_out] = [entry for entry in logs if entry["event"].startswith("handler timed out")]
+    assert timed_out["handler"] == "OpenTelemetryTap"
+    assert tap.errors >= 1
+    said = [entry for entry in logs if entry["event"].startswith("OpenTelemetry raised")]
+    assert len(said) == 1 and "abandoned" in said[0]["error"]
+
+
+def test_min_span_s_and_timeout_are_checked(otel: Otel) -> None:
     from eventbus.options import OptionError
 
     with pytest.raises(OptionError, match="min_span_s"):
         otel.tap(min_span_s=-0.001)
+    with pytest.raises(OptionError, match="timeout"):
+        otel.tap(timeout=-1)
 
 
 def test_the_global_providers_are_the_default() -> None:

@@ -18,8 +18,10 @@ pytest.importorskip("mlflow", reason="pip install '.[mlflow]'")
 
 from _tracker_job import save_checkpoint, saved_step
 from _trackers_readback import (
+    by_step,
     event_files,
     mlflow_history,
+    mlflow_metrics,
     mlflow_runs,
     tensorboard_scalars,
     tensorboard_texts,
@@ -196,11 +198,18 @@ async def test_a_failed_run_ends_its_mlflow_run_failed_and_says_what_it_left_out
     assert "steps 4 to 5" in warning["event"] and "resume" in warning["event"]
 
 
-def test_mlflow_keys_keep_what_mlflow_takes_and_replace_the_rest() -> None:
+def test_mlflow_keys_keep_what_mlflow_takes_and_rename_the_rest_apart() -> None:
     kept = "callbacks/Trend.after_report/share"
     assert mlflow_key(kept) == kept
-    assert mlflow_key("callbacks/Trend.after_report#2/share") == kept.replace("report", "report_2")
-    assert mlflow_key("acc@1 (top)") == "acc_1 _top_"
+    renamed = mlflow_key("callbacks/Trend.after_report#2/share")
+    assert renamed.startswith(kept.replace("report", "report_2") + "-")
+    assert mlflow_key("acc@1 (top)").startswith("acc_1 _top_-")
+    assert mlflow_key("acc@1") != mlflow_key("acc#1") != mlflow_key("acc_1") == "acc_1"
+    from mlflow.utils.validation import _validate_metric_name
+
+    for path in ("eval/", "//", "./", "", "../x", "a/./b", "..x", "/a"):
+        _validate_metric_name(mlflow_key(path))  # MLflow's own check: raises if refused
+    assert mlflow_key("eval/").startswith("eval-")
 
 
 async def test_a_worker_group_restart_keeps_one_mlflow_run_and_every_round() -> None:
@@ -382,34 +391,68 @@ def test_a_killed_run_resumed_writes_each_step_once_as_an_uninterrupted_one(
     assert {8, 9} <= {step for step, _ in first.scalars["loss"]}  # written, then rolled back
     resume = job(tmp_path, 0, "--resume")
     assert resume.returncode == 0
-    assert "already holds steps" not in resume.stderr
     # Nothing of the resume reaches a tracker before its before_run (issue 39).
     assert "handler failed" not in resume.stderr, resume.stderr
     resumed = read_back(tmp_path)
     assert without_attempt(resumed["tensorboard"]) == without_attempt(uninterrupted["tensorboard"])
     assert without_attempt(resumed["mlflow"]) == without_attempt(uninterrupted["mlflow"])
-    # The redone rounds are the second attempt's, in both trackers.
-    for tracker in ("tensorboard", "mlflow"):
-        attempts = dict(resumed[tracker]["attempt"])
-        assert [attempts[r] for r in range(12)] == [1.0] * 8 + [2.0] * 4, tracker
+    # The redone rounds are the second attempt's in TensorBoard; MLflow keeps what it was
+    # given before the kill (rows wait 30 s at most: on a slow machine rounds 8 and 9 may
+    # have been written), and says so.
+    attempts = dict(resumed["tensorboard"]["attempt"])
+    assert [attempts[r] for r in range(12)] == [1.0] * 8 + [2.0] * 4
+    attempts = dict(resumed["mlflow"]["attempt"])
+    assert [attempts[r] for r in (*range(8), 10, 11)] == [1.0] * 8 + [2.0] * 2
+    if 1.0 in (attempts[8], attempts[9]):
+        assert "already holds steps 8 to" in resume.stderr
     ((_, status),) = resumed["mlflow_runs"]
     assert status == "FINISHED"
     files = event_files(tmp_path / "runs/tb")  # the same folder, a file each
     assert [f.purge_step for f in files] == [None, 8]
 
 
-def test_live_mlflow_rows_rolled_back_by_a_kill_stay_beside_the_redone_ones(
+def test_live_mlflow_rows_rolled_back_by_a_kill_are_kept_and_each_step_is_there_once(
     tmp_path: Path,
 ) -> None:
-    """What ``live=True`` trades for an up-to-date MLflow, as its docstring says."""
+    """``live=True`` wrote rounds 8 and 9 before the kill; MLflow cannot take them back, so
+    the resume does not write them again, and says so."""
     assert job(tmp_path, 10, "--live").returncode == -9
     resume = job(tmp_path, 0, "--resume", "--live")
     assert resume.returncode == 0
     assert "already holds steps 8 to 9, which this resume redoes" in resume.stderr
     uri = f"sqlite:///{tmp_path}/runs/mlflow.db"
     (found,) = mlflow_runs(uri, "jobs")
-    steps = [step for step, _ in mlflow_history(uri, found.info.run_id, "attempt")]
-    assert steps.count(8) == steps.count(9) == 2 and steps.count(10) == 1
+    attempts = by_step(mlflow_history(uri, found.info.run_id, "attempt"))
+    assert attempts == {step: 1.0 if step < 10 else 2.0 for step in range(12)}
+    for points in mlflow_metrics(uri, found.info.run_id).values():
+        by_step(points)  # each step once, in every key
+
+
+def test_a_kill_halfway_through_a_write_then_a_resume_leaves_each_step_once_everywhere(
+    uninterrupted: dict[str, Any], tmp_path: Path
+) -> None:
+    """SIGKILLed halfway through MLflow's write at the checkpoint of step 8 (so that
+    checkpoint is never snapshotted): the store has part of rounds 4-7, TensorBoard's file
+    whatever its writer had written. Resumed from step 4's checkpoint: each tracker holds
+    each step once, read back with its own reader, with the uninterrupted run's values."""
+    assert job(tmp_path, 8, "--kill-in-flush").returncode == -9
+    uri = f"sqlite:///{tmp_path}/runs/mlflow.db"
+    (found,) = mlflow_runs(uri, "jobs")
+    torn = mlflow_metrics(uri, found.info.run_id)
+    written = sum(1 for points in torn.values() for step, _ in points if 4 <= step <= 7)
+    assert 0 < written < 4 * len([k for k in torn if not k.startswith("callbacks/")])
+    resume = job(tmp_path, 0, "--resume")
+    assert resume.returncode == 0, resume.stderr[-3000:]
+    resumed = read_back(tmp_path)
+    assert without_attempt(resumed["tensorboard"]) == without_attempt(uninterrupted["tensorboard"])
+    assert without_attempt(resumed["mlflow"]) == without_attempt(uninterrupted["mlflow"])
+    (found,) = mlflow_runs(uri, "jobs")
+    assert found.info.status == "FINISHED"
+    for key, points in mlflow_metrics(uri, found.info.run_id).items():
+        if not key.startswith("callbacks/"):
+            assert sorted(by_step(points)) == list(range(12)), key
+    for points in tensorboard_scalars(tmp_path / "runs/tb").values():
+        by_step(points)
 
 
 async def test_a_checkpoint_after_the_run_ended_does_not_wait_for_the_closed_tracker() -> None:
@@ -429,8 +472,9 @@ def test_a_flush_interval_out_of_range_is_refused_by_name(flush_secs: float) -> 
         TensorBoardLogger("runs/tb", flush_secs=flush_secs)
 
 
-def test_mlflow_keys_longer_than_mlflow_takes_are_cut() -> None:
+def test_mlflow_keys_longer_than_mlflow_takes_are_cut_and_stay_apart() -> None:
     assert len(mlflow_key("x" * 1000)) == 250
+    assert mlflow_key("x" * 260 + "a") != mlflow_key("x" * 260 + "b")
 
 
 async def test_one_tracker_object_in_two_runs_at_once_is_refused_by_the_second() -> None:
@@ -506,3 +550,64 @@ async def test_a_step_no_tracker_can_store_is_not_written_and_said_once(step: ob
     assert [s for s, _ in tensorboard_scalars("runs/tb")["loss"]] == [0, 2]
     said = [e for e in logs if "is not written (step_metric='step')" in e["event"]]
     assert len(said) == 1 and tb.rounds_without_step == 1
+
+
+def refusing_store(logger: MLflowLogger, monkeypatch: pytest.MonkeyPatch, refuse: Any) -> None:
+    """Once the MLflow run is open, its store refuses each metrics write for which
+    ``refuse()`` is true, as a locked database does."""
+    original = logger._open
+
+    def open_then_refuse(*args: Any) -> None:
+        original(*args)
+        write = logger._client.log_batch
+
+        def log_batch(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("metrics") and refuse():
+                raise OSError("database is locked")
+            return write(*args, **kwargs)
+
+        monkeypatch.setattr(logger._client, "log_batch", log_batch)
+
+    monkeypatch.setattr(logger, "_open", open_then_refuse)
+
+
+async def test_a_store_refusing_writes_for_a_while_is_said_once_and_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    logger = MLflowLogger(URI, "exp", live=True)  # a write each round: each one refused
+    calls = iter(range(1_000_000))
+    refusing_store(logger, monkeypatch, lambda: next(calls) < 2)  # at the first checkpoint too
+    failed: list[HandlerFailed] = []
+    with capture_logs() as logs:
+        async with open_run(world_size=2, callbacks=[logger], state_dir="runs/a") as run:
+            run.bus.subscribe(HandlerFailed, failed.append)
+            await run.workers(training(12))
+    assert [f.message.count("database is locked") for f in failed] == [1]
+    assert "rows are kept (at most 50,000)" in failed[0].message
+    assert any("MLflow takes writes again" in e["event"] for e in logs)
+    (found,) = mlflow_runs(read_uri(), "exp")
+    assert sorted(by_step(mlflow_history(read_uri(), found.info.run_id, "loss"))) == list(range(12))
+
+
+async def test_a_store_that_never_takes_a_row_ends_its_run_finished_and_says_what_was_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rows kept are bounded (10 here): the oldest are lost first; at the end one
+    warning says how many rows of which steps MLflow never got, and the MLflow run still
+    ends with our status."""
+    import adapters.mlflow as mlflow_adapter
+
+    monkeypatch.setattr(mlflow_adapter, "_KEPT_ROWS", 10)
+    logger = MLflowLogger(URI, "exp", per_rank=False, costs=False, live=True)
+    refusing_store(logger, monkeypatch, lambda: True)
+    failed: list[HandlerFailed] = []
+    with capture_logs() as logs:
+        async with open_run(world_size=2, callbacks=[logger], state_dir="runs/a") as run:
+            run.bus.subscribe(HandlerFailed, failed.append)
+            await run.workers(training(12))
+    assert run.result is not None and run.result.status == "finished"
+    assert len(failed) == 1
+    (said,) = [e["event"] for e in logs if "not written to MLflow" in e["event"]]
+    assert "24 rows (steps 0 to 11) are not written to MLflow" in said  # loss and step
+    (found,) = mlflow_runs(read_uri(), "exp")
+    assert found.info.status == "FINISHED" and found.data.tags["eventbus.status"] == "finished"

@@ -38,7 +38,7 @@ from adapters._bus_thread import BusThread  # noqa: E402
 from adapters._stepped_bus import SteppedBus  # noqa: E402
 from adapters.transformers import EventBusCallback  # noqa: E402
 from eventbus.state import STATE_FILENAME  # noqa: E402
-from handlers import BestCheckpoints, EarlyStopping  # noqa: E402
+from handlers import BestCheckpoints  # noqa: E402
 
 HOOKS = ("on_step_begin", "on_step_end", "on_log", "on_save")
 #: What a wait or a wake-up of another thread goes through in CPython.
@@ -139,7 +139,10 @@ def test_stepped_in_the_hooks_the_trainer_wakes_no_thread_takes_no_lock_never_bl
 ) -> None:
     clock = FakeClock()
     monkeypatch.setattr(stepped_bus, "time", clock)
-    callbacks = [EarlyStopping("loss", patience=10_000), BestCheckpoints("loss", k=3)]
+    # No stopper: a callback that can stop the run (``EarlyStopping``) makes ``on_log``
+    # wait for its decision, so the trainer stops at the step it was decided at
+    # (tests/adapter_tests/test_stops_with_trackers.py).
+    callbacks = [BestCheckpoints("loss", k=3)]
     callback = EventBusCallback(callbacks, log=True, poll_interval=0.05)
     threads = threading.active_count()
     steps = 300
@@ -168,7 +171,7 @@ def test_with_a_bus_thread_a_hook_is_a_deque_append_no_lock_no_wake_up(tmp_path:
     """trio (or ``bus_runs="in_thread"``): the hot hooks take no lock and wake nothing;
     only a checkpoint's hand-off may (it is rare, and waits for room when full)."""
     pytest.importorskip("trio")
-    callbacks = [EarlyStopping("loss", patience=10_000)]
+    callbacks = [BestCheckpoints("loss", k=3)]  # no stopper: see the test above
     callback = EventBusCallback(callbacks, state=False, backend="trio", poll_interval=0.05)
     costs = HookCosts()
     args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none")

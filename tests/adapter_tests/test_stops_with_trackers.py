@@ -1,0 +1,174 @@
+"""Trackers never change training: a stop decided at a step ends training at the same
+step with no tracker, with ``TensorBoardLogger`` and with ``MLflowLogger``, through the
+Hugging Face Trainer, Lightning and ``open_run`` (issue 41, item 3).
+
+The trainers' steps here are far shorter than ``poll_interval`` and MLflow's writes
+far longer than a step: before the hooks waited for the callbacks that can stop the run
+(``ThreadedRun.wait_for_stoppers``), where training stopped depended on both (HF with
+``EarlyStopping`` deciding at step 70 of 80 ran to 71 to 80, MLflow a step or two later
+than no tracker). Ray's engine syncs as ``open_run`` does (``Reporter.sync``); its
+tests (test_ray_engine.py) share one slow cluster and are not repeated here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
+    os.environ.setdefault(_name, "1")
+
+pytest.importorskip("torch", reason="torch is not installed (pip install '.[transformers]')")
+pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard)")
+pytest.importorskip("mlflow", reason="MLflow is not installed (pip install '.[mlflow]')")
+
+from _callbacks import StopAfter  # noqa: E402
+
+from adapters._options import BusRuns  # noqa: E402
+from adapters.mlflow import MLflowLogger  # noqa: E402
+from adapters.tensorboard import TensorBoardLogger  # noqa: E402
+from handlers import EarlyStopping, Reporter, open_run  # noqa: E402
+
+TRACKERS = ["none", "tensorboard", "mlflow"]
+BUS_RUNS: list[BusRuns] = ["in_hooks", "in_thread"]
+
+
+def trackers(kind: str, root: Path) -> list[Any]:
+    if kind == "tensorboard":
+        return [TensorBoardLogger(root / "tensorboard")]
+    if kind == "mlflow":
+        return [MLflowLogger(f"sqlite:///{root}/mlflow.db", "stops")]
+    return []
+
+
+# --- Hugging Face --------------------------------------------------------------------
+
+
+def hf_trainer(output_dir: Path, callback: Any) -> Any:
+    """A tiny regression that does not learn (``learning_rate=0``: every evaluation's loss
+    is the first's), evaluated every 5 steps and saved every 10, up to 80 steps."""
+    import torch
+    import transformers
+    from torch import nn
+
+    class TinyModel(nn.Module):  # type: ignore[misc]  # torch is untyped to mypy
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = nn.Linear(4, 1)
+
+        def forward(self, x: Any, y: Any) -> dict[str, Any]:
+            return {"loss": nn.functional.mse_loss(self.lin(x).squeeze(-1), y)}
+
+    class Regression(torch.utils.data.Dataset):  # type: ignore[misc]
+        def __init__(self) -> None:
+            generator = torch.Generator().manual_seed(0)
+            self.x = torch.randn(32, 4, generator=generator)
+            self.y = self.x.sum(-1)
+
+        def __len__(self) -> int:
+            return len(self.x)
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return {"x": self.x[i], "y": self.y[i]}
+
+    args = transformers.TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=80,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=32,
+        learning_rate=0.0,
+        logging_steps=5,
+        eval_strategy="steps",
+        eval_steps=5,
+        save_strategy="steps",
+        save_steps=10,
+        label_names=["y"],
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    data = Regression()
+    return transformers.Trainer(
+        model=TinyModel(), args=args, train_dataset=data, eval_dataset=data, callbacks=[callback]
+    )
+
+
+#: Evaluations at 5, 10, ...: the first is the best, so ``patience`` evaluations later
+#: ``EarlyStopping`` decides: at 20 (a step that saves) or at 25 (one that does not).
+@pytest.mark.parametrize(("patience", "step"), [(3, 20), (4, 25)], ids=["saving", "not-saving"])
+@pytest.mark.parametrize("bus_runs", BUS_RUNS)
+@pytest.mark.parametrize("tracker", TRACKERS)
+def test_hugging_face_stops_at_the_deciding_step_whatever_the_trackers(
+    tmp_path: Path, tracker: str, bus_runs: BusRuns, patience: int, step: int
+) -> None:
+    pytest.importorskip("transformers", reason="pip install '.[transformers]'")
+    from adapters.transformers import EventBusCallback
+
+    stopping = EarlyStopping("eval_loss", patience=patience)
+    callback = EventBusCallback([stopping, *trackers(tracker, tmp_path)], bus_runs=bus_runs)
+    trainer = hf_trainer(tmp_path / "out", callback)
+    trainer.train()
+    assert trainer.state.global_step == step
+    assert stopping.should_stop and stopping.rounds == step // 5
+    saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "out").glob("checkpoint-*"))
+    assert saved == list(range(10, step + 1, 10))  # no save after the decision
+
+
+# --- Lightning -----------------------------------------------------------------------
+
+
+#: A round every step, a save every 5: a round decides at the end of its step, which
+#: Lightning's next step's start hands over (a save in the step could still name it), so
+#: ``fit`` ends after the step after the deciding one, or at the deciding one if it saved.
+@pytest.mark.parametrize(("rounds", "step"), [(3, 4), (5, 5)], ids=["not-saving", "saving"])
+@pytest.mark.parametrize("bus_runs", BUS_RUNS)
+@pytest.mark.parametrize("tracker", TRACKERS)
+def test_lightning_stops_at_the_same_step_whatever_the_trackers(
+    tmp_path: Path, tracker: str, bus_runs: BusRuns, rounds: int, step: int
+) -> None:
+    pytest.importorskip("lightning", reason="pip install '.[lightning]'")
+    from _lightning_model import Regression, make_trainer
+
+    from adapters.lightning import EventBusCallback
+
+    stopper = StopAfter(rounds)
+    callback = EventBusCallback([stopper, *trackers(tracker, tmp_path)], bus_runs=bus_runs)
+    trainer = make_trainer(tmp_path, [callback], max_steps=200, log_every_n_steps=1)
+    trainer.fit(Regression())
+    assert trainer.global_step == step
+    assert stopper.rounds == step  # every step's round, the last one's at the run's end
+
+
+# --- open_run --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tracker", TRACKERS)
+def test_open_run_with_synced_workers_stops_at_the_deciding_round_whatever_the_trackers(
+    tmp_path: Path, tracker: str
+) -> None:
+    """Two ranks that ``sync`` after each report stop at the round ``EarlyStopping``
+    decided (its loss never improves after round 0: patience 5, round 5), both."""
+    last_steps: dict[int, int] = {}
+
+    async def train(reporter: Reporter) -> None:
+        for step in range(100):
+            await reporter.report({"step": step, "loss": 1.0})
+            await reporter.sync()
+            if reporter.should_stop:
+                last_steps[reporter.rank] = step
+                return
+
+    async def main() -> None:
+        callbacks = [EarlyStopping("loss", patience=5), *trackers(tracker, tmp_path)]
+        async with open_run(world_size=2, callbacks=callbacks) as run:
+            await run.workers(train)
+        assert (run.result.stopped_by or "").startswith("EarlyStopping")
+
+    anyio.run(main)
+    assert last_steps == {0: 5, 1: 5}
