@@ -208,6 +208,7 @@ SCRIPT_SHOWS: dict[str, list[str]] = {
     "writing-callbacks": [r"^run-\w+ \[1\.0, 1\.0, 1\.0, 1\.0\] None$", r"\[0\.01, 0\.01"],
     "the-bus": [r"^0 \{'loss': 0\.3\}$"],
     "replay-snippet": [r"^4 passed in"],  # asyncio and trio, as the README says
+    "slow-callback": [r"^2 passed in"],  # the policy keeps the trainer's pace (issue 43)
     "stateful-callback": [],
     # One run: the same id twice, 30 rounds both times, early stopping's count restored.
     "resume": [r"^(run-\w+) 30 30\n\1 30 30$"],

@@ -29,6 +29,15 @@ ROUNDS = 20_000
 GROWTH = 2_000_000
 
 
+class QuickToWaitLogger(MLflowLogger):
+    """The tracker, waiting for its thread past 1,000 rounds behind (not 10,000): what a
+    loaded machine leaves in flight is then bounded well below what holding every row
+    takes, so the bound shows whatever the load (with 10,000, a trainer reporting as fast
+    as it can on a loaded machine had 2.9 MB in flight at 20,000 rounds)."""
+
+    max_lag = 1_000
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -46,7 +55,7 @@ async def run(tmp_path: Path, rounds: int, experiment: str) -> tuple[Any, int]:
 
     tracemalloc.reset_peak()
     start = tracemalloc.get_traced_memory()[0]
-    logger = MLflowLogger(uri, experiment, costs=False)
+    logger = QuickToWaitLogger(uri, experiment, costs=False)
     async with open_run(world_size=1, callbacks=[logger], drain_timeout=2.0) as run:
         await run.workers(train)
     return run, tracemalloc.get_traced_memory()[1] - start
@@ -63,7 +72,6 @@ async def test_a_long_run_is_written_as_it_goes_in_bounded_memory_and_ends_in_ti
     finally:
         tracemalloc.stop()
 
-    print("GROWTH", peak, short, flush=True)
     assert peak - short < GROWTH, f"{ROUNDS:,} rounds took {peak - short:,} bytes more than 2,000"
     assert long.result.status == "finished"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
