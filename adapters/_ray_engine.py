@@ -6,10 +6,10 @@ change, and the log lands on the driver's file system. Only the workers
 move. They report through ``ray.train.report``, so Ray persists their
 checkpoints into the run's storage and gathers the rounds by its own rule;
 Ray's controller forwards each round and failure to a small hub actor,
-which the driver drains into the run's reporters and failure path, as the
-run's own tasks would feed them. What flows back (which rounds the
-callbacks handled, ``should_stop``, ``for_workers``, the checkpoint to
-resume from) the workers read from the hub.
+which the driver drains into the run: each round whole (``Run.report_round``:
+Ray gathered it already), each failure as the run's own tasks report them.
+What flows back (which rounds the callbacks handled, ``should_stop``,
+``for_workers``, the checkpoint to resume from) the workers read from the hub.
 """
 
 from __future__ import annotations
@@ -535,10 +535,9 @@ class _Pump:
         run = self.run
         rounds = 0
         for kind, payload in news:
-            if kind == "round":
+            if kind == "round":  # gathered by Ray: the run takes it whole
                 metrics, checkpoint = payload
-                for rank, rank_metrics in enumerate(metrics):
-                    await run.reporter(rank).report(rank_metrics, checkpoint=checkpoint)
+                await run.report_round(metrics, checkpoint=checkpoint)
                 rounds += 1
             elif kind == "failures":
                 self.failures, self.retried = payload, False
@@ -550,7 +549,6 @@ class _Pump:
                 await run.group_restarting(self.failures, self.attempt, self.max_restarts)
         if rounds:
             self.rounds += rounds
-            for rank in range(run.world_size):
-                await run.wait_gathered(rank)
+            await run.wait_gathered(0)  # whole rounds: no rank's report waits for another
             return self.rounds, (run.should_stop, run.should_checkpoint), run.for_workers
         return None

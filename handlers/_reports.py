@@ -12,14 +12,19 @@ open round and the next), so a complete round's slots are already its
 rank two or more rounds ahead queues its reports. Every report passes the same
 rules, written once (``_admit``), and a rejection names the field it broke.
 
-A round leaves the gatherer one way: as a ``RoundGathered`` event carrying the
-run's context, to which every training callback subscribes like any handler.
+Where a framework gathered the ranks already (Ray's controller, Lightning's
+all-gather), the round comes whole (``take_round``): checked by the same
+rules, and never split into reports to be gathered again.
+
+A round leaves the gatherer one way (``_deliver``): as a ``RoundGathered``
+event carrying the run's context, to which every training callback subscribes
+like any handler.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -39,6 +44,7 @@ from eventbus import (
     get_logger,
 )
 
+from ._errors import ReportError
 from ._metric_values import FrozenDict, MetricsError, freeze_metrics
 from ._metrics import mean_metrics
 from .options import MAX_WORLD_SIZE
@@ -112,6 +118,9 @@ class ReportCallbackHandler:
         self._following: list[Any] = []
         self._following_named: dict[int, str] | None = None
         self._ahead: dict[int, deque[tuple[FrozenDict, str | None]]] = {}
+        #: The ``(rank, index)`` of the reports of rounds taken whole, until the bus
+        #: brings them back: they are the log's records of a round already gathered.
+        self._taken: deque[tuple[int, int]] = deque()
         #: Reports in released rounds and discarded ones (``reports`` adds those waiting).
         self._done = 0
         self._configured = False
@@ -194,6 +203,10 @@ class ReportCallbackHandler:
     def handle(self, event: Report | WorkerGroupRestarted) -> None:
         """A report, to gather, or a restart, which ends the partial rounds."""
         if isinstance(event, Report):
+            taken = self._taken
+            if taken and taken[0] == (event.rank, event.index):
+                taken.popleft()  # a record of a round taken whole
+                return
             self._admit(event)
         elif isinstance(event, WorkerGroupRestarted):
             self.on_restart(event)
@@ -294,36 +307,111 @@ class ReportCallbackHandler:
         # Slots of ranks not required stay empty: they are not missing.
         self._missing = self._slots.count(None) - self._not_required
         metrics = slots if self._all_required else [slots[r] for r in required]
-        self._deliver(metrics, named, report)
+        events = self._deliver(metrics, named, report)
+        emit = self._emit
+        if emit is not None:
+            for event in events:
+                emit(event)
 
-    def _deliver(self, metrics: list[Any], named: dict[int, str] | None, report: Report) -> None:
-        # Ray's rule: the round has a checkpoint if any rank named one (all ranks
-        # write to one storage location, usually rank 0 alone names it). Ranks
-        # naming none agree with it; only two different names are a mismatch.
+    def take_round(
+        self,
+        run_id: str,
+        metrics: Sequence[Mapping[str, Any]],
+        checkpoint: str | None = None,
+    ) -> list[Event]:
+        """A whole round, its ranks gathered already (Ray's controller, Lightning's
+        all-gather): ``metrics[i]`` of the i-th required rank, and the round's
+        ``checkpoint``, if any.
+
+        It passes the rules a rank's report passes, with the same words: a
+        ``ReportError`` naming the first bad rank and its field, and then nothing
+        of the round is taken (what was taken before stays). Taken, it counts as
+        a report of every required rank, and is delivered as a round gathered
+        from reports is (``_deliver``). Returns the events to publish, in order:
+        each rank's ``Report``, the log's record of it (a replay gathers those
+        again; this gatherer passes over them), then what the round makes.
+        """
+        if self.reports != self._done:
+            raise RuntimeError(
+                f"a whole round while reports of ranks {self._partial()} wait for theirs: "
+                "a run takes its rounds whole or rank by rank, not both"
+            )
+        ranks = self.required_ranks if self._configured else tuple(range(len(metrics)))
+        if not metrics or len(metrics) != len(ranks):
+            raise ValueError(
+                f"a whole round has the metrics of each required rank {list(ranks)}, "
+                f"in rank order: {len(ranks)} mappings, got {len(metrics)}"
+            )
+        frozen: list[Any] = []
+        for rank, rank_metrics in zip(ranks, metrics, strict=True):
+            try:
+                frozen.append(freeze_metrics(rank_metrics))
+            except MetricsError as exc:
+                raise ReportError(rank, exc.field, exc.reason) from None
+        if checkpoint is not None and (type(checkpoint) is not str or not checkpoint):
+            raise ReportError(
+                ranks[0], "checkpoint", f"{checkpoint!r} is not a checkpoint location"
+            )
+        if not self._configured:
+            self._configure(len(ranks), None)
+        last, world_size = self._last_index, self.world_size
+        reports = [
+            Report(
+                run_id=run_id,
+                rank=rank,
+                world_size=world_size,
+                index=last[rank] + 1,
+                metrics=rank_metrics,
+                checkpoint=checkpoint,
+            )
+            for rank, rank_metrics in zip(ranks, frozen, strict=True)
+        ]
+        if self.run_id is None:
+            self._begin(reports[0])  # configured already: it learns the run's id
+        if run_id != self.run_id:
+            raise ValueError(f"a round of run {run_id!r}, but this run is {self.run_id!r}")
+        for report in reports:
+            last[report.rank] = report.index
+            self._taken.append((report.rank, report.index))
+        self._done += len(ranks)
+        named = None if checkpoint is None else dict.fromkeys(ranks, checkpoint)
+        return [*reports, *self._deliver(frozen, named, reports[0])]
+
+    def _partial(self) -> list[int]:
+        """The ranks with reports waiting for their round."""
+        return [rank for rank in range(self.world_size) if self.waiting_from(rank)]
+
+    def _deliver(
+        self, metrics: list[Any], named: dict[int, str] | None, report: Report
+    ) -> list[Event]:
+        """A complete round (``report`` one of its): counted, and the events it makes.
+
+        Ray's rule: the round has a checkpoint if any rank named one (all ranks
+        write to one storage location, usually rank 0 alone names it). Ranks
+        naming none agree with it; only two different names are a mismatch.
+        """
+        events: list[Event] = []
         checkpoint: str | None = None
         if named:
             names = set(named.values())
             if len(names) == 1:
                 (checkpoint,) = names
             else:
-                self._mismatch(report.run_id, named)
+                events.append(self._mismatch(report.run_id, named))
         self.rounds += 1
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
             self._keep_position(checkpoint)  # for the snapshot, whoever announces it
-        emit = self._emit
-        if emit is None:
-            return
         context = self._context_for(report)
         round_ = self.rounds - 1
         ranks = self.required_ranks
-        emit(
+        events.append(
             RoundGathered(
                 context=context, round=round_, ranks=ranks, metrics=metrics, checkpoint=checkpoint
             )
         )
         if checkpoint is not None and self.announce_checkpoints:
-            emit(
+            events.append(
                 CheckpointSaved(
                     run_id=context.run_id,
                     checkpoint=checkpoint,
@@ -332,6 +420,7 @@ class ReportCallbackHandler:
                     metrics=mean_metrics(metrics),
                 )
             )
+        return events
 
     # --- resuming ----------------------------------------------------------------
 
@@ -390,19 +479,16 @@ class ReportCallbackHandler:
         queued = (self._slots[rank], self._following[rank]) if rank < len(self._slots) else ()
         return any(slot is not None for slot in queued) or rank in self._ahead
 
-    def _mismatch(self, run_id: str, named: dict[int, str]) -> None:
+    def _mismatch(self, run_id: str, named: dict[int, str]) -> CheckpointMismatch:
         """Loud, because the round loses its checkpoint: no snapshot, no best checkpoint."""
         self.mismatches += 1
         names = dict(sorted(named.items()))
         _log.warning("ranks named different checkpoints", round=self.rounds, checkpoints=names)
-        if self._emit is not None:
-            self._emit(
-                CheckpointMismatch(
-                    run_id=run_id,
-                    round=self.rounds,
-                    checkpoints={rank: named.get(rank) for rank in self.required_ranks},
-                )
-            )
+        return CheckpointMismatch(
+            run_id=run_id,
+            round=self.rounds,
+            checkpoints={rank: named.get(rank) for rank in self.required_ranks},
+        )
 
     def on_restart(self, event: WorkerGroupRestarted) -> None:
         """Drop partial rounds; the group may have a new size and required ranks."""

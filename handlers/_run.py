@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -47,7 +47,7 @@ from ._core import RunCore
 from ._ending import interrupt_in, only_cancellations, status_of
 from ._engine import WorkerEngine
 from ._errors import WorkerError, WorkerGroupError
-from ._reporter import Reporter, SyncSignal, stopping_lanes, values_for_workers
+from ._reporter import Reporter, SyncSignal, _location, stopping_lanes, values_for_workers
 from ._resume import Resume, resume_point
 from ._signals import Preempted, takes_signals, watch_signals
 from ._workers import WorkerTasks
@@ -325,6 +325,32 @@ class Run(anyio.AsyncContextManagerMixin):
         if reporter is None:
             reporter = self._reporters[rank] = Reporter(self, rank)
         return reporter
+
+    async def report_round(
+        self,
+        metrics: Sequence[Mapping[str, Any]],
+        checkpoint: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Report a whole round whose ranks a framework gathered already (Ray's
+        controller, Lightning's all-gather): ``metrics[i]`` of the i-th required
+        rank, and the ``checkpoint`` the round saved, if any, taken where it is.
+
+        It is checked as each rank's report is, in the same words: a
+        ``ReportError`` naming the first bad rank and its field, and nothing of
+        the round is taken. Taken, it counts as a report of every rank and is
+        delivered as the round gathered from them would be; ``wait_gathered``
+        (any rank) then returns once the callbacks that can stop the run handled
+        it, as ``Reporter.sync`` does. A run takes its rounds whole or rank by
+        rank, not both.
+        """
+        attachment = self.attachment
+        if self._entered is None or attachment is None:
+            raise RuntimeError("report rounds inside `async with open_run(...) as run`")
+        gathering = attachment.reports
+        location = None
+        if checkpoint is not None:
+            location = _location((gathering.required_ranks or (0,))[0], checkpoint)
+        await self.bus.publish_many(gathering.take_round(self.run_id, metrics, location))
 
     async def checkpoint_saved(
         self,

@@ -130,16 +130,18 @@ async def replayed(
     costs: Sequence[float],
     *,
     waits: bool = False,
+    measured: bool = False,
     **options: Any,
 ) -> Any:
-    """The replay of ``log`` charged ``costs``, on the bus ``options`` of the live run:
+    """The replay of ``log`` charged ``costs`` (or, ``measured``, with a callback that
+    sleeps them again, charged its wall time), on the bus ``options`` of the live run:
     its decisions, the rounds the callback saw and its summary figures."""
     seen: list[Event] = []
-    slow = slow_with(policy, waits=waits)
+    slow = slow_with(policy, costs if measured else (), waits=waits)
     result = await replay_log(
         log,
         slow,
-        costs=charged(costs),
+        costs="measured" if measured else charged(costs),
         subscribe=lambda bus: bus.subscribe(
             (BudgetReport, HandlerStateChanged), seen.append, name="seen"
         ),
@@ -163,13 +165,15 @@ GAPS = st.sampled_from([0.0, 1e-6, 1e-4, 0.005, 0.03, 0.35])
     policy=st.sampled_from(["warn", "coalesce", "disable"]),
     rounds=st.lists(st.tuples(st.sampled_from([0.0, SLEEP]), GAPS), min_size=2, max_size=9),
     waits=st.booleans(),
+    measured=st.booleans(),
 )
 async def test_a_replay_charged_a_live_runs_sleeps_decides_as_the_live_run_did(
-    policy: OverBudgetPolicy, rounds: list[tuple[float, float]], waits: bool
+    policy: OverBudgetPolicy, rounds: list[tuple[float, float]], waits: bool, measured: bool
 ) -> None:
     """A plain sync callback blocks the loop, and the trainer with it; an async one
     (``waits``) holds up the dispatcher only, the rounds reported meanwhile reaching it
-    in one batch: the replay goes as each does."""
+    in one batch: the replay goes as each does, charged the live sleeps (a function of
+    the round) or, ``measured``, the wall time of the same sleeps again."""
     costs = [cost for cost, _ in rounds]
     slow = slow_with(policy, costs, waits=waits)
 
@@ -186,7 +190,7 @@ async def test_a_replay_charged_a_live_runs_sleeps_decides_as_the_live_run_did(
             await run.workers(train)
         live = decisions(read_log(log).events)
         replay, rounds_seen, figures = await replayed(
-            log, policy, costs, waits=waits, period=PERIOD, budget=BUDGET
+            log, policy, costs, waits=waits, measured=measured, period=PERIOD, budget=BUDGET
         )
     assert replay == live
     assert rounds_seen == slow.rounds  # call for call
