@@ -39,8 +39,9 @@ __all__ = [
 _log = get_logger("adapters.bus_host")
 
 #: An event to make in the bus's loop: ``(make, a, b)`` is published as ``make(a, b)``,
-#: so the trainer's hook only builds a tuple, cheaper than the event itself.
-DeferredEvent = tuple[Callable[[Any, Any], Event], Any, Any]
+#: so the trainer's hook only builds a tuple, cheaper than the event itself; or a list
+#: of events (a whole round: the gathering takes it in the bus's loop, in order).
+DeferredEvent = tuple[Callable[[Any, Any], Event | list[Event]], Any, Any]
 
 
 def kind_of(item: Event | DeferredEvent) -> str:
@@ -302,14 +303,16 @@ def _taken_events(first: Event | DeferredEvent, queue: deque[object]) -> tuple[i
     for item in items:
         if type(item) is tuple:
             made = _made(item)
-            if made is not None:
+            if isinstance(made, list):
+                events.extend(made)
+            elif made is not None:
                 events.append(made)
         else:
             events.append(item)
     return len(items), events
 
 
-def _made(deferred: DeferredEvent) -> Event | None:
+def _made(deferred: DeferredEvent) -> Event | list[Event] | None:
     """The event a deferred stands for; a maker that fails is our bug: logged, skipped."""
     try:
         return deferred[0](deferred[1], deferred[2])

@@ -7,6 +7,7 @@ imported when ``EventBusCallback`` or ``run_with_failures`` is first used.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -41,6 +42,7 @@ from handlers.wiring import (
 from ._hf_state import TRAINER_STATE_NAME, merge_stateful_callbacks, read_hf_trainer_state
 from ._options import AdapterKeywords, AdapterOptions
 from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
+from ._tracker import STEP_METRIC
 
 __all__ = ["EventBusCallback", "run_with_failures"]
 
@@ -154,6 +156,9 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 "rank": self._rank,
                 "resumed_from": checkpoint,
                 "global_step": int(state.global_step),
+                # The trackers' x-axis: HF's global step, which each report carries.
+                STEP_METRIC: "step",
+                **_training_args(args),
             },
             storage=str(root),
             store=self._store if writes else None,
@@ -355,6 +360,32 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         path = Path(event.checkpoint, TRAINER_STATE_NAME)
         if path.is_file():
             merge_stateful_callbacks(path, self._store.load(event.checkpoint))
+
+
+def _training_args(args: Any) -> dict[str, Any]:
+    """``{"training_args": ...}``: the ``TrainingArguments`` that differ from their fields'
+    defaults (the trackers' params), as JSON values (``to_dict`` hides tokens), those the
+    class works out when not given (``accelerator_config``) included; nothing when none do.
+    Not a default instance to compare with: making one resets accelerate's state, which
+    the running Trainer uses."""
+    given = args.to_dict()
+    changed: dict[str, Any] = {}
+    for field in dataclasses.fields(args):
+        if field.name not in given:
+            continue
+        if field.default is not dataclasses.MISSING:
+            default: Any = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:  # required: always worth showing
+            default = dataclasses.MISSING
+        value = getattr(args, field.name)  # as given (a token, not to_dict's mask)
+        # A falsy default worked out as another falsy value (None as False) is no change.
+        if value != default and (value or default):
+            changed[field.name] = given[field.name]
+    if not changed:
+        return {}
+    return {"training_args": msgspec.to_builtins(changed, str_keys=True, enc_hook=repr)}
 
 
 class _ReportMaker:

@@ -16,7 +16,19 @@ tracker was given when the checkpoint was snapshotted, so every step after it
 is one the crash rolled back and the resumed run redoes. A round's default
 step is the tracker's own count of rounds (``rounds``, saved too), not the
 round's index on the bus: a framework adapter's resumed bus numbers its
-rounds from 0 again.
+rounds from 0 again. The framework adapters name the trainer's own step
+instead, as the run's ``config["step_metric"]`` (``"step"``, which they add
+to each report): a Trainer logs train and eval at the same global step, in
+two rounds, and its users read its step.
+
+Failures are marked with the worker's own exception type (``WorkerFailure``'s,
+where ``after_exception`` may get a ``WorkerError`` standing in for it), at the
+step of the last round before them: a ``WorkerFailure`` can come before rounds
+reported ahead of it (they are gathered after it), and no round of the failed
+group can come after it, so it is marked at the group's restart or the run's
+end, when those rounds are in (a checkpoint's round may still be one of them);
+``after_exception`` waits for its health-check period to end, however many
+rounds later.
 
 Names and values: a backend refuses some names (MLflow: characters outside its set,
 path-like names, more than 250 characters; TensorBoard: text that is not UTF-8), and
@@ -48,6 +60,7 @@ from eventbus import (
     RunResult,
     StatefulCallback,
     TrainRunContext,
+    WorkerFailure,
     WorkerGroupRestarted,
     describe_exception,
     get_logger,
@@ -56,16 +69,23 @@ from handlers import UserCallback
 from handlers.wiring import mean_metrics
 
 __all__ = [
+    "STEP_METRIC",
     "BackendNames",
     "TrackerCallback",
     "TrackerError",
     "backend_name",
     "cost_scalars",
+    "flat_config",
     "round_scalars",
     "safe_text",
 ]
 
 _log = get_logger("adapters.trackers")
+
+#: The run's config key naming the metric that is the trackers' step (see the module).
+STEP_METRIC = "step_metric"
+#: The longest exception message a failure's entry keeps, in characters.
+_MESSAGE_LIMIT = 4096
 
 
 class TrackerError(RuntimeError):
@@ -98,23 +118,30 @@ def round_scalars(
     return scalars
 
 
-def cost_scalars(report: BudgetReport) -> dict[str, float]:
-    """A health-check period's cost: ``callbacks/<handler>/share`` of the period each
-    handler took (``callbacks/share`` all of them together), and its timeouts, faults
-    and skipped events in the period when there were any (the last period, cut short
-    when the bus closed, only those)."""
-    length = report.end - report.start
+def cost_scalars(reports: Sequence[BudgetReport]) -> dict[str, float]:
+    """The cost of the health-check periods that ended at one step (a step longer than
+    a period ends several): ``callbacks/<handler>/share`` of their time each handler
+    took (``callbacks/share`` all of them together), and its timeouts, faults and
+    skipped events in them when there were any (the last period, cut short when the
+    bus closed, has only those)."""
     # The last period, cut short at close, has counts but no meaningful shares.
-    shares = not report.partial and length > 0
-    scalars = {"callbacks/share": report.total / length} if shares else {}
-    for usage in report.handlers:
-        prefix = f"callbacks/{usage.handler}"
-        if shares:
-            scalars[f"{prefix}/share"] = usage.total / length
-        for name in ("timeouts", "faults", "skipped"):
-            count = getattr(usage, name)
-            if count:
-                scalars[f"{prefix}/{name}"] = float(count)
+    whole = [r for r in reports if not r.partial and r.end > r.start]
+    judged = {id(r) for r in whole}
+    length = sum(r.end - r.start for r in whole)
+    scalars = {"callbacks/share": sum(r.total for r in whole) / length} if whole else {}
+    took: dict[str, float] = {}
+    for report in reports:
+        for usage in report.handlers:
+            prefix = f"callbacks/{usage.handler}"
+            if id(report) in judged:
+                took[prefix] = took.get(prefix, 0.0) + usage.total
+            for name in ("timeouts", "faults", "skipped"):
+                count = getattr(usage, name)
+                if count:
+                    key = f"{prefix}/{name}"
+                    scalars[key] = scalars.get(key, 0.0) + count
+    for prefix, total in took.items():
+        scalars[f"{prefix}/share"] = total / length
     return scalars
 
 
@@ -276,9 +303,11 @@ class TrackerCallback(UserCallback, StatefulCallback):
     Subclasses write, in that thread: ``_open`` (once, first), ``_scalars``,
     ``_text``, ``_checkpoint``, ``_flush`` (at each checkpoint) and ``_end``
     (once, last). The step of a round is the number of rounds before it in the
-    run, across resumes (0 for the first), or the value of ``step_metric`` if
-    given (the first rank's that has it, as an integer; a round without it is
-    not written, with one warning).
+    run, across resumes (0 for the first), or the value of ``step_metric`` (the
+    first rank's that has it, as an integer; a round without it is not written,
+    with one warning), given here or, by default, as the run's
+    ``config["step_metric"]`` (the framework adapters': their trainer's step). The
+    step metric is the x-axis, not a series of its own.
 
     Attributes:
         rounds: the rounds of the run given to the tracker, across resumes
@@ -291,6 +320,7 @@ class TrackerCallback(UserCallback, StatefulCallback):
         RoundGathered,
         CheckpointSaved,
         BudgetReport,
+        WorkerFailure,
         WorkerGroupRestarted,
     )
     #: A flush at a checkpoint, and the end, may take a while on a slow store.
@@ -313,6 +343,8 @@ class TrackerCallback(UserCallback, StatefulCallback):
         self, *, step_metric: str | None = None, per_rank: bool = True, costs: bool = True
     ) -> None:
         self.step_metric = step_metric
+        #: The step metric of the run being written (``step_metric``, or the run's config's).
+        self._step_key: str | None = step_metric
         self.per_rank = per_rank
         self.costs = costs
         self.rounds = 0
@@ -326,6 +358,11 @@ class TrackerCallback(UserCallback, StatefulCallback):
         #: Error descriptions said, and how many failed writes were not said again.
         self._said: set[str] = set()
         self.failed_writes = 0
+        #: Failures not marked yet (see the module), as their entries' lines.
+        self._failures: list[str] = []
+        #: The periods that ended at step ``_costs_step``, not handed over yet.
+        self._costs: list[BudgetReport] = []
+        self._costs_step = 0
 
     # --- the hooks (the bus's side) --------------------------------------------------
 
@@ -337,6 +374,10 @@ class TrackerCallback(UserCallback, StatefulCallback):
         thread = self._thread = _WriterThread(f"{type(self).__name__}-writer")
         self._names = self._new_names()
         self._not_numbers, self._said, self.failed_writes = set(), set(), 0
+        self._failures, self._costs = [], []
+        configured = run_context.config.get(STEP_METRIC)
+        own = self.step_metric
+        self._step_key = own if own is not None or not isinstance(configured, str) else configured
         # ``last_step`` is restored before the run begins: set, this run continues one.
         thread.put(self._open_or_break, run_context, self.last_step)
 
@@ -352,27 +393,29 @@ class TrackerCallback(UserCallback, StatefulCallback):
             if thread.lag > self.max_lag:
                 await thread.settle()
         elif type(event) is CheckpointSaved:
+            self._put_costs(thread)
             thread.put(self._flush)
             await thread.settle()
         elif type(event) is BudgetReport:
             if self.costs:
-                thread.put(self._write_costs, event, self._step_now(), time.time())
+                step = self._step_now()
+                if self._costs and step != self._costs_step:
+                    self._put_costs(thread)
+                self._costs.append(event)
+                self._costs_step = step
+        elif type(event) is WorkerFailure:
+            message = f": {event.message[:_MESSAGE_LIMIT]}" if event.message else ""
+            self._failures.append(f"rank {event.rank}: {event.error_type}{message}")
         elif type(event) is WorkerGroupRestarted:
+            self._mark_failures(thread)
             text = f"worker group restarted: {event.world_size} workers"
             thread.put(self._text, "restarts", text, self._step_now(), time.time())
         self._raise_errors(thread)
 
-    def after_exception(
-        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
-    ) -> None:
-        thread = self._writer()
-        failed = sorted(worker_exceptions.items())
-        lines = [f"rank {rank}: {describe_exception(exc)}" for rank, exc in failed]
-        thread.put(self._text, "failures", "\n\n".join(lines), self._step_now(), time.time())
-        self._raise_errors(thread)
-
     async def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
         thread = self._writer()
+        self._mark_failures(thread)
+        self._put_costs(thread)
         thread.put(self._end, result)
         await thread.close()
         self._raise_errors(thread)
@@ -390,11 +433,24 @@ class TrackerCallback(UserCallback, StatefulCallback):
             raise RuntimeError(f"{self!r} got an event before the run began")
         return self._thread
 
+    def _put_costs(self, thread: _WriterThread) -> None:
+        """Hand over the periods' costs held for their step: one point a step, however
+        many periods ended in it (written at the step's end, a checkpoint or the run's)."""
+        if self._costs:
+            thread.put(self._write_costs, tuple(self._costs), self._costs_step, time.time())
+            self._costs = []
+
+    def _mark_failures(self, thread: _WriterThread) -> None:
+        """The failures since the last mark, as one entry at the last round's step."""
+        if self._failures:
+            text, self._failures = "\n\n".join(self._failures), []
+            thread.put(self._text, "failures", text, self._step_now(), time.time())
+
     def _step_now(self) -> int:
         return self.last_step if self.last_step is not None else 0
 
     def _step_of(self, event: RoundGathered) -> int | None:
-        name = self.step_metric
+        name = self._step_key
         if name is None:
             return self.rounds
         for reported in event.metrics:
@@ -446,15 +502,18 @@ class TrackerCallback(UserCallback, StatefulCallback):
             raise
 
     def _write_round(self, event: RoundGathered, step: int, wall_time: float) -> None:
-        self._say_not_numbers(event.metrics)
-        scalars = round_scalars(event.metrics, event.ranks, per_rank=self.per_rank)
+        metrics: Sequence[dict[str, Any]] = event.metrics
+        if (key := self._step_key) is not None:  # the x-axis, not a series
+            metrics = [{k: v for k, v in m.items() if k != key} for m in metrics]
+        self._say_not_numbers(metrics)
+        scalars = round_scalars(metrics, event.ranks, per_rank=self.per_rank)
         if scalars:
             self._scalars(self._named(scalars), step, wall_time)
         if event.checkpoint is not None:
             self._checkpoint(event.checkpoint, event.round, step, wall_time)
 
-    def _write_costs(self, report: BudgetReport, step: int, wall_time: float) -> None:
-        scalars = cost_scalars(report)
+    def _write_costs(self, reports: Sequence[BudgetReport], step: int, wall_time: float) -> None:
+        scalars = cost_scalars(reports)
         if scalars:
             self._scalars(self._named(scalars), step, wall_time)
 
@@ -498,6 +557,19 @@ class TrackerCallback(UserCallback, StatefulCallback):
 
     def _end(self, result: RunResult) -> None:
         raise NotImplementedError
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A run's config with nested dicts as ``outer.inner`` keys (a framework's arguments,
+    ``training_args.learning_rate``), as the trackers show it."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flat_config(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
 
 
 def _fits(value: object) -> bool:

@@ -13,9 +13,10 @@ adapter's is:
   snapshot beside the file, or for ``last.ckpt`` the file, says where the
   run stood;
 - each step at which Lightning logs (``log_every_n_steps``) -> one round:
-  a ``Report`` per rank of that rank's ``trainer.callback_metrics`` (as
-  floats, plus ``step``), gathered to rank 0, so ``metrics[i]`` is rank
-  ``i``'s. A step's round waits for the step's end: a checkpoint saved in
+  every rank's ``trainer.callback_metrics`` (as floats, plus ``step``),
+  gathered to rank 0 and handed to the run whole (``metrics[i]`` is rank
+  ``i``'s; the log still holds each rank's ``Report``). A step's round waits
+  for the step's end: a checkpoint saved in
   that step (the file Lightning writes, not the ``last.ckpt`` copy) is its
   round's, so ``after_report`` sees every save; a step that saved without
   logging gets a round of ``{"step": N}``;
@@ -55,7 +56,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 from eventbus import (
     CheckpointSaved,
-    Report,
+    Event,
     RunPosition,
     StateRestored,
     describe_exception,
@@ -71,6 +72,7 @@ from handlers.wiring import (
 
 from ._options import AdapterKeywords, AdapterOptions
 from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
+from ._tracker import STEP_METRIC
 
 __all__ = ["EventBusCallback"]
 
@@ -133,8 +135,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         self._world_size = 1
         self._index = 0
         self._last_metrics: dict[str, Any] = {}
-        #: The round of this step (a report per rank), until a save names it or the step ends.
-        self._held: list[Report] = []
+        #: The round of this step (every rank's metrics), until a save names it or the step ends.
+        self._held: list[dict[str, Any]] = []
         #: Every rank asks rank 0 whether to stop at the next step (DDP, after a logging step).
         self._sync_stop = False
 
@@ -236,6 +238,9 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
                 "log_every_n_steps": int(trainer.log_every_n_steps),
                 "resumed_from": resumed_from,
                 "global_step": int(trainer.global_step),
+                # The trackers' x-axis (Lightning's global step, in each report) and params.
+                STEP_METRIC: "step",
+                **_hparams(pl_module),
             },
             storage=str(root),
             # Each snapshot says where the run stood, so a resume continues the run.
@@ -389,25 +394,22 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
     def _hold(self, everyone: list[dict[str, Any]]) -> None:
         if self._held:  # two rounds in one step (a save, then a log): the first goes alone
             self._release(None)
-        index = self._index
-        self._index = index + 1
+        self._index += 1
         self._last_metrics = everyone[0]
-        world_size, run_id = self._world_size, self.run_id
-        self._held = [
-            Report(run_id=run_id, rank=rank, world_size=world_size, index=index, metrics=metrics)
-            for rank, metrics in enumerate(everyone)
-        ]
+        self._held = everyone
 
     def _release(self, checkpoint: str | None) -> None:
-        """Hand off the held round, naming ``checkpoint`` (its step's save) if any."""
+        """Hand off the held round whole, naming ``checkpoint`` (its step's save) if any:
+        the run takes it as gathered, in the bus's loop (``_take_round``)."""
         held, self._held = self._held, []
-        for report in held:
-            named = (
-                report
-                if checkpoint is None
-                else msgspec.structs.replace(report, checkpoint=checkpoint)
-            )
-            self._run.handoff(named)
+        if held:  # none after a save that was its step's second (the ``last.ckpt`` copy)
+            self._run.handoff((self._take_round, held, checkpoint))
+
+    def _take_round(self, metrics: list[dict[str, Any]], checkpoint: str | None) -> list[Event]:
+        """In the bus's loop: the round's events, its ranks' reports (for the log) first."""
+        attachment = self._run.attachment
+        assert attachment is not None  # a hand-off is taken only while the run runs
+        return attachment.reports.take_round(self.run_id, metrics, checkpoint)
 
     def _check(self, trainer: Any | None, handed_off: bool = False) -> None:
         """The bus takes what it was given (``handed_off``: a round, just now); a callback's
@@ -492,6 +494,15 @@ class _StatesIntoCheckpoints(CheckpointIO):  # type: ignore[misc]  # untyped to 
 
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+def _hparams(pl_module: Any) -> dict[str, Any]:
+    """``{"hparams": ...}``: the module's ``save_hyperparameters`` as JSON values (the rest
+    as their ``repr``), for the trackers' params; nothing when it has none."""
+    hparams = dict(getattr(pl_module, "hparams", None) or {})
+    if not hparams:
+        return {}
+    return {"hparams": msgspec.to_builtins(hparams, str_keys=True, enc_hook=repr)}
 
 
 def _logs_now(trainer: Any) -> bool:

@@ -2,8 +2,11 @@
 
 Metrics use TensorBoard's keys (``<metric>``, ``<metric>/rank_<i>``,
 ``callbacks/<handler>/share``, ...), at the round's step; the run's
-configuration becomes params; tags say our run id and status; checkpoints are
-logged as artifacts when asked; the MLflow run ends with our run's status
+configuration becomes params, nested keys as ``outer.inner`` (the Hugging Face
+adapter's ``training_args.<name>``, Lightning's ``hparams.<name>``); tags say
+our run id and status, and the latest worker failure, restart and checkpoint
+(``eventbus.failures``: ``step <N>: rank <r>: <Type>: <message>``); checkpoints
+are logged as artifacts when asked; the MLflow run ends with our run's status
 (``FINISHED``, ``FAILED``, ``KILLED`` for a cancelled or preempted run), on
 every end, whether the last rows could be written or not.
 
@@ -56,7 +59,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 from eventbus import RunResult, TrainRunContext, describe_exception, get_logger
 
-from ._tracker import TrackerCallback, backend_name, safe_text
+from ._tracker import TrackerCallback, backend_name, flat_config, safe_text
 
 __all__ = ["MLflowLogger", "mlflow_key"]
 
@@ -277,7 +280,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         logged: dict[str, str] = dict(run.data.params)
         params = {
             self._names(k, "config key"): safe_text(str(v))[:_PARAM_LIMIT]
-            for k, v in _flat(config).items()
+            for k, v in flat_config(config).items()
         }
         changed = sorted(k for k, v in params.items() if k in logged and logged[k] != v)
         if changed:
@@ -411,15 +414,3 @@ def _absolute(uri: str | None) -> str | None:
         return uri
     path = uri[len(prefix) :]
     return prefix + os.path.abspath(path) if path and path != ":memory:" else uri
-
-
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as ``outer.inner`` keys."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(_flat(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat

@@ -5,7 +5,10 @@ Each round writes ``<metric>`` (the mean over ranks) and ``<metric>/rank_<i>``
 health-check period writes ``callbacks/<handler>/share`` (the share of the
 period the callback took) and its timeouts, faults and skipped events, so
 TensorBoard shows which callback slows training. Checkpoints, worker
-failures, restarts and resumes are text entries (TensorBoard's Text tab).
+failures, restarts and resumes are text entries (TensorBoard's Text tab), and
+so is the run's configuration (``config``, a table of its flattened keys, at
+step 0 of a new run: the Hugging Face adapter's non-default
+``TrainingArguments``, Lightning's hparams).
 
 A resumed run writes into the same ``log_dir``: a new event file that starts
 with TensorBoard's purge marker at the first step after the checkpoint, so
@@ -35,12 +38,21 @@ from typing import Any
 from eventbus import RunResult, TrainRunContext
 from eventbus.options import Seconds, checked
 
-from ._tracker import TrackerCallback, safe_text
+from ._tracker import TrackerCallback, flat_config, safe_text
 
 __all__ = ["TensorBoardLogger", "summary_writer_class"]
 
+#: The longest value the config's table shows, in characters.
+_CELL_LIMIT = 1000
 #: What UTF-8 cannot hold: a surrogate code point alone.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _cell(value: object) -> str:
+    """``value`` as a cell of a Markdown table (TensorBoard's Text tab renders Markdown)."""
+    text = safe_text(str(value))
+    text = text if len(text) <= _CELL_LIMIT else f"{text[: _CELL_LIMIT - 1]}…"
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def summary_writer_class() -> tuple[Any, Any]:
@@ -107,6 +119,11 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
         if purge_step is not None:
             text = f"run {run_context.run_id} resumed: steps from {purge_step} on are redone"
             self._summary.add_text("resumes", text, purge_step)
+        elif run_context.config:  # a resumed run's is there already, at step 0
+            config = flat_config(run_context.config).items()
+            rows = ["| key | value |", "| --- | --- |"]
+            rows += [f"| {_cell(key)} | {_cell(value)} |" for key, value in config]
+            self._summary.add_text("config", "\n".join(rows), 0)
 
     @staticmethod
     def _backend_rule(name: str) -> str:

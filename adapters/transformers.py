@@ -7,8 +7,10 @@ so our callbacks run where HF's own callbacks run, with no second thread
 taking the GIL from the training loop:
 
 - ``on_train_begin`` -> ``RunStarted`` (rank ``args.process_index``, world
-  size ``args.world_size``), after restoring our callbacks' state when the
-  Trainer resumes from a checkpoint;
+  size ``args.world_size``; its config holds the non-default
+  ``TrainingArguments`` as ``training_args``, the trackers' params, and
+  ``step_metric="step"``: trackers plot at HF's global step), after restoring
+  our callbacks' state when the Trainer resumes from a checkpoint;
 - ``on_log`` -> ``Report`` (a copy of ``logs`` plus ``step``; the index
   counts this rank's reports), except HF's end-of-training log
   (``train_runtime``, ``train_loss``, ...), which describes the run, not a

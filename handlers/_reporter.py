@@ -111,7 +111,7 @@ class Reporter:
     def _checkpoint_location(self, checkpoint: object) -> str:
         """``checkpoint`` as the path string events carry, or a ``ReportError`` if it is
         none, or one the OS would refuse: the one check every engine's reporter makes."""
-        return _location(self.rank, checkpoint)
+        return checkpoint_location(self.rank, checkpoint)
 
     async def sync(self) -> None:
         """Wait until every report this rank made was gathered into a round (or
@@ -210,7 +210,7 @@ def stopping_lanes(attachment: CallbackAttachment) -> tuple[Subscription, ...]:
     )
 
 
-def _location(rank: int, checkpoint: object) -> str:
+def checkpoint_location(rank: int, checkpoint: object) -> str:
     """A reported checkpoint as the path string events carry (``Path``s are welcome),
     refused where the operating system would refuse it as a path."""
     try:

@@ -19,10 +19,14 @@ rules, and never split into reports to be gathered again.
 A round leaves the gatherer one way (``_deliver``): as a ``RoundGathered``
 event carrying the run's context, to which every training callback subscribes
 like any handler.
+
+Knowing each rank's latest report, it also watches for stalled ranks (with the
+bus's ``stall_periods``): at each health-check tick, off the report path.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -33,6 +37,9 @@ from eventbus import (
     CheckpointSaved,
     Event,
     EventBus,
+    HealthCheckTick,
+    RankRecovered,
+    RankStalled,
     Report,
     ReportRejected,
     RoundGathered,
@@ -86,6 +93,11 @@ class ReportCallbackHandler:
         emit: takes the events made before the handler is subscribed to a bus
             (a test's ``list.append``); by default they go nowhere.
             ``subscribe`` sends them to the bus.
+        stall_periods: at each ``HealthCheckTick``, a required rank whose latest
+            report is this many periods old, that a round other ranks reported
+            into waits for, has stalled: said once (a ``RankStalled``, one console line)
+            until it reports again (``RankRecovered``). By default the bus's
+            (``BusOptions.stall_periods``); ``None`` there: not watched.
     """
 
     def __init__(
@@ -96,8 +108,20 @@ class ReportCallbackHandler:
         context_for: ContextFor | None = None,
         announce_checkpoints: bool = False,
         emit: Emit | None = None,
+        stall_periods: int | None = None,
     ) -> None:
         self.announce_checkpoints = announce_checkpoints
+        self.stall_periods = stall_periods
+        #: Per rank, the bus time of its latest accepted report (NaN: none since the
+        #: group started; the next tick's period start stands for it).
+        self._last_time: list[float] = []
+        #: The stalled ranks: the time of the report they are silent since, and the stall.
+        self._stalled: dict[int, tuple[float, RankStalled]] = {}
+        #: Figures: stalls found, and recoveries.
+        self.stalls = 0
+        self.recoveries = 0
+        #: The health-check period, seconds (the bus's, once subscribed).
+        self._period = 0.0
         self._context_for = context_for or _first_event_context()
         self._emit = emit
         self.world_size = 0
@@ -154,8 +178,12 @@ class ReportCallbackHandler:
             )
         # What it emits follows from the event it handles, a few per report: never refused.
         self._emit = partial(bus.emit, derived=True)
+        if self.stall_periods is None:
+            self.stall_periods = bus.options.stall_periods
+        self._period = bus.period
+        watched = (HealthCheckTick,) if self.stall_periods is not None else ()
         bus.gathering = subscription = bus.subscribe(
-            (Report, WorkerGroupRestarted),
+            (Report, WorkerGroupRestarted, *watched),
             self.handle,
             name="handlers.ReportCallbackHandler",
             order=order,
@@ -182,6 +210,8 @@ class ReportCallbackHandler:
             self._required[rank] = True
         self._all_required = len(required) == world_size
         self._last_index = [-1] * world_size
+        self._last_time = [math.nan] * world_size
+        self._stalled = {}
         self._slots = [None] * world_size
         self._named = None
         self._missing = len(required)
@@ -200,14 +230,18 @@ class ReportCallbackHandler:
         waiting += sum(len(queue) for queue in self._ahead.values())
         return self._done + waiting
 
-    def handle(self, event: Report | WorkerGroupRestarted) -> None:
-        """A report, to gather, or a restart, which ends the partial rounds."""
+    def handle(self, event: Report | WorkerGroupRestarted | HealthCheckTick) -> None:
+        """A report, to gather, a restart, which ends the partial rounds, or a
+        period's end, when stalled ranks are looked for."""
         if isinstance(event, Report):
             taken = self._taken
             if taken and taken[0] == (event.rank, event.index):
                 taken.popleft()  # a record of a round taken whole
+                self._last_time[event.rank] = event.time
                 return
             self._admit(event)
+        elif isinstance(event, HealthCheckTick):
+            self.watch(event)
         elif isinstance(event, WorkerGroupRestarted):
             self.on_restart(event)
 
@@ -253,6 +287,7 @@ class ReportCallbackHandler:
             self._reject(report, "rank", reason)
             return
         self._last_index[rank] = index
+        self._last_time[rank] = report.time
         if self._slots[rank] is None:
             self._slots[rank] = metrics
             if checkpoint is not None:
@@ -334,7 +369,7 @@ class ReportCallbackHandler:
         if self.reports != self._done:
             raise RuntimeError(
                 f"a whole round while reports of ranks {self._partial()} wait for theirs: "
-                "a run takes its rounds whole or rank by rank, not both"
+                "it would overtake them; report the other ranks' first"
             )
         ranks = self.required_ranks if self._configured else tuple(range(len(metrics)))
         if not metrics or len(metrics) != len(ranks):
@@ -469,6 +504,72 @@ class ReportCallbackHandler:
         self.rejected, self.mismatches = position.rejected, position.mismatches
         self.restarts = position.restarts
 
+    # --- stalled ranks -------------------------------------------------------------
+
+    def watch(self, tick: HealthCheckTick) -> None:
+        """At a period's end: a required rank silent for ``stall_periods`` periods that
+        the oldest open round lacks, while other ranks reported into it, has stalled
+        (said once, until it reports again); each stalled rank that reported since
+        has recovered. Ranks silent together with no round partial (a pause every
+        rank takes, the run's end; whole rounds a framework gathered) have not: the
+        rank the round waits for is the one that hangs, not those waiting for it."""
+        periods = self.stall_periods
+        if periods is None or not self._configured or self.run_id is None:
+            return
+        times, indices = self._last_time, self._last_index
+        for rank, time_ in enumerate(times):
+            if math.isnan(time_):  # no report since the group started
+                times[rank] = tick.start
+        stalled = self._stalled
+        for rank, (since, _) in list(stalled.items()):
+            if times[rank] > since:
+                del stalled[rank]
+                self._recovered(rank, times[rank] - since)
+        if not self._period:
+            self._period = tick.end - tick.start
+        if self._missing == len(self.required_ranks):
+            return  # no rank reported into the open round: none is waited for
+        limit, end = periods * self._period, tick.end
+        ahead = max(indices[rank] for rank in self.required_ranks)
+        for rank in self.lacking():
+            if end - times[rank] >= limit and rank not in stalled:
+                self._stall(rank, end - times[rank], ahead)
+
+    def _stall(self, rank: int, silent: float, others_at: int) -> None:
+        periods, period = self.stall_periods or 0, self._period
+        last = self._last_index[rank]
+        stall = RankStalled(
+            run_id=self.run_id or "",
+            rank=rank,
+            silent_s=silent,
+            last_index=last,
+            others_at=others_at,
+            periods=periods,
+            period=period,
+        )
+        self._stalled[rank] = (self._last_time[rank], stall)
+        self.stalls += 1
+        at = f"last at step {last}" if last >= 0 else "none yet"
+        _log.warning(
+            f"rank {rank} stalled: no report for {silent:.1f} s ({periods} periods of "
+            f"{period:g} s), {at}; the other ranks are at step {others_at}",
+            run_id=self.run_id,
+        )
+        if self._emit is not None:
+            self._emit(stall)
+
+    def _recovered(self, rank: int, silent: float) -> None:
+        self.recoveries += 1
+        index = self._last_index[rank]
+        _log.warning(
+            f"rank {rank} recovered after {silent:.1f} s: reported step {index}",
+            run_id=self.run_id,
+        )
+        if self._emit is not None:
+            self._emit(
+                RankRecovered(run_id=self.run_id or "", rank=rank, silent_s=silent, index=index)
+            )
+
     def lacking(self) -> list[int]:
         """The required ranks the oldest open round still lacks a report from."""
         slots = self._slots
@@ -505,6 +606,7 @@ class ReportCallbackHandler:
             self._reject(event, "required_ranks", str(exc))
             if self._configured:  # keep the old group, minus the partial rounds the restart ended
                 self._configure(self.world_size, self.required_ranks)
+        self._last_time = [event.time] * self.world_size  # the new group's silence starts here
 
     def _reject(self, event: Any, field: str, reason: str) -> None:
         """Count and announce a rejection, and say so on the console at the 1st, 2nd,

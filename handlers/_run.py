@@ -27,6 +27,7 @@ from eventbus import (
     CheckpointSaved,
     Clock,
     EventBus,
+    RankStalled,
     RunResult,
     RunStatus,
     StateRestored,
@@ -38,7 +39,7 @@ from eventbus import (
     get_logger,
 )
 from eventbus.log import LogRecorder
-from eventbus.options import checked
+from eventbus.options import OptionError, checked
 from eventbus.state import StateStore
 
 from ._attach import CallbackAttachment
@@ -46,8 +47,8 @@ from ._callback import UserCallback
 from ._core import RunCore
 from ._ending import interrupt_in, only_cancellations, status_of
 from ._engine import WorkerEngine
-from ._errors import WorkerError, WorkerGroupError
-from ._reporter import Reporter, SyncSignal, _location, stopping_lanes, values_for_workers
+from ._errors import RankStalledError, WorkerError, WorkerGroupError
+from ._reporter import Reporter, SyncSignal, checkpoint_location, stopping_lanes, values_for_workers
 from ._resume import Resume, resume_point
 from ._signals import Preempted, takes_signals, watch_signals
 from ._workers import WorkerTasks
@@ -170,8 +171,21 @@ class Run(anyio.AsyncContextManagerMixin):
         self.engine = engine
         #: The callbacks whose ``for_workers`` was not JSON (said once each).
         self._unsendable: set[str] = set()
+        #: The worker group running now (its scope and failures): a stall may end it.
+        self._group: tuple[anyio.CancelScope, dict[int, BaseException]] | None = None
+        if engine is not None and options.on_stall == "restart":
+            raise OptionError(
+                "on_stall",
+                f"on_stall='restart' restarts this process's worker tasks; "
+                f"{type(engine).__name__} cannot restart a stalled rank: use on_stall='warn'",
+            )
         if engine is not None:
             engine.check(self)
+        #: Whether this process hosts the run: an engine whose ``hosts_run`` is false here
+        #: (torchrun's ranks but 0) hosts it in another, so entering the run here starts
+        #: nothing (no bus, callbacks, state store or log) and ``workers`` runs this
+        #: process's worker only, reporting to the host.
+        self.hosted: bool = getattr(engine, "hosts_run", True)
 
     # --- what trainers use ---------------------------------------------------------
 
@@ -220,6 +234,8 @@ class Run(anyio.AsyncContextManagerMixin):
             return result
         if self._entered is None:
             why = "the run has not started (enter it: `async with open_run(...) as run:`)"
+        elif not self.hosted:
+            why = "another process hosts it (torchrun's rank 0): read it there"
         elif self.status is None:
             why = "the run is still running (read run.result after its `async with` block)"
         else:
@@ -340,8 +356,8 @@ class Run(anyio.AsyncContextManagerMixin):
         the round is taken. Taken, it counts as a report of every rank and is
         delivered as the round gathered from them would be; ``wait_gathered``
         (any rank) then returns once the callbacks that can stop the run handled
-        it, as ``Reporter.sync`` does. A run takes its rounds whole or rank by
-        rank, not both.
+        it, as ``Reporter.sync`` does. While a rank's reports wait for their round,
+        a whole round is refused (``RuntimeError``): it would overtake them.
         """
         attachment = self.attachment
         if self._entered is None or attachment is None:
@@ -349,7 +365,7 @@ class Run(anyio.AsyncContextManagerMixin):
         gathering = attachment.reports
         location = None
         if checkpoint is not None:
-            location = _location((gathering.required_ranks or (0,))[0], checkpoint)
+            location = checkpoint_location((gathering.required_ranks or (0,))[0], checkpoint)
         await self.bus.publish_many(gathering.take_round(self.run_id, metrics, location))
 
     async def checkpoint_saved(
@@ -469,13 +485,25 @@ class Run(anyio.AsyncContextManagerMixin):
         self, fn: WorkerFn, ranks: list[int], attempt: int
     ) -> dict[int, BaseException]:
         failures: dict[int, BaseException] = {}
-        async with anyio.create_task_group() as tg:
-            for rank in ranks:
-                reporter = self.reporter(rank)
-                reporter.attempt = attempt
-                self._workers.scheduled()
-                tg.start_soon(self._guarded_worker, reporter, fn, (tg.cancel_scope, failures))
+        try:
+            async with anyio.create_task_group() as tg:
+                self._group = (tg.cancel_scope, failures)
+                for rank in ranks:
+                    reporter = self.reporter(rank)
+                    reporter.attempt = attempt
+                    self._workers.scheduled()
+                    tg.start_soon(self._guarded_worker, reporter, fn, self._group)
+        finally:
+            self._group = None
         return failures
+
+    def _stalled(self, stall: RankStalled) -> None:
+        """``on_stall="restart"``: a stalled rank is a failure of that rank, so the
+        group ends and ``workers`` restarts it (callbacks heard of the stall already)."""
+        if self._group is not None:
+            scope, failures = self._group
+            failures.setdefault(stall.rank, RankStalledError(stall))
+            scope.cancel()
 
     async def _guarded_worker(
         self,
@@ -525,6 +553,9 @@ class Run(anyio.AsyncContextManagerMixin):
         if self._entered is not None:
             raise RuntimeError("a run can be entered only once: open another with open_run(...)")
         self._entered = time.monotonic()
+        if not self.hosted:
+            yield self
+            return
         self._prepare()
         cancelled_class = anyio.get_cancelled_exc_class()
         started = False
@@ -603,6 +634,8 @@ class Run(anyio.AsyncContextManagerMixin):
         given one path only the first records, and a run never entered leaves no file."""
         self.core.open_log(self._log_path)
         self.core.open(self.bus)
+        if self.options.on_stall == "restart":
+            self.bus.subscribe(RankStalled, self._stalled, name="handlers.Run.on_stall")
 
     def _close_log(self) -> None:
         self.core.close_log()

@@ -187,11 +187,7 @@ def test_should_stop_ends_fit_and_the_result_names_it(tmp_path: Path) -> None:
     assert (result.status, result.stopped_by) == ("finished", "StopAfter")
 
 
-def test_stepped_in_the_hooks_a_stop_ends_fit_at_the_next_step(
-    tmp_path: Path, bus_runs: str
-) -> None:
-    if bus_runs != "in_hooks":
-        pytest.skip("a bus thread decides when it looks: a step or so later")
+def test_a_stop_ends_fit_at_the_next_step(tmp_path: Path, bus_runs: str) -> None:
     stopper = StopAfter(rounds=3)
     callback = EventBusCallback([stopper], poll_interval=1e-4)
     trainer = make_trainer(tmp_path, [callback], max_steps=200, log_every_n_steps=1)

@@ -7,7 +7,7 @@ far longer than a step: before the hooks waited for the callbacks that can stop 
 (``ThreadedRun.wait_for_stoppers``), where training stopped depended on both (HF with
 ``EarlyStopping`` deciding at step 70 of 80 ran to 71 to 80, MLflow a step or two later
 than no tracker). Ray's engine syncs as ``open_run`` does (``Reporter.sync``); its
-tests (test_ray_engine.py) share one slow cluster and are not repeated here.
+test is in test_trackers_frameworks.py, beside the Ray files' one shared cluster.
 """
 
 from __future__ import annotations
@@ -51,51 +51,20 @@ def trackers(kind: str, root: Path) -> list[Any]:
 def hf_trainer(output_dir: Path, callback: Any) -> Any:
     """A tiny regression that does not learn (``learning_rate=0``: every evaluation's loss
     is the first's), evaluated every 5 steps and saved every 10, up to 80 steps."""
-    import torch
-    import transformers
-    from torch import nn
+    from _hf_model import tiny_trainer
 
-    class TinyModel(nn.Module):  # type: ignore[misc]  # torch is untyped to mypy
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.lin = nn.Linear(4, 1)
-
-        def forward(self, x: Any, y: Any) -> dict[str, Any]:
-            return {"loss": nn.functional.mse_loss(self.lin(x).squeeze(-1), y)}
-
-    class Regression(torch.utils.data.Dataset):  # type: ignore[misc]
-        def __init__(self) -> None:
-            generator = torch.Generator().manual_seed(0)
-            self.x = torch.randn(32, 4, generator=generator)
-            self.y = self.x.sum(-1)
-
-        def __len__(self) -> int:
-            return len(self.x)
-
-        def __getitem__(self, i: int) -> dict[str, Any]:
-            return {"x": self.x[i], "y": self.y[i]}
-
-    args = transformers.TrainingArguments(
-        output_dir=str(output_dir),
+    return tiny_trainer(
+        output_dir,
+        callback,
+        size=32,
+        evaluate=True,
         max_steps=80,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=32,
         learning_rate=0.0,
         logging_steps=5,
         eval_strategy="steps",
         eval_steps=5,
         save_strategy="steps",
         save_steps=10,
-        label_names=["y"],
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-    data = Regression()
-    return transformers.Trainer(
-        model=TinyModel(), args=args, train_dataset=data, eval_dataset=data, callbacks=[callback]
     )
 
 

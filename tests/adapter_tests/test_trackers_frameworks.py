@@ -59,7 +59,7 @@ class Trackers:
     root: Path
     uri: str
     name: str
-    #: The loggers' ``step_metric`` (``None``: the round's index is the step).
+    #: The loggers' ``step_metric`` (``None``: the run's config's, else the round's index).
     step_metric: str | None = None
 
     @property
@@ -162,11 +162,11 @@ def lightning_model(fail_at_step: int | None = None) -> Any:
 
 
 #: Lightning's rounds: steps 2, 4, 5 (saved; no loss), 6, 8 and 10 (rounds 0 to 5); a
-#: failure in step 8 rolls back step 6's round. The step is the round's index (the
-#: resume redoes from round 3 on) or, with ``step_metric="step"``, Lightning's step (it
-#: redoes from step 6 on).
+#: failure in step 8 rolls back step 6's round. The step is Lightning's, by default (the
+#: adapter's config names it) or given as ``step_metric="step"``: the resume redoes from
+#: step 6 on.
 @pytest.mark.parametrize(
-    ("step_metric", "purge_step"), [(None, 3), ("step", 6)], ids=["round-index", "step-metric"]
+    ("step_metric", "purge_step"), [(None, 6), ("step", 6)], ids=["default", "step-metric"]
 )
 @pytest.mark.parametrize("bus_runs", BUS_RUNS)
 def test_lightning_resumed_from_last_continues_the_tensorboard_dir_and_mlflow_run(
@@ -203,60 +203,26 @@ def test_lightning_resumed_from_last_continues_the_tensorboard_dir_and_mlflow_ru
 
 
 def hf_trainer(output_dir: Path, callback: Any, *, fail_at_step: int | None = None) -> Any:
-    """A tiny local regression (no downloads): 10 steps, a log every 2, a save every 4 (at
-    a logging step: the loss HF logs is the mean since its last log, which a resume
-    restarts)."""
-    import torch
-    import transformers
-    from torch import nn
+    """10 steps, a log every 2, a save every 4 (at a logging step: the loss HF logs is
+    the mean since its last log, which a resume restarts)."""
+    from _hf_model import tiny_trainer
 
-    class TinyModel(nn.Module):  # type: ignore[misc]  # torch is untyped to mypy
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.lin = nn.Linear(4, 1)
-            self.calls = 0
-
-        def forward(self, x: Any, y: Any) -> dict[str, Any]:
-            self.calls += 1
-            if self.calls == fail_at_step:
-                raise RuntimeError(f"forward failed at step {self.calls}")
-            return {"loss": nn.functional.mse_loss(self.lin(x).squeeze(-1), y)}
-
-    class Regression(torch.utils.data.Dataset):  # type: ignore[misc]
-        def __init__(self) -> None:
-            generator = torch.Generator().manual_seed(0)
-            self.x = torch.randn(64, 4, generator=generator)
-            self.y = self.x.sum(-1)
-
-        def __len__(self) -> int:
-            return len(self.x)
-
-        def __getitem__(self, i: int) -> dict[str, Any]:
-            return {"x": self.x[i], "y": self.y[i]}
-
-    args = transformers.TrainingArguments(
-        output_dir=str(output_dir),
+    return tiny_trainer(
+        output_dir,
+        callback,
+        fail_at_step=fail_at_step,
         max_steps=10,
-        per_device_train_batch_size=4,
         logging_steps=2,
         save_steps=4,
         save_strategy="steps",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-    return transformers.Trainer(
-        model=TinyModel(), args=args, train_dataset=Regression(), callbacks=[callback]
     )
 
 
 #: HF's rounds: steps 2, 4 (checkpoint-4), 6, 8 (checkpoint-8) and 10 (rounds 0 to 4); a
-#: failure in step 8 rolls back step 6's round. The step is the round's index (the
-#: resume redoes from round 2 on) or HF's step (from step 5 on).
+#: failure in step 8 rolls back step 6's round. The step is HF's, by default (the
+#: adapter's config names it) or given: the resume redoes from step 5 on.
 @pytest.mark.parametrize(
-    ("step_metric", "purge_step"), [(None, 2), ("step", 5)], ids=["round-index", "step-metric"]
+    ("step_metric", "purge_step"), [(None, 5), ("step", 5)], ids=["default", "step-metric"]
 )
 @pytest.mark.parametrize("bus_runs", BUS_RUNS)
 def test_hugging_face_resumed_from_a_checkpoint_continues_the_tensorboard_dir_and_mlflow_run(
@@ -419,3 +385,36 @@ def test_a_worker_group_restart_inside_a_ray_job_keeps_one_mlflow_run(
     expected_ml = each_by_step(rounds_only(mlflow_metrics(whole.uri, expected_run.info.run_id)))
     got = each_by_step(rounds_only(mlflow_metrics(restarted.uri, mlflow_run.info.run_id)))
     assert got == expected_ml
+
+
+def test_a_stop_on_ray_ends_both_ranks_at_the_deciding_round_with_both_trackers(
+    cluster: None, tmp_path: Path
+) -> None:
+    """Trackers never change training, on Ray too (issue 41, item 3; the other ways in:
+    tests/adapter_tests/test_stops_with_trackers.py): ``EarlyStopping`` decides at round
+    5 (the loss never improves after round 0, patience 5), and with TensorBoard and
+    MLflow in the driver both ranks report rounds 0 to 5 and no more."""
+    import anyio
+
+    from adapters.ray import RayEngine
+    from handlers import EarlyStopping
+
+    async def train(reporter: Reporter) -> None:
+        for step in range(100):
+            await reporter.report({"step": step, "loss": 1.0})
+            await reporter.sync()
+            if reporter.should_stop:
+                return
+
+    async def job() -> Any:
+        loggers = Trackers(tmp_path, f"sqlite:///{tmp_path}/mlflow.db", "stops").loggers()
+        callbacks = [EarlyStopping("loss", patience=5), *loggers]
+        async with open_run(
+            world_size=2, callbacks=callbacks, engine=RayEngine(), state_dir=tmp_path / "state"
+        ) as run:
+            await run.workers(train)
+        return run
+
+    run = anyio.run(job)
+    assert (run.result.stopped_by or "").startswith("EarlyStopping")
+    assert (run.result.rounds, run.result.reports) == (6, 12)
