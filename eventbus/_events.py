@@ -164,6 +164,34 @@ class WorkerFailure(Event, frozen=True, kw_only=True):
         )
 
 
+class RankStalled(Event, frozen=True, kw_only=True):
+    """Rank ``rank`` made no report for ``periods`` health-check periods of ``period``
+    seconds (``silent_s`` seconds on the bus's clock) while other ranks reported: a
+    worker hung without dying. A verdict on the live run's time, recorded as a fact
+    (not derived): a replay delivers the recorded one and judges nothing again.
+
+    ``last_index``: its latest report (-1: none yet); ``others_at``: the latest of
+    the other ranks'."""
+
+    run_id: str
+    rank: int
+    silent_s: float
+    last_index: int
+    others_at: int
+    periods: int
+    period: float
+
+
+class RankRecovered(Event, frozen=True, kw_only=True):
+    """Rank ``rank``, stalled (``RankStalled``), reported again (report ``index``)
+    after ``silent_s`` seconds of silence."""
+
+    run_id: str
+    rank: int
+    silent_s: float
+    index: int
+
+
 class CheckpointSaved(Event, frozen=True, kw_only=True):
     """A checkpoint was written for report round ``index`` by ``ranks``."""
 
@@ -546,13 +574,17 @@ class RoundGathered(Event, frozen=True, kw_only=True):
 
 
 class FailuresGathered(Event, frozen=True, kw_only=True):
-    """Worker failures of one health-check period; ``after_exception`` is due."""
+    """Worker failures of one health-check period, or a stalled rank; ``after_exception``
+    is due."""
 
     derived: ClassVar[bool] = True
 
     context: TrainRunContext
     index: int
     failures: tuple[WorkerFailure, ...]
+    #: Ranks found stalled (``RankStalled``): ``after_exception`` gets each as a
+    #: ``handlers.RankStalledError``, as Ray reports a worker failing its health check.
+    stalls: tuple[RankStalled, ...] = ()
 
 
 class AfterRun(Event, frozen=True, kw_only=True, tag="RunEnded"):

@@ -37,6 +37,7 @@ __all__ = [
     "Probation",
     "Seconds",
     "Share",
+    "StallPeriods",
     "WaitSeconds",
     "checked",
     "range_of",
@@ -73,6 +74,11 @@ Probation = Annotated[int, Meta(ge=1, le=1_000_000, description="whole number of
 #: runs costs at most a quarter of what it would (one period in four), short enough
 #: that one over budget once is soon back.
 DEFAULT_PROBATION = 3
+#: How many whole health-check periods a rank may go without a report while others
+#: report before it is said to have stalled (``RankStalled``).
+StallPeriods = Annotated[
+    int, Meta(ge=1, le=1_000_000, description="whole number of health-check periods")
+]
 
 
 class _NamesOption(Exception):
@@ -179,6 +185,10 @@ def _option_error(
     return OptionError(option, f"{option} must be {range_of(types[name])}, got {value!r}")
 
 
+#: Where the options are listed, for a user who named one that is not there.
+_OPTIONS_PAGE = "docs/guides/async-trainer.md#options"
+
+
 def checked(name: str, value: Any, annotation: Any) -> Any:
     """``value`` if ``annotation`` admits it (converted as msgspec converts: an int for a
     float), else ``OptionError``/``OptionTypeError`` naming ``name``: for options taken
@@ -219,7 +229,10 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         fields = _field_types(target)
         unknown = sorted(set(keywords) - set(fields))
         if unknown:
-            raise TypeError(f"unexpected option(s): {', '.join(unknown)}")
+            raise TypeError(
+                f"unexpected option(s): {', '.join(unknown)} (the {cls.__name__} options are "
+                f"listed in {_OPTIONS_PAGE})"
+            )
         values = {**(msgspec.structs.asdict(options) if options is not None else {}), **keywords}
         token = _checking.set(True)
         try:
@@ -258,6 +271,11 @@ class BusOptions(Options, frozen=True, kw_only=True):
         budget: the share of a period that all handlers may use together.
         drain_timeout: how long closing waits for what was published to be
             delivered, seconds.
+        stall_periods: a rank with no report for this many whole periods while
+            other ranks report has stalled (a hung worker, which no failure
+            reveals): said once per stall, and ``after_exception`` hears of it.
+            ``None`` (the default): not watched, since a rank may rightly go
+            quiet for long (an evaluation on rank 0 alone).
     """
 
     buffer: Buffer = 1024
@@ -265,6 +283,7 @@ class BusOptions(Options, frozen=True, kw_only=True):
     period: PeriodSeconds = 2.0
     budget: Share = 0.05
     drain_timeout: WaitSeconds = 10.0
+    stall_periods: StallPeriods | None = None
 
 
 class BusKeywords(TypedDict, total=False):
@@ -275,3 +294,4 @@ class BusKeywords(TypedDict, total=False):
     period: float
     budget: float
     drain_timeout: float
+    stall_periods: int | None

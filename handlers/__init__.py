@@ -12,7 +12,7 @@ Wiring by hand is in ``handlers.wiring``.
 
 from ._callback import UserCallback
 from ._engine import WorkerEngine
-from ._errors import ReportError, WorkerError, WorkerGroupError
+from ._errors import RankStalledError, ReportError, WorkerError, WorkerGroupError
 from ._failures import ExceptionCallbackHandler
 from ._lifecycle import RunCallbackHandler
 from ._metric_values import FrozenDict, FrozenList
@@ -37,6 +37,7 @@ __all__ = [
     "MetricsLogger",
     "Preempted",
     "ProgressDisplay",
+    "RankStalledError",
     "ReportCallbackHandler",
     "ReportError",
     "Reporter",

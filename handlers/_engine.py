@@ -25,7 +25,10 @@ class WorkerEngine(Protocol):
     is refused at the call, naming the argument; ``run_workers`` is
     ``Run.workers`` on that engine: it returns once the workers all returned,
     and raises ``WorkerGroupError`` once their failures used up
-    ``max_restarts``, as the run's own tasks do.
+    ``max_restarts``, as the run's own tasks do. An engine that hosts the run in
+    another process (``hosts_run = False`` here: torchrun's ranks but 0) makes the
+    run here hollow: entering it starts nothing, ``workers`` runs this process's
+    worker, whose reports go to the process that hosts it.
     """
 
     def check(self, run: Run) -> None: ...

@@ -10,9 +10,9 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from eventbus import WorkerFailure
+from eventbus import RankStalled, WorkerFailure
 
-__all__ = ["ReportError", "WorkerError", "WorkerGroupError"]
+__all__ = ["RankStalledError", "ReportError", "WorkerError", "WorkerGroupError"]
 
 
 class WorkerError(Exception):
@@ -68,6 +68,32 @@ class WorkerError(Exception):
             traceback=self.traceback,
             retryable=self.retryable,
         )
+
+
+class RankStalledError(Exception):
+    """A rank that stalled (no report for ``stall_periods`` periods while the others
+    went on), as ``after_exception`` receives it: ``{rank: RankStalledError}``.
+
+    An exception wrapping the ``RankStalled`` event (``stall``), not the event
+    itself: events are msgspec structs, which cannot also be exceptions, and a
+    callback catching or printing what it got needs an exception. Its fields are
+    the event's.
+    """
+
+    def __init__(self, stall: RankStalled) -> None:
+        at = f"step {stall.last_index}" if stall.last_index >= 0 else "no step yet"
+        super().__init__(
+            f"rank {stall.rank} stalled: no report for {stall.silent_s:.1f} s "
+            f"({stall.periods} periods of {stall.period:g} s), last at {at}; "
+            f"the other ranks are at step {stall.others_at}"
+        )
+        self.stall = stall
+        self.rank = stall.rank
+        self.silent_s = stall.silent_s
+        self.last_index = stall.last_index
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (Ray ships exceptions)
+        return type(self), (self.stall,)
 
 
 class WorkerGroupError(Exception):

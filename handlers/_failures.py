@@ -10,6 +10,10 @@ are delivered then, so ``after_exception`` hears of a failure before the
 restarted group's first round (as Ray Train does) and before ``after_run``:
 none is lost. Each delivery is a ``FailuresGathered`` event, to which training
 callbacks subscribe.
+
+A stalled rank (``RankStalled``) is the verdict of a health check already, so
+it is delivered at once, alone: ``after_exception`` gets
+``{rank: RankStalledError}``, as Ray's for a worker failing its health check.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from eventbus import (
     EventBus,
     FailuresGathered,
     HealthCheckTick,
+    RankStalled,
     RunFinished,
     RunPosition,
     Stage,
@@ -61,14 +66,15 @@ class ExceptionCallbackHandler:
         """Gather from ``bus``; each period's failures are emitted on it."""
         self._emit = partial(bus.emit, derived=True)  # one per period: never refused
         return bus.subscribe(
-            (WorkerFailure, HealthCheckTick, WorkerGroupRestarted, RunFinished),
+            (WorkerFailure, HealthCheckTick, WorkerGroupRestarted, RunFinished, RankStalled),
             self.handle,
             name="handlers.ExceptionCallbackHandler",
             order=order,
         )
 
     def handle(self, event: Event) -> None:
-        """A failure to keep, a tick that ends a period, a restart or the run's end."""
+        """A failure to keep, a tick that ends a period, a restart or the run's end, or
+        a stalled rank, delivered at once."""
         if isinstance(event, WorkerFailure):
             self.failures += 1
             self._pending.append(event)
@@ -82,6 +88,14 @@ class ExceptionCallbackHandler:
                 self._deliver(due)
         elif isinstance(event, (WorkerGroupRestarted, RunFinished)):
             self.flush()
+        elif isinstance(event, RankStalled):
+            self.deliveries += 1
+            if self._emit is not None:
+                context = self._context_for(event)
+                index = self.deliveries - 1
+                self._emit(
+                    FailuresGathered(context=context, index=index, failures=(), stalls=(event,))
+                )
 
     def pending_before(self, seq: int) -> tuple[WorkerFailure, ...]:
         """The failures recorded before event ``seq`` not delivered yet (a snapshot's)."""

@@ -72,6 +72,12 @@ def open_run(
         budget: the callbacks' share of a period (default 0.05).
         buffer: events the bus holds before reporters wait (default 1024).
         drain_timeout: how long the run's end waits for callbacks, seconds.
+        stall_periods: a rank the open round waits for, silent this many periods
+            while other ranks reported into it, has stalled: one console line, a
+            ``RankStalled`` and ``after_exception`` with ``{rank: RankStalledError}``,
+            once per stall (default ``None``: not watched).
+        on_stall: ``"warn"`` (default), or ``"restart"``: a stall is also a failure of
+            that rank, and ``run.workers`` restarts the group (local tasks only).
         callbacks: training callbacks (``UserCallback``s, or objects with its hooks,
             or with state only): anything else is a ``TypeError`` here.
         log: record every event of the run to this file (msgpack, or JSON Lines

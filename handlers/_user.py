@@ -40,7 +40,7 @@ from eventbus.options import (
 )
 from eventbus.state import callback_name, is_stateful
 
-from ._errors import WorkerError
+from ._errors import RankStalledError, WorkerError
 
 if TYPE_CHECKING:
     from ._callback import UserCallback
@@ -73,11 +73,19 @@ def _after_report(e: RoundGathered) -> tuple[Any, ...]:
     return (e.context, list(e.metrics), e.checkpoint)
 
 
-def _after_exception(e: FailuresGathered) -> tuple[Any, ...]:
-    return (e.context, {f.rank: WorkerError.from_failure(f) for f in e.failures})
-
-
 ExceptionOf = Callable[[WorkerFailure], Exception]
+
+
+def _after_exception(e: FailuresGathered) -> tuple[Any, ...]:
+    return (e.context, _exceptions(e, WorkerError.from_failure))
+
+
+def _exceptions(e: FailuresGathered, exception_of: ExceptionOf) -> dict[int, Exception]:
+    """``after_exception``'s ``{rank: exception}``: each failure's, each stall's."""
+    exceptions = {f.rank: exception_of(f) for f in e.failures}
+    for stall in e.stalls:
+        exceptions.setdefault(stall.rank, RankStalledError(stall))
+    return exceptions
 
 
 def _after_run(e: AfterRun) -> tuple[Any, ...]:
@@ -159,7 +167,7 @@ class UserCallbackHandler:
         if exception_of is not None:
 
             def after_exception_args(e: FailuresGathered) -> tuple[Any, ...]:
-                return (e.context, {f.rank: exception_of(f) for f in e.failures})
+                return (e.context, _exceptions(e, exception_of))
 
             own_hooks["after_exception"] = (FailuresGathered, after_exception_args)
 

@@ -7,7 +7,7 @@ a range stated in its type; no layer underneath checks or defaults it again.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta
 
@@ -53,15 +53,25 @@ class RunOptions(BusOptions, frozen=True, kw_only=True):
             seconds, from the signal: the workers' preemption checkpoint, the
             callbacks, the log. What is left then is abandoned in order. Keep it
             under what the scheduler gives (Kubernetes: 30 s by default).
+        on_stall: what a stalled rank (``stall_periods``) does to the run:
+            ``"warn"``, said and delivered to ``after_exception`` only, or
+            ``"restart"``: also a failure of that rank, so ``run.workers``
+            restarts the group as it would after the worker raised (this
+            process's tasks only; an engine refuses it).
     """
 
     world_size: WorldSize
     required_ranks: tuple[Rank, ...] | None = None
     drain_timeout: EndSeconds = 10.0
     preempt_grace: EndSeconds = 25.0
+    on_stall: Literal["warn", "restart"] = "warn"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.on_stall == "restart" and self.stall_periods is None:
+            raise OptionError(
+                "on_stall", "on_stall='restart' needs stall_periods (how long a rank may be silent)"
+            )
         ranks = self.required_ranks
         if ranks is None:
             return
@@ -82,3 +92,4 @@ class RunKeywords(BusKeywords, total=False):
     world_size: int
     required_ranks: Iterable[int] | None
     preempt_grace: float
+    on_stall: Literal["warn", "restart"]

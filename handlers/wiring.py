@@ -10,6 +10,7 @@ from ._core import RunCore
 from ._ending import log_run_end, status_of, stop_of
 from ._metric_values import MetricsError, freeze_metrics
 from ._metrics import mean_metrics
+from ._persist import persist_checkpoint
 from ._reporter import stopping_lanes
 from ._resume import Resume, appends_to_log
 from ._signals import takes_signals
@@ -27,6 +28,7 @@ __all__ = [
     "implemented_hooks",
     "log_run_end",
     "mean_metrics",
+    "persist_checkpoint",
     "status_of",
     "stop_of",
     "stopping_lanes",
