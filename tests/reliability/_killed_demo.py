@@ -8,6 +8,8 @@ batch holding the ``KILL_AT``-th event, before the log or any handler saw it;
 say, or a log flushed); ``never`` runs to the end. The process kills itself
 with SIGKILL, so nothing of Python's shutdown runs: no ``finally``, no flush,
 no atexit, exactly as when the machine's operator or the OOM killer kills it.
+``term`` sends itself SIGTERM instead once that event is handled, as Slurm or
+Kubernetes does: the run is preempted, checkpoints where it stands, and exits 143.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _terminate() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _killing_open_run(kill_at: int, mode: str) -> Any:
     real_open_run = trainer.open_run  # type: ignore[attr-defined]
     seen = 0
@@ -42,12 +48,14 @@ def _killing_open_run(kill_at: int, mode: str) -> Any:
         def on_event(event: Event) -> None:
             nonlocal seen
             seen += 1
-            if seen >= kill_at:
+            if seen == kill_at and mode == "term":
+                _terminate()  # once: a second SIGTERM would cut the orderly end short
+            elif seen >= kill_at and mode == "handled":
                 _die()
 
         if mode == "batch":
             run.bus.add_tap(on_batch)
-        elif mode == "handled":
+        elif mode in ("handled", "term"):
             run.bus.subscribe(Event, on_event, name="killer", order=Stage.OBSERVE + 1)
         return run
 
