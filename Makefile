@@ -8,9 +8,9 @@
 #   make check  the edit loop, in under a minute: ruff, mypy --strict and the
 #               tests not marked slow, browser, crash or adapters (the markers
 #               are given by path in tests/conftest.py).
-#   make docs   builds the API reference from the docstrings (pdoc, through
-#               docs/api/build.py) into build/api/index.html, git-ignored;
-#               any warning fails the build.
+#   make docs   builds the documentation site (MkDocs, Material, the reference
+#               from the docstrings by mkdocstrings; mkdocs.yml) into
+#               build/site, git-ignored; any warning fails the build (--strict).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,8 +19,8 @@ PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
 # torch is installed first, pinned to the CPU build this project is tested with:
 # an unpinned torch requirement with no torch installed pulls a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
-# Where `make docs` writes the API reference (build/ is git-ignored).
-API_DIR ?= build/api
+# Where `make docs` writes the documentation site (build/ is git-ignored).
+SITE_DIR ?= build/site
 # setuptools' default editable install is an import hook, which type checkers
 # cannot follow: mypy run on your own code, outside this folder, would not find
 # the packages. `strict` installs a tree of links to the packages' files
@@ -80,9 +80,10 @@ unit: $(VENV)/.installed-all
 check: lint typecheck
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -m "$(QUICK)" --ignore=tests/adapter_tests
 
+# NO_MKDOCS_2_WARNING: Material's notice about MkDocs 2, printed at every build.
 docs: $(VENV)/.installed-all
-	rm -rf $(API_DIR)
-	$(BIN)/python docs/api/build.py $(API_DIR)
+	rm -rf $(SITE_DIR)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(SITE_DIR)
 
 test: chromium lint typecheck unit docs
 
@@ -115,4 +116,4 @@ $(VENV)/.installed-bench: $(VENV)/.installed-all
 	touch $@
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis $(API_DIR) build/__editable__.*
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis $(SITE_DIR) build/__editable__.*

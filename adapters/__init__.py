@@ -5,6 +5,8 @@
 - ``adapters.lightning``: the same behind a PyTorch Lightning ``Callback``, with
   every rank's metrics gathered to rank 0 under DDP;
 - ``adapters.ray``: our callbacks and bus behind a Ray Train v2 ``UserCallback``;
+- ``adapters.torchrun``: ``open_run``'s workers as a ``torchrun`` job's processes, the
+  run in rank 0 (``TorchrunEngine``);
 - ``adapters.tensorboard``, ``adapters.mlflow``: the run's metrics and its callbacks'
   cost in TensorBoard and MLflow, continued, not duplicated, by a resumed run;
 - ``adapters.otel``: a run in OpenTelemetry (``OpenTelemetryTap``, in any callback

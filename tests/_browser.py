@@ -451,9 +451,12 @@ def render_page(
     height: int = 2000,
     script: str | None = None,
     timeout: float = 60,
+    ready_wait: float = _READY_WAIT,
 ) -> Rendered:
     """Load ``html`` (a local file) in headless Chromium at ``width``x``height``, evaluate
     ``script`` once it is ready and write a PNG screenshot of the viewport to ``screenshot``.
+    A page that never says it is ready (``data-ready``: the docs site's) is waited for
+    ``ready_wait`` seconds after its load event.
 
     Raises RuntimeError (with the tail of Chromium's stderr) when something takes longer than
     ``timeout`` seconds in all, or the browser crashes; the browser is gone when this returns.
@@ -480,7 +483,7 @@ def render_page(
             page.pump(lambda: page.loaded or page.crashed, step)
             step = 'document.body.dataset.ready === "1"'
             ready = False
-            ready_by = time.monotonic() + _READY_WAIT
+            ready_by = time.monotonic() + ready_wait
             while not page.crashed:
                 ready = _evaluate(page, _READY_JS) is True
                 if ready or time.monotonic() >= ready_by:

@@ -53,6 +53,7 @@ BROWSER = (
     "test_browser_harness.py",
     "test_report_browser.py",
     "test_report_cost_chart.py",
+    "test_site_browser.py",
 )
 
 CRASH = (
@@ -83,7 +84,8 @@ SLOW = (
     "test_benchmarks_run.py",  # 29: make bench-quick
     "reliability/test_adversarial.py",  # 29
     "reliability/test_faulty_callbacks.py",  # 24
-    "test_api_reference.py",  # 24: pdoc builds the API reference
+    "test_api_reference.py",  # 13: mkdocs builds the site, the reference with it
+    "test_site_browser.py",  # 48: every page of the site in Chromium, one browser a page
     "test_log_streams.py",  # 19: the log commands on pipes
     "test_cli_numbers.py",  # 15: 25 command lines
     "test_report_cli.py",  # 14: eventbus report
@@ -95,6 +97,7 @@ SLOW = (
     "test_bench_faults.py",  # 13
     "test_bench_builtins.py",  # 11
     "test_bench_instances.py",  # 5
+    "adapter_tests/test_torchrun.py",  # 33: real torchrun jobs, two ranks each
     "test_bench_policies.py",  # 7: eventbus bench --over-budget, each run for seconds
     "test_replay_equals_live.py",  # 7: live runs that sleep, beside their replays
     "test_log_properties.py",  # 7: hypothesis over logs
@@ -165,6 +168,8 @@ TIMEOUTS: dict[str, float] = {
     "reliability/test_resume_equivalence.py": 1200,
     # With --soak (or RELIABILITY_SOAK=1): 10 million events per backend.
     "reliability/test_soak.py": 1800,
+    # One Chromium a page, 22 pages: 48 s measured alone.
+    "test_site_browser.py": 600,
 }
 
 #: Tests whose own code uses SIGALRM (pytest-timeout's default method): their limit is kept by
@@ -201,6 +206,7 @@ LONGEST = (
     "test_cli_log.py",  # 46
     "test_cli_output_files.py",  # 42
     "adapter_tests/test_lightning_ddp.py",  # 40
+    "adapter_tests/test_torchrun.py",  # 33: real torchrun jobs, two ranks each
     "reliability/test_adversarial.py",  # 35
     "adapter_tests/test_trainer_overhead_bench.py",  # 28
     "test_benchmarks_run.py",  # 26

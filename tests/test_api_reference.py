@@ -1,15 +1,15 @@
-"""The API reference builds from the docstrings, warnings as errors, and documents
-what users look up: ``open_run``'s parameters, ``Reporter``, ``Run``, the
-built-ins' arguments, the replay and testing helpers, the bus.
+"""The reference (the site's Reference pages, mkdocstrings over the docstrings) builds with
+the site, warnings as errors, and documents what users look up: ``open_run``'s parameters,
+``Reporter``, ``Run``, the built-ins' arguments, the replay and testing helpers, the bus,
+the adapters.
 
-The build is the command ``make docs`` runs (``docs/api/build.py``, pdoc), into
-a temporary directory; it needs pdoc (the ``docs`` extra) and, for the
-adapters' pages, transformers and ray (what ``make test`` installs).
+The build is the one ``make docs`` runs (``mkdocs build --strict`` of ``mkdocs.yml``), into a
+temporary directory. mkdocstrings reads the source, so no adapter's library is needed.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -19,141 +19,199 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "docs" / "api" / "build.py"
 
-pytest.importorskip("pdoc", reason="the API reference needs pdoc: pip install -e '.[docs]'")
-for _extra in ("transformers", "ray"):
-    if importlib.util.find_spec(_extra) is None:
-        pytest.skip(
-            f"the adapters' reference pages need {_extra}: pip install -e '.[{_extra}]'",
-            allow_module_level=True,
-        )
+pytest.importorskip(
+    "mkdocstrings", reason="the site needs the docs extra: pip install -e '.[docs]'"
+)
+
+#: Each package's page, and the public modules it documents.
+PAGES = {
+    "eventbus": (
+        "eventbus",
+        "eventbus.options",
+        "eventbus.log",
+        "eventbus.state",
+        "eventbus.testing",
+    ),
+    "handlers": ("handlers", "handlers.options", "handlers.wiring"),
+    "adapters": (
+        "adapters",
+        "adapters.transformers",
+        "adapters.lightning",
+        "adapters.ray",
+        "adapters.torchrun",
+        "adapters.tensorboard",
+        "adapters.mlflow",
+        "adapters.otel",
+        "adapters.report",
+        "adapters.cli",
+    ),
+}
 
 
 class Entries(HTMLParser):
-    """Each documented name (a pdoc anchor) -> its signature and docstring, as text."""
+    """Each documented name (a heading's anchor) -> its signature and docstring, as text: the
+    docstring is the text after the name's heading and signature, up to the next heading."""
 
     def __init__(self) -> None:
         super().__init__()
         self.signature: dict[str, str] = {}
         self.docstring: dict[str, str] = {}
         self._current = ""
-        self._into: dict[str, str] | None = None
+        self._skip: str | None = None  # "heading" or "signature", until its tag closes
         self._depth = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = dict(attrs)
         classes = (attributes.get("class") or "").split()
-        if self._into is not None:
+        if self._skip is not None:
             self._depth += 1
-        elif tag in ("section", "div") and attributes.get("id"):
+        elif re.fullmatch(r"h[1-6]", tag) and "doc-heading" in classes and attributes.get("id"):
             self._current = attributes["id"] or ""
-        elif tag == "span" and ("name" in classes or "signature" in classes):
-            self._start(self.signature, tag)
-        elif tag == "div" and "docstring" in classes:
-            self._start(self.docstring, tag)
-
-    def _start(self, into: dict[str, str], tag: str) -> None:
-        self._into, self._depth = into, 1
-        into.setdefault(self._current, "")
+            self.signature.setdefault(self._current, "")
+            self.docstring.setdefault(self._current, "")
+            self._skip, self._depth = "heading", 1
+        elif tag == "div" and "doc-signature" in classes:
+            self._skip, self._depth = "signature", 1
 
     def handle_endtag(self, tag: str) -> None:
-        if self._into is not None:
+        if self._skip is not None:
             self._depth -= 1
             if self._depth == 0:
-                self._into = None
+                self._skip = None
 
     def handle_data(self, data: str) -> None:
-        if self._into is not None:
-            self._into[self._current] += data
+        if not self._current or self._skip == "heading":
+            return
+        into = self.signature if self._skip == "signature" else self.docstring
+        into[self._current] += data
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("api")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
     done = subprocess.run(
-        [sys.executable, str(BUILD), str(out)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
         check=False,
         cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
     )
-    assert done.returncode == 0, f"the API reference does not build:\n{done.stderr}"
+    assert done.returncode == 0, f"the site does not build:\n{done.stderr[-4000:]}"
     return out
 
 
-def page(reference: Path, module: str) -> Entries:
+def page(site: Path, package: str) -> Entries:
     entries = Entries()
-    entries.feed((reference / f"{module.replace('.', '/')}.html").read_text())
+    entries.feed((site / "reference" / f"{package}.html").read_text())
     return entries
 
 
-def test_make_docs_runs_the_build_this_test_runs() -> None:
-    recipe = re.search(r"^docs:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
+def test_make_docs_builds_the_site_strictly_into_build_site() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^docs:.*\n((?:\t.*\n)+)", makefile, re.M)
     assert recipe is not None, "the Makefile has no docs target"
-    assert "docs/api/build.py" in recipe[1]
-    assert re.search(r"^test:.*\bdocs\b", (ROOT / "Makefile").read_text(), re.M)
+    assert re.search(r"mkdocs build --strict --site-dir \$\(SITE_DIR\)", recipe[1])
+    assert re.search(r"^SITE_DIR \?= build/site$", makefile, re.M)
+    assert re.search(r"^test:.*\bdocs\b", makefile, re.M)
 
 
-def test_every_public_module_has_a_page_and_no_private_one(reference: Path) -> None:
-    pages = {
-        str(p.relative_to(reference).with_suffix("")).replace("/", ".")
-        for p in reference.rglob("*.html")
-    }
-    for module in (
-        "eventbus",
-        "eventbus.log",
-        "eventbus.state",
-        "eventbus.testing",
-        "handlers",
-        "handlers.wiring",
-        "adapters.transformers",
-        "adapters.ray",
-        "adapters.cli",
-        "adapters.report",
-    ):
-        assert module in pages
-    assert [p for p in pages if any(part.startswith("_") for part in p.split("."))] == []
-    index = (reference / "index.html").read_text()
-    assert "handlers.html" in index and "eventbus.html" in index
+def public_modules(package: str) -> list[str]:
+    """The package and each of its modules no part of whose name starts with ``_`` and
+    that exports something (``__all__``)."""
+    import importlib
+    import pkgutil
+
+    root = importlib.import_module(package)
+    found = [package]
+    for info in pkgutil.walk_packages(root.__path__, f"{package}."):
+        if any(part.startswith("_") for part in info.name.split(".")):
+            continue
+        source = Path(str(getattr(info.module_finder, "path", ""))) / (
+            info.name.rsplit(".", 1)[1] + ("/__init__.py" if info.ispkg else ".py")
+        )
+        if re.search(r"^__all__\b.*= \[\s*[^\s\]]", source.read_text(), re.M):
+            found.append(info.name)
+    return found
 
 
-def test_open_run_documents_its_parameters(reference: Path) -> None:
-    handlers = page(reference, "handlers")
-    signature = handlers.signature["open_run"]
+def test_the_pages_list_every_public_module() -> None:
+    """A new public module gets its place in the reference (``docs/reference/PACKAGE.md``)."""
+    for package, modules in PAGES.items():
+        assert sorted(public_modules(package)) == sorted(modules), package
+        text = (ROOT / "docs" / "reference" / f"{package}.md").read_text()
+        assert re.findall(r"^::: (\S+)$", text, re.M) == list(modules), package
+
+
+def test_every_public_module_is_documented_and_no_private_name(site: Path) -> None:
+    for package, modules in PAGES.items():
+        names = set(page(site, package).docstring)
+        assert set(modules) <= names, (package, set(modules) - names)
+        private = [
+            n
+            for n in names
+            if any(p.startswith("_") and not p.endswith("__") for p in n.split("."))
+        ]
+        assert private == [], private
+    nav = (site / "reference" / "index.html").read_text()
+    for package in PAGES:
+        assert f'href="{package}.html"' in nav, package
+
+
+def test_every_name_a_module_exports_is_documented(site: Path) -> None:
+    import importlib
+
+    for package, modules in PAGES.items():
+        names = set(page(site, package).docstring)
+        for module in modules:
+            exported = getattr(importlib.import_module(module), "__all__", ())
+            missing = [n for n in exported if f"{module}.{n}" not in names]
+            assert missing == [], (module, missing)
+
+
+def test_open_run_documents_its_parameters(site: Path) -> None:
+    handlers = page(site, "handlers")
+    signature = handlers.signature["handlers.open_run"]
     for parameter in ("callbacks", "log", "state_dir", "resume_from", "options", "RunKeywords"):
         assert re.search(rf"\b{parameter}\b", signature), parameter
     explained = ("world_size", "period", "timeout", "state_dir", "resume_from", "strict_state")
     for name in explained:
-        assert name in handlers.docstring["open_run"], name
+        assert name in handlers.docstring["handlers.open_run"], name
 
 
-def test_run_reporter_and_builtins_are_documented(reference: Path) -> None:
-    handlers = page(reference, "handlers")
+def test_run_reporter_and_builtins_are_documented(site: Path) -> None:
+    handlers = page(site, "handlers")
     for name in ("Run", "Reporter", "Run.workers", "EarlyStopping", "BestCheckpoints"):
-        assert handlers.docstring.get(name, "").strip(), f"{name} has no docstring"
-    assert re.search(r"\bmetrics\b.*\bcheckpoint\b", handlers.signature["Reporter.report"])
+        assert handlers.docstring.get(f"handlers.{name}", "").strip(), f"{name} has no docstring"
+    assert re.search(
+        r"\bmetrics\b.*\bcheckpoint\b", handlers.signature["handlers.Reporter.report"], re.S
+    )
     for name, arguments in {
-        "EarlyStopping.__init__": ("metric", "patience", "threshold", "mode"),
-        "BestCheckpoints.__init__": ("metric", "k", "mode"),
+        "EarlyStopping": ("metric", "patience", "threshold", "mode"),
+        "BestCheckpoints": ("metric", "k", "mode"),
     }.items():
         for argument in arguments:
-            assert re.search(rf"\b{argument}\b", handlers.signature[name]), (name, argument)
+            assert re.search(rf"\b{argument}\b", handlers.signature[f"handlers.{name}"]), (
+                name,
+                argument,
+            )
 
 
-def test_replay_and_testing_helpers_are_documented(reference: Path) -> None:
-    testing = page(reference, "eventbus.testing")
-    assert "types" in testing.signature["replay_log"]
-    for name in ("replay_log", "ReplayResult"):
-        assert testing.docstring.get(name, "").strip(), f"{name} has no docstring"
-    assert page(reference, "eventbus.log").docstring.get("replay_file", "").strip()
+def test_replay_and_testing_helpers_are_documented(site: Path) -> None:
+    eventbus = page(site, "eventbus")
+    assert "types" in eventbus.signature["eventbus.testing.replay_log"]
+    for name in ("eventbus.testing.replay_log", "eventbus.testing.ReplayResult"):
+        assert eventbus.docstring.get(name, "").strip(), f"{name} has no docstring"
+    assert eventbus.docstring.get("eventbus.log.replay_file", "").strip()
 
 
-def test_the_bus_and_the_adapters_are_documented(reference: Path) -> None:
-    bus = page(reference, "eventbus")
-    assert "event_types" in bus.signature["EventBus.subscribe"]
-    assert bus.docstring["EventBus.subscribe"].strip()
+def test_the_bus_and_the_adapters_are_documented(site: Path) -> None:
+    eventbus = page(site, "eventbus")
+    assert "event_types" in eventbus.signature["eventbus.EventBus.subscribe"]
+    assert eventbus.docstring["eventbus.EventBus.subscribe"].strip()
+    adapters = page(site, "adapters")
     # exported lazily (transformers is imported on first use), documented all the same
-    assert page(reference, "adapters.transformers").docstring["EventBusCallback"].strip()
-    assert page(reference, "adapters.ray").docstring["EventBusUserCallback"].strip()
+    assert adapters.docstring["adapters.transformers.EventBusCallback"].strip()
+    assert adapters.docstring["adapters.ray.EventBusUserCallback"].strip()

@@ -1,5 +1,5 @@
-"""Every command and snippet in the README and ``docs/`` runs as written, and shows what
-the text says it shows.
+"""Every command and snippet in the README and the documentation site's pages (``docs/``,
+every folder) runs as written, and shows what the text says it shows.
 
 Each code block in the docs carries a marker comment saying how it is checked
 (``<!-- docs-test: KIND [label] -->`` on the line before the fence); a block
@@ -50,7 +50,9 @@ from eventbus.log._format import decode_jsonl_header
 from eventbus.state import Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+#: The README stays short: what it is, the quick start, one example, where to read on.
+README_LINES = 300
 VENV = Path(sys.prefix)
 KINDS = {"quickstart", "shell", "python", "pytest", "transcript", "fragment", "install", "data"}
 MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<kind>\w+)\s*(?P<arg>[^>]*?)\s*-->")
@@ -110,6 +112,88 @@ def ids(blocks: list[Block]) -> list[str]:
 def test_every_block_says_how_it_is_checked() -> None:
     unchecked = [b.where for b in BLOCKS if b.kind not in KINDS]
     assert unchecked == [], "add a <!-- docs-test: KIND --> marker before each of these"
+
+
+def test_the_site_pages_are_read_too() -> None:
+    """Blocks moved from the README to a page in a folder of ``docs/`` stay tested."""
+    read = {b.path.relative_to(ROOT).parts[:2] for b in BLOCKS}
+    assert {("docs", "guides"), ("docs", "operations"), ("docs", "trainers")} <= read
+
+
+def test_the_readme_is_short() -> None:
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_LINES, f"README.md has {lines} lines, at most {README_LINES}"
+
+
+def test_a_label_names_one_example() -> None:
+    """The README's example is the guide's, word for word: blocks that share a label (and
+    so what they must show) are the same text."""
+    by_label: dict[str, set[str]] = {}
+    for block in blocks_of("python") + blocks_of("pytest"):
+        by_label.setdefault(block.arg.split()[0], set()).add(block.text)
+    assert [label for label, texts in by_label.items() if len(texts) > 1] == []
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors MkDocs gives a page's headings (its ``toc`` slugs, code spans' text kept)."""
+    anchors = set()
+    fenced = False
+    for line in path.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and (match := re.match(r"#{1,6} (.*)", line)):
+            words = re.sub(r"[^\w\s-]", "", match[1].replace("`", "")).strip().lower()
+            anchors.add(re.sub(r"[-\s]+", "-", words))
+    return anchors
+
+
+def relative_links(path: Path) -> list[str]:
+    """The targets of a Markdown file's relative links and images, outside code."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    text = re.sub(r"`[^`]*`", "", text)
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    return [t for t in targets if not re.match(r"[a-z]+:", t)]
+
+
+def test_the_readme_links_resolve_where_github_shows_them() -> None:
+    """The README links the site's pages by path (MkDocs checks the pages' own links)."""
+    broken = []
+    for target in relative_links(ROOT / "README.md"):
+        file, _, anchor = target.partition("#")
+        path = ROOT / file
+        if not path.is_file() or (anchor and anchor not in heading_anchors(path)):
+            broken.append(target)
+    assert broken == []
+    assert len(relative_links(ROOT / "README.md")) >= 15
+
+
+def test_each_command_help_names_the_page_that_explains_it() -> None:
+    """``eventbus --help`` and each command's: ``docs: PAGE[#ANCHOR]``, a page of the site,
+    the anchor one of its headings."""
+    import argparse
+
+    from adapters.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {"eventbus": parser.format_help()}
+    helps |= {name: sub.format_help() for name, sub in commands.choices.items()}
+    assert set(helps) >= {"eventbus", "demo", "bench", "report", "show", "stats", "replay"}
+    for name, text in helps.items():
+        found = re.search(r"^docs: (docs/[\w/.-]+\.md)(?:#([\w-]+))?", text, re.M)
+        assert found, f"eventbus {name} --help names no page:\n{text}"
+        page, anchor = ROOT / found[1], found[2]
+        assert page.is_file(), f"eventbus {name} --help: {found[1]} does not exist"
+        assert anchor is None or anchor in heading_anchors(page), (name, anchor)
+
+
+def test_an_unknown_option_names_the_section_that_lists_them() -> None:
+    from handlers import open_run
+
+    with pytest.raises(TypeError, match=r"unexpected option\(s\): perod") as raised:
+        open_run(world_size=1, perod=2)  # type: ignore[call-arg]  # a typo, as a user makes
+    found = re.search(r"listed in (docs/[\w/.-]+\.md)#([\w-]+)", str(raised.value))
+    assert found, str(raised.value)
+    assert found[2] in heading_anchors(ROOT / found[1]), str(raised.value)
 
 
 # --- a fresh directory, as a user's --------------------------------------------------------
@@ -196,6 +280,9 @@ SHOWS: dict[str, list[str]] = {
         r"resumed from runs/a/checkpoint_\d+: restored EarlyStopping, BestCheckpoints, FinalLoss",
         r"^run finished",
     ],
+    # Each command's help ends with the page that explains it (docs/operations/cli.md).
+    ".venv/bin/eventbus --help": [r"^docs: docs/operations/cli\.md"],
+    ".venv/bin/eventbus bench --help": [r"^docs: docs/guides/benchmarking\.md$"],
     ".venv/bin/eventbus bench noop early-stopping best-checkpoints --world-size 64 --rate 5": [
         r"callback\s+calls\s+mean µs",
         r"EarlyStopping\.after_report",

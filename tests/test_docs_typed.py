@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_docs import Block, blocks_of, environment, ids
+from test_docs import ROOT, Block, blocks_of, environment, ids
 
 SNIPPETS = blocks_of("python") + blocks_of("pytest")
 #: A deliberate error in a file of its own beside the snippets: each checker must report
@@ -43,7 +43,8 @@ def script(block: Block) -> str:
 def file_name(block: Block) -> str:
     """A module name per block, unique, that says where it comes from."""
     label = block.arg.split()[0]
-    return re.sub(r"\W", "_", f"{block.path.stem}_{block.line}_{label}").lower() + ".py"
+    where = "_".join(block.path.relative_to(ROOT).with_suffix("").parts)  # docs/guides/x.md
+    return re.sub(r"\W", "_", f"{where}_{block.line}_{label}").lower() + ".py"
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,6 +64,47 @@ def test_ray_train_example_runs_and_resumes_from_a_relative_folder(tmp_path: Pat
     assert "failed" not in again.stdout and "stopped by EarlyStopping" in again.stdout
     first_line = done.stdout.splitlines()[0]
     assert first_line.startswith("run run-") and again.stdout.startswith(first_line)  # its id
+
+
+def test_torchrun_train_example_runs_and_resumes_one_history(tmp_path: Path) -> None:
+    """As its docstring says: under torchrun, then again with the same ``--out``."""
+    pytest.importorskip("torch.distributed")
+
+    def launch(summary: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+        command = [
+            str(Path(sys.executable).with_name("torchrun")),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(EXAMPLES / "torchrun_train.py"),
+            "--out",
+            "runs/t",
+            "--summary",
+            summary,
+        ]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path, env=env
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        written: dict[str, Any] = json.loads((tmp_path / summary).read_text())
+        return done, written
+
+    done, first = launch("first.json")
+    assert first["status"] == "finished"
+    assert first["stopped_by"].startswith("EarlyStopping")
+    steps = [[m["step"] for m in metrics] for metrics in first["rounds"]]
+    assert steps == [[step, step] for step in range(len(steps))]  # metrics[i] from rank i
+    assert "Traceback" not in done.stderr
+    again, resumed = launch("again.json")
+    assert "resuming from runs/t/checkpoint_" in again.stderr
+    # From the latest checkpoint (rank 0 saves at odd steps) to the same stop, the same
+    # rounds and the callbacks' same final states: one history, continued.
+    start = resumed["rounds"][0][0]["step"]
+    assert start % 2 == 0 and 0 < start < len(steps)
+    assert resumed["rounds"] == first["rounds"][start:]
+    assert resumed["states"] == first["states"]
+    assert resumed["stopped_by"] == first["stopped_by"]
 
 
 def test_ray_own_trainer_example() -> None:

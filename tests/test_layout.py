@@ -188,6 +188,7 @@ PUBLIC_MODULES = [
     "adapters.report",
     "adapters.transformers",
     "adapters.ray",
+    "adapters.torchrun",
     "adapters.tensorboard",
     "adapters.mlflow",
     "adapters.otel",

@@ -94,6 +94,12 @@ def test_every_way_in_refuses_a_budget_that_is_no_share(entry: str, value: Any) 
     _refused(ENTRY_POINTS[entry], "budget", value)
 
 
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("value", [0, -1, 2.0, math.nan, True, 10**30, "3", 10**6 + 1])
+def test_every_way_in_refuses_a_hostile_stall_periods(entry: str, value: Any) -> None:
+    _refused(ENTRY_POINTS[entry], "stall_periods", value)
+
+
 @pytest.mark.parametrize(
     ("keywords", "option", "words"),
     [
@@ -214,7 +220,8 @@ def test_each_range_is_said_in_words() -> None:
 
 def test_the_readme_table_says_each_range_as_the_options_do() -> None:
     """The docs list every option of ``open_run`` with the range its struct declares."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    guide = Path(__file__).resolve().parent.parent / "docs" / "guides" / "async-trainer.md"
+    readme = guide.read_text()
     table = readme.split("<!-- options table:", 1)[1].split("\n\n", 1)[0]
     rows = {}
     for line in table.splitlines()[3:]:

@@ -50,7 +50,10 @@ __all__ = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="eventbus", description="Event-bus runtime for training callbacks."
+        prog="eventbus",
+        description="Event-bus runtime for training callbacks.",
+        # Where a user looks first: the page that explains each command (one per command).
+        epilog="docs: docs/operations/cli.md (a command's own page: eventbus COMMAND --help)",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {eventbus.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

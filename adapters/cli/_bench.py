@@ -90,6 +90,7 @@ def register(subparsers: Any) -> None:
             "it (a second EarlyStopping is EarlyStopping.after_report#2); a callback that "
             "raises is timed raising, its faults and first error in the table."
         ),
+        epilog="docs: docs/guides/benchmarking.md",
     )
     parser.add_argument(
         "callbacks",

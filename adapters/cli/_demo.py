@@ -24,6 +24,7 @@ def register(subparsers: Any) -> None:
         help="run the demo trainer (N async workers, callbacks, checkpoints)",
         description="Train a linear regression with N async workers reporting every step; "
         "gather the reports into rounds for the built-in callbacks; print a summary.",
+        epilog="docs: docs/operations/cli.md#demo",
     )
     parser.add_argument("--workers", type=int, default=None, help="number of ranks (default 4)")
     parser.add_argument(

@@ -79,7 +79,10 @@ _ROLLED_BACK_JSON = b',"rolled_back":true}'
 
 def register(subparsers: Any) -> None:
     show = subparsers.add_parser(
-        "show", help="print the events of a log", description="Print the events of a log."
+        "show",
+        help="print the events of a log",
+        description="Print the events of a log.",
+        epilog="docs: docs/operations/cli.md#show",
     )
     show.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
     show.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -97,6 +100,7 @@ def register(subparsers: Any) -> None:
             "against callbacks, and print what each one cost. Exit code 1 if any failed "
             "or timed out."
         ),
+        epilog="docs: docs/operations/cli.md#replay",
     )
     replay.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
     replay.add_argument(
@@ -131,6 +135,7 @@ def register(subparsers: Any) -> None:
         "convert",
         help="convert a log between msgpack and JSON Lines",
         description="Convert a log; the output encoding follows its extension (.jsonl) or --to.",
+        epilog="docs: docs/operations/cli.md#convert",
     )
     convert.add_argument("input", type=Path)
     convert.add_argument("output", type=Path)
@@ -140,7 +145,11 @@ def register(subparsers: Any) -> None:
     )
     convert.set_defaults(func=_convert)
 
-    stats = subparsers.add_parser("stats", help="counts, time span, rounds and failures of a log")
+    stats = subparsers.add_parser(
+        "stats",
+        help="counts, time span, rounds and failures of a log",
+        epilog="docs: docs/operations/cli.md#stats",
+    )
     stats.add_argument("log", type=Path)
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.add_argument("--skip-corrupt", action="store_true", help="count corrupt records")

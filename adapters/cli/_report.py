@@ -39,6 +39,7 @@ def register(subparsers: Any) -> None:
             "cost per period against the budget, failures), or for two runs side by side. "
             "The page fetches nothing: open it from disk in any browser."
         ),
+        epilog="docs: docs/report.md",
     )
     report.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
     report.add_argument(

@@ -1,0 +1,919 @@
+"""``TorchrunEngine``: ``open_run``'s workers as the processes of a ``torchrun`` job.
+
+Every process torchrun starts runs the user's script. The run is hosted by
+rank 0: its bus, callbacks, state store and log are there, as in a local
+run; on every other rank the run is hollow (``Run.hosted`` is false) and
+``run.workers(train)`` runs that rank's worker only. Rank 0's worker reports
+to the run in its own process, as on the local engine; every other rank's
+through a ``TorchrunReporter``: a background thread sends its reports,
+checkpoints and failure in order to rank 0 over torchrun's own c10d store (a
+queue there), so a report never waits for rank 0. Rank 0's pump feeds them
+into the run's reporters and failure path, as the run's own tasks would, and
+a thread of rank 0's writes what flows back (the rounds its callbacks
+handled, ``should_stop``, ``should_checkpoint``, ``for_workers``, the
+checkpoint to resume from) as numbered status keys, which a thread on every
+other rank follows.
+
+torchrun keeps its store across the group's restarts, so what one attempt
+left there must not reach the next: rank 0 makes a fresh name (a nonce) for
+its inbox at each start and publishes it; a rank joins by sending its own
+nonce there and is answered under that nonce only, so a rank never joins a
+rank 0 that is gone, and messages are taken only from the ranks that joined.
+Messages are JSON, decoded into fixed types: nothing received is unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import msgspec
+import torch.distributed as dist
+
+from eventbus import get_logger
+from handlers import Reporter, ReportError, WorkerError, WorkerGroupError
+from handlers.wiring import MetricsError, freeze_metrics, persist_checkpoint, takes_signals
+
+if TYPE_CHECKING:
+    from handlers import Run, WorkerFn
+
+__all__ = ["TorchrunEngine", "TorchrunReporter"]
+
+_log = get_logger("adapters.torchrun")
+
+#: How long a rank waits for rank 0 to answer its join, seconds (rank 0 may be
+#: restoring a large resume first).
+_JOIN_TIMEOUT_S = 600.0
+#: How often a joining rank looks for its answer (and for a new rank 0), seconds.
+_JOIN_POLL_S = 0.02
+#: A rank whose worker failed waits this long for rank 0 to take the failure, and
+#: then as long again for torchrun to stop the group, before it exits by itself.
+_FAILURE_HANDOFF_S = 10.0
+#: The most messages rank 0 takes from its inbox at once.
+_BATCH = 256
+#: Status keys kept behind the latest (a follower reads the latest within microseconds).
+_KEPT_STATUSES = 64
+#: Rejected messages said one by one; the rest are counted, and said at the end.
+_SAID_REJECTIONS = 3
+#: Blocking store calls wait this long (a follower waits a whole step, or an eval).
+_STORE_WAIT = timedelta(hours=24)
+
+
+# --- what travels ---------------------------------------------------------------------
+
+
+class _Join(msgspec.Struct, tag="join", array_like=True, forbid_unknown_fields=True):
+    rank: int
+    nonce: str
+
+
+class _Report(msgspec.Struct, tag="report", array_like=True, forbid_unknown_fields=True):
+    run: str
+    rank: int
+    nonce: str
+    index: int
+    metrics: dict[str, Any]
+    checkpoint: str | None
+
+
+class _Failed(msgspec.Struct, tag="failed", array_like=True, forbid_unknown_fields=True):
+    run: str
+    rank: int
+    nonce: str
+    error_type: str
+    message: str
+    traceback: str
+
+
+class _Ended(msgspec.Struct, tag="ended", array_like=True, forbid_unknown_fields=True):
+    run: str
+    rank: int
+    nonce: str
+
+
+_Message = _Join | _Report | _Failed | _Ended
+_decode_messages = msgspec.json.Decoder(list[_Message]).decode
+
+
+class _Status(msgspec.Struct, array_like=True, frozen=True):
+    """What the workers read, as of rank 0's ``rounds``-th handled round of this attempt.
+
+    ``limit``: the most rounds that can still complete (a rank's worker ended after
+    that many reports), ``None`` while every worker runs; ``over``: rank 0's pump
+    has ended (the workers' rounds go nowhere any more).
+    """
+
+    rounds: int
+    stop: bool
+    checkpoint: bool
+    values: dict[str, Any]
+    latest: str | None
+    limit: int | None = None
+    over: bool = False
+
+
+class _Hello(msgspec.Struct, array_like=True, frozen=True):
+    """Rank 0's answer to a join: the run's id, where the rank's reports start, and
+    the status to start from (``seq``: its number)."""
+
+    run: str
+    first_index: int
+    seq: int
+    status: _Status
+
+
+_encode = msgspec.json.Encoder().encode
+_decode_status = msgspec.json.Decoder(_Status).decode
+_decode_hello = msgspec.json.Decoder(_Hello).decode
+
+
+# --- the store ------------------------------------------------------------------------
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        raise RuntimeError(
+            f"TorchrunEngine runs under torchrun, which sets {name}: launch the script with "
+            "`torchrun --nproc-per-node N script.py`"
+        )
+    try:
+        return int(value)
+    except ValueError:
+        raise RuntimeError(f"{name}={value!r} is not a whole number (torchrun sets it)") from None
+
+
+class _Link:
+    """This process's connection to torchrun's c10d store, under the run's prefix.
+
+    A store object is used by one thread at a time: each thread takes its own
+    ``clone()``.
+    """
+
+    def __init__(self, store: dist.Store, prefix: str) -> None:
+        self._store = store
+        self._prefix = prefix
+        self.store = dist.PrefixStore(prefix, store)
+
+    @classmethod
+    def connect(cls, name: str) -> _Link:
+        """A client of the store torchrun's agent hosts (``MASTER_ADDR:MASTER_PORT``)."""
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            raise RuntimeError(
+                "TorchrunEngine talks through the store torchrun's agent hosts, and "
+                "TORCHELASTIC_USE_AGENT_STORE is not True: launch the script with torchrun"
+            )
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            _env_int("MASTER_PORT"),
+            is_master=False,
+            timeout=_STORE_WAIT,
+        )
+        return cls(store, f"train_eventbus/{name}/")
+
+    def clone(self) -> _Link:
+        return _Link(self._store.clone(), self._prefix)
+
+
+# --- every rank: sending and following --------------------------------------------------
+
+
+class _Sender:
+    """A rank's messages to rank 0, in order, from a thread of its own (a report never
+    waits for the store); what waits when the thread gets to it goes as one push."""
+
+    def __init__(self, link: _Link, inbox: str) -> None:
+        self._link = link
+        self._inbox = inbox
+        self._waiting: queue.Queue[_Message | None] = queue.Queue()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._send, name="eventbus-torchrun-send")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def send(self, message: _Message) -> None:
+        self._waiting.put(message)
+
+    def flush(self) -> None:
+        """Return once everything given was pushed (or could not be)."""
+        self._waiting.join()
+
+    def close(self) -> None:
+        self._waiting.put(None)
+        self._thread.join()
+
+    def _send(self) -> None:
+        store = self._link.store
+        while True:
+            first = self._waiting.get()
+            batch = [first]
+            while first is not None and len(batch) < _BATCH:
+                try:
+                    batch.append(self._waiting.get_nowait())
+                except queue.Empty:
+                    break
+            messages = [m for m in batch if m is not None]
+            try:
+                if messages and self.error is None:
+                    store.queue_push(self._inbox, _encode(messages))
+            except Exception as exc:  # rank 0's store is gone: nothing more can be sent
+                self.error = f"{type(exc).__name__}: {exc}"
+                _log.warning(f"reports to rank 0 stopped: the store failed ({self.error})")
+            finally:
+                for _ in batch:
+                    self._waiting.task_done()
+            if len(messages) < len(batch):
+                return
+
+
+class _Follower:
+    """The status rank 0 writes, followed by a thread of this rank's: read without
+    waiting by ``should_stop`` and the like, waited for by ``sync``."""
+
+    def __init__(self, link: _Link, host: str, hello: _Hello) -> None:
+        self._link = link
+        self._host = host
+        self.seq = hello.seq
+        self.status = hello.status
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._follow, name="eventbus-torchrun-follow")
+        self._thread.daemon = True  # it waits on rank 0, which may be gone
+        self._thread.start()
+
+    def wait_rounds(self, rounds: int, timeout: float | None = None) -> bool:
+        """Wait until rank 0 handled ``rounds`` rounds, or they cannot come; whether so."""
+        with self._changed:
+            return self._changed.wait_for(lambda: _reached(self.status, rounds), timeout)
+
+    def wait_over(self, timeout: float | None = None) -> bool:
+        """Wait until rank 0's pump is over (and this thread with it); whether it is."""
+        with self._changed:
+            over = self._changed.wait_for(lambda: self.status.over, timeout)
+        if over:  # a thread left waiting inside the store aborts the process at exit
+            self._thread.join()
+        return over
+
+    def _follow(self) -> None:
+        store = self._link.store
+        seq = self.seq
+        try:
+            while not self.status.over:
+                latest = int(store.add(_seq_key(self._host), 0))
+                seq = latest if latest > seq else seq + 1  # the latest says it all
+                status = _decode_status(store.get(_status_key(self._host, seq)))
+                with self._changed:
+                    self.seq, self.status = seq, status
+                    self._changed.notify_all()
+        except Exception as exc:  # the store is gone (rank 0's agent ended): say so, end
+            _log.warning(f"rank 0's status no longer comes: {type(exc).__name__}: {exc}")
+            with self._changed:
+                self.status = msgspec.structs.replace(self.status, over=True)
+                self._changed.notify_all()
+
+
+def _join_in(raw: bytes) -> _Join | None:
+    """The join ``raw`` is, if it is one (the pump checks the rest)."""
+    try:
+        messages = _decode_messages(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return messages[0] if len(messages) == 1 and isinstance(messages[0], _Join) else None
+
+
+def _reached(status: _Status, rounds: int) -> bool:
+    limit = status.limit
+    return status.rounds >= rounds or status.over or (limit is not None and limit < rounds)
+
+
+def _seq_key(host: str) -> str:
+    return f"seq/{host}"
+
+
+def _status_key(host: str, seq: int) -> str:
+    return f"status/{host}/{seq}"
+
+
+def _hello_key(host: str, nonce: str) -> str:
+    return f"hello/{host}/{nonce}"
+
+
+def _inbox(host: str) -> str:
+    return f"inbox/{host}"
+
+
+class TorchrunReporter(Reporter):
+    """A rank's ``Reporter`` in a torchrun job: the same interface, sent to rank 0.
+
+    ``report`` checks and copies the metrics as locally (a ``ReportError`` at
+    once), copies a checkpoint outside the run's ``state_dir`` into it as a
+    local run does (the ``state_dir`` must be one rank 0 reads: on several
+    nodes, a shared file system), then hands the report to a thread that
+    sends it: it never waits for rank 0. ``sync`` waits until rank 0's
+    callbacks handled this rank's latest round; ``should_stop``,
+    ``should_checkpoint``, ``from_callbacks`` and ``latest_checkpoint`` are
+    rank 0's as of the latest round it handled.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        *,
+        hello: _Hello,
+        nonce: str,
+        sender: _Sender,
+        follower: _Follower,
+        state_dir: Path | None,
+    ) -> None:
+        # Not a run's reporter: the run is in rank 0. Same attributes, though.
+        self.rank = rank
+        self.world_size = world_size
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.ended = False
+        self.run_id = hello.run
+        self.nonce = nonce
+        self._index = hello.first_index
+        self._rounds = 0  # reports of this attempt
+        self.sender = sender
+        self.follower = follower
+        self._state_dir = state_dir
+
+    async def report(
+        self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None = None
+    ) -> None:
+        try:
+            frozen = freeze_metrics(metrics)
+        except MetricsError as exc:
+            raise ReportError(self.rank, exc.field, exc.reason) from None
+        location = None if checkpoint is None else self._checkpoint_location(checkpoint)
+        index = self._index
+        if location is not None and self._state_dir is not None:
+            location = await _persisted(self.rank, self._state_dir, location, index)
+        self._index += 1
+        self._rounds += 1
+        await anyio.lowlevel.checkpoint()  # rank 0's run takes its turn between steps
+        message = _Report(self.run_id, self.rank, self.nonce, index, dict(frozen), location)
+        self.sender.send(message)
+
+    async def sync(self) -> None:
+        if not _reached(self.follower.status, self._rounds):
+            await anyio.to_thread.run_sync(self.follower.wait_rounds, self._rounds)
+
+    @property
+    def reports(self) -> int:
+        return self._index
+
+    @property
+    def should_stop(self) -> bool:
+        return self.follower.status.stop
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return self.follower.status.checkpoint
+
+    @property
+    def from_callbacks(self) -> dict[str, Any]:
+        return dict(self.follower.status.values)
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        return self.follower.status.latest
+
+    async def finish(self, failure: Exception | None) -> None:
+        """Send the worker's end: its failure (as text), or that it returned."""
+        if failure is None:
+            self.sender.send(_Ended(self.run_id, self.rank, self.nonce))
+            return
+        text = "".join(traceback.format_exception(failure))
+        kind = type(failure).__qualname__
+        self.sender.send(_Failed(self.run_id, self.rank, self.nonce, kind, str(failure), text))
+
+
+async def _persisted(rank: int, state_dir: Path, location: str, index: int) -> str:
+    """``location`` kept in the run's state dir (copied in, in a thread, if outside)."""
+    try:
+        return await anyio.to_thread.run_sync(persist_checkpoint, state_dir, location, index)
+    except ValueError as exc:
+        raise ReportError(rank, "checkpoint", str(exc)) from None
+
+
+async def _work(fn: WorkerFn, reporter: TorchrunReporter | _HostReporter) -> Exception | None:
+    """Run the worker; its end (returned, or its exception) goes to rank 0 after its
+    reports. Returns the exception."""
+    try:
+        await fn(reporter)
+    except Exception as exc:
+        reporter.ended = True
+        await reporter.finish(exc)
+        return exc
+    finally:
+        reporter.ended = True
+    await reporter.finish(None)
+    return None
+
+
+class _HostReporter(Reporter):
+    """Rank 0's worker's reporter: the run's own ``run.reporter(0)`` (its reports go
+    straight to the bus, as on the local engine), and the pump hears of each."""
+
+    def __init__(self, run: Run, pump: _Pump) -> None:
+        super().__init__(run, 0)
+        self.attempt = _restart_count()
+        self._local = run.reporter(0)
+        self._pump = pump
+
+    async def report(
+        self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None = None
+    ) -> None:
+        await self._local.report(metrics, checkpoint)
+        self._pump.reported()
+
+    async def sync(self) -> None:
+        """Wait until the status of this rank's latest round went out to the other
+        ranks: its next step (a DDP all-reduce, say) may hold this loop until they
+        come to it, which they do once they read that status."""
+        pump = self._pump
+        while not pump.over and not _reached(pump.published, pump.counts[0]):
+            await pump.publishing.wait()
+
+    @property
+    def reports(self) -> int:
+        return self._local.reports
+
+    async def finish(self, failure: Exception | None) -> None:
+        await self._pump.host_ended(failure)
+
+
+# --- rank 0: the pump -----------------------------------------------------------------
+
+
+class _Publisher:
+    """Rank 0's statuses, written by a thread of its own (the loop never waits for the
+    store); one that waits behind a newer one is skipped (the newest says it all)."""
+
+    def __init__(self, link: _Link, host: str) -> None:
+        self._link = link
+        self._host = host
+        self._waiting: queue.Queue[_Status | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._write, name="eventbus-torchrun-status")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def publish(self, status: _Status) -> None:
+        self._waiting.put(status)
+
+    def close(self, last: _Status) -> None:
+        """Write ``last``, then wake the inbox's thread to its end; return when done."""
+        self._waiting.put(last)
+        self._waiting.put(None)
+        self._thread.join()
+
+    def _write(self) -> None:
+        store = self._link.store
+        seq = 0
+        failed = False
+        while True:
+            status = self._waiting.get()
+            closing = status is None
+            while not closing:
+                try:
+                    newer = self._waiting.get_nowait()
+                except queue.Empty:
+                    break
+                closing = newer is None
+                status = status if newer is None else newer
+            try:
+                if status is not None and not failed:
+                    seq += 1
+                    store.set(_status_key(self._host, seq), _encode(status))
+                    store.add(_seq_key(self._host), 1)
+                    if seq > _KEPT_STATUSES:
+                        store.delete_key(_status_key(self._host, seq - _KEPT_STATUSES))
+                if closing:
+                    store.queue_push(_inbox(self._host), b"")  # ends the inbox's thread
+            except Exception as exc:  # the store is gone: the workers learn it their own way
+                if not failed:
+                    _log.warning(
+                        f"rank 0's status could not be written: {type(exc).__name__}: {exc}"
+                    )
+                failed = True
+            if closing:
+                return
+
+
+class _Pump:
+    """Rank 0's side: the ranks' messages into the run, as its own tasks would report,
+    and the run's status back to them."""
+
+    def __init__(self, run: Run, link: _Link, host: str) -> None:
+        self.run = run
+        self.world_size = run.world_size
+        self.host = host
+        self._link = link  # the inbox's thread's
+        self.joined: dict[int, str] = {}  # rank 0's reports do not travel
+        self.counts = [0] * run.world_size  # reports taken in, per rank, this attempt
+        self.ended: dict[int, int] = {}  # ranks whose worker ended: after how many reports
+        self.failures: dict[int, BaseException] = {}
+        self.rounds = 0
+        self.rejected = 0
+        self.over = False
+        #: The latest status given to the publisher, and its news.
+        self.published = self.status()
+        self.publishing = anyio.Event()
+        #: What the inbox's thread delivered, and the wake-up of the loop's pump (rank 0's
+        #: reports wake it too). The thread answers joins at once (a worker's blocking DDP
+        #: step may hold the loop); the rest waits for the loop.
+        self._delivered: list[bytes] = []
+        self._wake = anyio.Event()
+        self._moving = anyio.Event()  # the intake took something in
+        self._hellos = [self.hello(rank) for rank in range(run.world_size)]
+        self._publisher: _Publisher | None = None
+        self._receiver: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the inbox's and the status's threads (in the run's loop)."""
+        token = anyio.lowlevel.current_token()
+        self._publisher = _Publisher(self._link.clone(), self.host)
+        self._receiver = threading.Thread(
+            target=self._receive, args=(token,), name="eventbus-torchrun-inbox"
+        )
+        self._receiver.daemon = True
+        self._receiver.start()
+
+    def _receive(self, token: anyio.lowlevel.EventLoopToken) -> None:
+        store = self._link.store
+        try:
+            while True:
+                raw = store.queue_pop(_inbox(self.host))
+                if raw == b"":  # the pump's own wake-up: it is over
+                    return
+                join = _join_in(raw)
+                if join is not None and 0 < join.rank < self.world_size:
+                    hello = msgspec.structs.replace(self._hellos[join.rank], run=self.run.run_id)
+                    store.set(_hello_key(self.host, join.nonce), _encode(hello))
+                anyio.from_thread.run_sync(self._deliver, raw, token=token)
+        except anyio.RunFinishedError:  # the run's loop is over
+            return
+        except Exception as exc:
+            _log.warning(f"rank 0's inbox failed: {type(exc).__name__}: {exc}")
+
+    def _deliver(self, raw: bytes) -> None:
+        self._delivered.append(raw)
+        self._wake.set()
+
+    def reported(self) -> None:
+        """Rank 0's worker reported (to the run, in this process)."""
+        self.counts[0] += 1
+        self._moving.set()
+
+    async def host_ended(self, failure: Exception | None) -> None:
+        """Rank 0's worker ended: returned, or failed with ``failure``."""
+        self._end(0)
+        if failure is not None:
+            self.failures[0] = failure
+            await self.run.worker_failed(0, failure, _restart_count())
+        self._wake.set()
+
+    def status(self, over: bool = False) -> _Status:
+        run = self.run
+        limit = min(self.ended.values()) if self.ended else None
+        return _Status(
+            rounds=self.rounds,
+            stop=run.should_stop or over,
+            checkpoint=run.should_checkpoint,
+            values=run.for_workers,
+            latest=run.latest_checkpoint,
+            limit=limit,
+            over=over,
+        )
+
+    def hello(self, rank: int) -> _Hello:
+        return _Hello(self.run.run_id, self.run.first_index(rank), 0, self.status())
+
+    async def serve(self, worker: anyio.CancelScope) -> None:
+        """Take messages until every rank's worker ended or one failed (then rank 0's
+        own worker is stopped); the last status says the pump is over."""
+        try:
+            async with anyio.create_task_group() as statuses:
+                statuses.start_soon(self._follow_rounds)
+                while len(self.ended) < self.world_size and not self.failures:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    raws, self._delivered = self._delivered, []
+                    for raw in raws:
+                        await self._take_in(raw)
+                    self._moving.set()
+                statuses.cancel_scope.cancel()
+            if self.failures:
+                worker.cancel()
+        finally:
+            self.over = True
+            self.publishing.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._close, self.status(over=True))
+
+    def _close(self, last: _Status) -> None:
+        if self._publisher is not None:
+            self._publisher.close(last)
+        if self._receiver is not None:  # one left inside the store aborts the process at exit
+            self._receiver.join(_FAILURE_HANDOFF_S)
+        if self.rejected > _SAID_REJECTIONS:
+            _log.warning(
+                f"{self.rejected} messages that were not this run's were rejected in all",
+                run_id=self.run.run_id,
+            )
+
+    async def _follow_rounds(self) -> None:
+        """Publish the status once the callbacks handled the rounds now complete, or
+        once a rank's end changed which rounds can complete: a task beside the intake,
+        which goes on meanwhile (a round waits for reports behind it)."""
+        while True:
+            await self._moving.wait()
+            self._moving = anyio.Event()
+            await self._moved()
+
+    async def _moved(self) -> None:
+        complete = min(self.counts)
+        if complete > self.rounds:
+            # Waited for through a rank that lacks the next round: rank 0's worker may
+            # report again meanwhile, and its next round waits for ranks that wait for
+            # this status (rank 0 then lacks it only if every other rank is past it).
+            others = self.counts[1:]
+            rank = 1 + others.index(complete) if complete in others else 0
+            await self.run.wait_gathered(rank)
+            self.rounds = complete
+        status = self.status()
+        if status != self.published and self._publisher is not None:
+            self._publisher.publish(status)
+            self.published = status
+            self.publishing.set()
+            self.publishing = anyio.Event()
+
+    async def _take_in(self, raw: bytes) -> None:
+        if not raw:  # the pump's own wake-up
+            return
+        try:
+            messages = _decode_messages(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._reject(f"a malformed message ({exc})")
+            return
+        for message in messages:
+            if isinstance(message, _Join):
+                self._answer(message)
+                continue
+            problem = self._foreign(message)
+            if problem is not None:
+                self._reject(problem)
+            elif isinstance(message, _Report):
+                await self._report(message)
+            elif isinstance(message, _Failed):
+                await self._failed(message)
+            else:
+                self._end(message.rank)
+
+    def _answer(self, join: _Join) -> None:
+        """Take in a join (the receiver answered it already)."""
+        if not 0 < join.rank < self.world_size:
+            self._reject(f"a join from rank {join.rank}, outside world size {self.world_size}")
+            return
+        self.joined[join.rank] = join.nonce
+
+    def _foreign(self, message: _Report | _Failed | _Ended) -> str | None:
+        """Why ``message`` is not this run's (``None``: it is)."""
+        rank = message.rank
+        if message.run != self.run.run_id:
+            return f"a message of another run ({message.run!r}, this is {self.run.run_id!r})"
+        if not 0 <= rank < self.world_size:
+            return f"a message from rank {rank}, outside world size {self.world_size}"
+        if self.joined.get(rank) != message.nonce:
+            return f"a message from rank {rank} that is not this attempt's rank {rank}"
+        if rank in self.ended:
+            return f"a message from rank {rank} after its worker ended"
+        return None
+
+    async def _report(self, message: _Report) -> None:
+        reporter = self.run.reporter(message.rank)
+        if message.index != reporter.reports:
+            self._reject(
+                f"report {message.index} of rank {message.rank} out of order "
+                f"(its next is {reporter.reports})"
+            )
+            return
+        try:
+            await reporter.report(message.metrics, checkpoint=message.checkpoint)
+        except ReportError as exc:
+            self._reject(str(exc))
+            return
+        self.counts[message.rank] += 1
+
+    async def _failed(self, message: _Failed) -> None:
+        rank = message.rank
+        exc = WorkerError(rank, message.error_type, message.message, message.traceback)
+        self.failures[rank] = exc
+        self._end(rank)
+        await self.run.worker_failed(rank, exc, _restart_count())
+
+    def _end(self, rank: int) -> None:
+        self.ended[rank] = self.counts[rank]
+        self.run.reporter(rank).ended = True
+
+    def _reject(self, reason: str) -> None:
+        self.rejected += 1
+        if self.rejected <= _SAID_REJECTIONS:
+            more = " (further ones are counted)" if self.rejected == _SAID_REJECTIONS else ""
+            _log.warning(
+                f"rejected a message that is not this run's: {reason[:300]}{more}",
+                run_id=self.run.run_id,
+            )
+
+
+def _restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+# --- the engine -----------------------------------------------------------------------
+
+
+class TorchrunEngine:
+    """Runs ``open_run``'s workers as the processes of a ``torchrun`` job.
+
+    Every process runs the script; ``open_run(..., engine=TorchrunEngine())``
+    and ``run.workers(train)`` there run this process's rank. Rank 0 hosts
+    the run (bus, callbacks, ``state_dir``, log: ``run.result`` is read
+    there, ``hosts_run`` says which process it is); the others send their
+    reports, checkpoints and failures to it and get ``should_stop`` and the
+    callbacks' values back. ``world_size`` must be torchrun's ``WORLD_SIZE``;
+    restarts are torchrun's (``--max-restarts``): the whole group restarts,
+    and rank 0's run, opened with ``resume_from=`` its ``state_dir``,
+    continues from the latest checkpoint. The transport is torchrun's own
+    c10d store (``MASTER_ADDR:MASTER_PORT``, hosted by its agent); a process
+    group of the user's is not touched, and none is made.
+
+    On ranks other than 0, SIGTERM (torchrun's agent passes a preemption on
+    to every worker) is left to rank 0's run, where no handler of the user's
+    is installed: the workers checkpoint and stop as it says.
+    """
+
+    def __init__(self) -> None:
+        self.rank = _env_int("RANK")
+        self.world_size = _env_int("WORLD_SIZE")
+        #: Whether this process hosts the run (rank 0).
+        self.hosts_run = self.rank == 0
+
+    def check(self, run: Run) -> None:
+        """Refuse at ``open_run`` what this torchrun job cannot run."""
+        if run.world_size != self.world_size:
+            raise ValueError(
+                f"engine=TorchrunEngine(): world_size={run.world_size}, but torchrun started "
+                f"{self.world_size} processes (WORLD_SIZE): pass "
+                "world_size=int(os.environ['WORLD_SIZE'])"
+            )
+        if run.required_ranks is not None:
+            raise ValueError(
+                "engine=TorchrunEngine() gathers every rank: leave out required_ranks="
+            )
+
+    async def run_workers(self, run: Run, fn: WorkerFn, *, max_restarts: int) -> None:
+        """Run ``fn(reporter)`` for this process's rank; on rank 0, host the run too."""
+        allowed = _env_int("TORCHELASTIC_MAX_RESTARTS")
+        if max_restarts not in (0, allowed):
+            raise ValueError(
+                f"max_restarts={max_restarts}: on torchrun the group restarts as torchrun's "
+                f"--max-restarts says ({allowed} here): leave out max_restarts="
+            )
+        link = await anyio.to_thread.run_sync(_Link.connect, run.name)
+        if self.hosts_run:
+            await self._host(run, fn, link, allowed)
+        else:
+            await self._relay(run, fn, link)
+
+    async def _host(self, run: Run, fn: WorkerFn, link: _Link, max_restarts: int) -> None:
+        host = uuid.uuid4().hex
+        pump = _Pump(run, link.clone(), host)
+        pump.start()
+        await anyio.to_thread.run_sync(link.store.set, "host", host)
+        async with anyio.create_task_group() as tg:
+            worker = anyio.CancelScope()
+            tg.start_soon(pump.serve, worker)
+            with worker:
+                await _work(fn, _HostReporter(run, pump))
+        if pump.failures:
+            raise _group_failed(run, pump.failures, max_restarts)
+
+    async def _relay(self, run: Run, fn: WorkerFn, link: _Link) -> None:
+        nonce = uuid.uuid4().hex
+        host, hello = await anyio.to_thread.run_sync(_join, link, self.rank, nonce)
+        reporter = _reporter(self, run, link, host, nonce=nonce, hello=hello)
+        with _leaving_sigterm_to_rank_0(reporter.follower):
+            failure = await _work(fn, reporter)
+        await anyio.to_thread.run_sync(reporter.sender.flush)
+        if failure is not None:
+            # Rank 0 says the failure (after_exception, the run's end); exit after it.
+            follower = reporter.follower
+            if await anyio.to_thread.run_sync(follower.wait_over, _FAILURE_HANDOFF_S):
+                await anyio.sleep(_FAILURE_HANDOFF_S)  # torchrun stops the group meanwhile
+            raise WorkerGroupError({self.rank: failure})
+        await _close(reporter)
+
+
+def _reporter(
+    engine: TorchrunEngine, run: Run, link: _Link, host: str, *, nonce: str, hello: _Hello
+) -> TorchrunReporter:
+    sender = _Sender(link.clone(), _inbox(host))
+    follower = _Follower(link.clone(), host, hello)
+    return TorchrunReporter(
+        engine.rank,
+        engine.world_size,
+        hello=hello,
+        nonce=nonce,
+        sender=sender,
+        follower=follower,
+        state_dir=run.state_dir,
+    )
+
+
+async def _close(reporter: TorchrunReporter) -> None:
+    """Send what is left, then wait for rank 0's pump to be over (once every worker
+    ended: SIGTERM, Python's again here, ends a wait for a rank 0 that is gone)."""
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(reporter.sender.close)
+    await anyio.to_thread.run_sync(reporter.follower.wait_over, abandon_on_cancel=True)
+
+
+def _join(link: _Link, rank: int, nonce: str) -> tuple[str, _Hello]:
+    """Join this attempt's rank 0: send ``nonce`` to the inbox it published and wait
+    for the answer under it, sending it again to a newer rank 0 (one left from a
+    previous attempt never answers)."""
+    store = link.store
+    deadline = time.monotonic() + _JOIN_TIMEOUT_S
+    asked: str | None = None
+    asked_at = 0.0
+    while time.monotonic() < deadline:
+        if asked is not None and store.check([_hello_key(asked, nonce)]):
+            return asked, _decode_hello(store.get(_hello_key(asked, nonce)))
+        if time.monotonic() - asked_at > 1.0 and store.check(["host"]):
+            host = store.get("host").decode()
+            if host != asked:
+                store.queue_push(_inbox(host), _encode([_Join(rank, nonce)]))
+                asked = host
+            asked_at = time.monotonic()
+        time.sleep(_JOIN_POLL_S)
+    raise TimeoutError(
+        f"rank {rank}: rank 0 did not take this rank into its run within "
+        f"{_JOIN_TIMEOUT_S:g} s (is rank 0's script opening the same run, name and all?)"
+    )
+
+
+@contextlib.contextmanager
+def _leaving_sigterm_to_rank_0(follower: _Follower) -> Any:
+    """SIGTERM on a rank but 0 while its worker runs: rank 0's run decides the stop
+    (it got the same signal from torchrun's agent); once rank 0's run is over,
+    SIGTERM ends the process as it would have."""
+    if not takes_signals():
+        yield
+        return
+    said: list[int] = []
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if follower.status.over:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        elif not said:
+            said.append(signum)
+            _log.warning("SIGTERM: rank 0's run decides when this rank checkpoints and stops")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _group_failed(
+    run: Run, failures: dict[int, BaseException], max_restarts: int
+) -> WorkerGroupError:
+    """Say that the group failed; torchrun restarts it while its restarts last."""
+    attempt = _restart_count()
+    if attempt < max_restarts:
+        ranks = ", ".join(str(rank) for rank in sorted(failures))
+        _log.warning(
+            f"worker rank(s) {ranks} failed: torchrun restarts the group (restart "
+            f"{attempt + 1} of {max_restarts}); the run resumes from its latest checkpoint",
+            run_id=run.run_id,
+            resume_from=run.latest_checkpoint,
+        )
+        return WorkerGroupError(failures)
+    return run.group_failed(failures, attempt, max_restarts)
