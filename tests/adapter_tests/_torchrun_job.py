@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _callbacks import StopAfter  # beside this script: on the path when torchrun runs it
 
 from eventbus import RunResult, StatefulCallback, TrainRunContext
 from handlers import Reporter, UserCallback, open_run
@@ -73,19 +74,6 @@ class Counter(UserCallback, StatefulCallback):
     @property
     def for_workers(self) -> dict[str, Any]:
         return {"rounds": self.rounds}
-
-
-class StopAfter(UserCallback):
-    def __init__(self, rounds: int) -> None:
-        self.limit = rounds
-        self.rounds = 0
-        self.should_stop = False
-
-    def after_report(
-        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
-    ) -> None:
-        self.rounds += 1
-        self.should_stop = self.rounds >= self.limit
 
 
 def attempt() -> int:
