@@ -41,6 +41,7 @@ def make_worker(folder: str, *, fail: bool) -> WorkerFn:
                 await (path / f"rank_{reporter.rank}.json").write_text(json.dumps({"step": step}))
                 checkpoint = str(path)
             await reporter.report({"loss": 1 / step + 0.1 * reporter.rank}, checkpoint)
+            await reporter.sync()  # ranks meet each step, as at a gradient all-reduce
             if fail and step == 25 and reporter.rank == 1:
                 raise RuntimeError("injected failure on rank 1 at step 25")
 
