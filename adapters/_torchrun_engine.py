@@ -5,9 +5,10 @@ rank 0: its bus, callbacks, state store and log are there, as in a local
 run; on every other rank the run is hollow (``Run.hosted`` is false) and
 ``run.workers(train)`` runs that rank's worker only. Rank 0's worker reports
 to the run in its own process, as on the local engine; every other rank's
-through a ``TorchrunReporter``: a background thread sends its reports,
-checkpoints and failure in order to rank 0 over torchrun's own c10d store (a
-queue there), so a report never waits for rank 0. Rank 0's pump feeds them
+through a ``TorchrunReporter``: a report is appended to what a thread of
+that rank pushes to rank 0, in order, every 50 ms as one message (at once for
+a checkpoint, a failure, the end or a ``sync``) into a queue of torchrun's own
+c10d store, so a report never waits for rank 0. Rank 0's pump feeds them
 into the run's reporters and failure path, as the run's own tasks would, and
 a thread of rank 0's writes what flows back (the rounds its callbacks
 handled, ``should_stop``, ``should_checkpoint``, ``for_workers``, the
@@ -24,6 +25,7 @@ Messages are JSON, decoded into fixed types: nothing received is unpickled.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import queue
@@ -62,8 +64,9 @@ _JOIN_POLL_S = 0.02
 #: A rank whose worker failed waits this long for rank 0 to take the failure, and
 #: then as long again for torchrun to stop the group, before it exits by itself.
 _FAILURE_HANDOFF_S = 10.0
-#: The most messages rank 0 takes from its inbox at once.
-_BATCH = 256
+#: How often a rank's thread pushes the messages that wait, seconds: one store call
+#: for all of them (a report itself is one append: no syscall, no thread woken).
+_SEND_INTERVAL_S = 0.05
 #: Status keys kept behind the latest (a follower reads the latest within microseconds).
 _KEPT_STATUSES = 64
 #: Rejected messages said one by one; the rest are counted, and said at the end.
@@ -192,50 +195,69 @@ class _Link:
 
 
 class _Sender:
-    """A rank's messages to rank 0, in order, from a thread of its own (a report never
-    waits for the store); what waits when the thread gets to it goes as one push."""
+    """A rank's messages to rank 0, in order, from a thread of its own: ``send`` only
+    appends (a report never waits, nor wakes a thread); the thread pushes what waits
+    as one message every ``_SEND_INTERVAL_S``, or at once when told (``now``)."""
 
     def __init__(self, link: _Link, inbox: str) -> None:
         self._link = link
         self._inbox = inbox
-        self._waiting: queue.Queue[_Message | None] = queue.Queue()
+        #: Messages, and the flushes (events set once what is before them was pushed);
+        #: ``None`` ends the thread. A deque: appended and popped without a lock.
+        self._waiting: collections.deque[_Message | threading.Event | None] = collections.deque()
+        self._now = threading.Event()
         self.error: str | None = None
         self._thread = threading.Thread(target=self._send, name="eventbus-torchrun-send")
         self._thread.daemon = True
         self._thread.start()
 
-    def send(self, message: _Message) -> None:
-        self._waiting.put(message)
+    def send(self, message: _Message, *, now: bool = False) -> None:
+        self._waiting.append(message)
+        if now:
+            self._now.set()
+
+    def push_now(self) -> None:
+        """Push what waits without waiting for the interval (a ``sync`` waits on it)."""
+        self._now.set()
 
     def flush(self) -> None:
         """Return once everything given was pushed (or could not be)."""
-        self._waiting.join()
+        pushed = threading.Event()
+        self._waiting.append(pushed)
+        self._now.set()
+        pushed.wait()
 
     def close(self) -> None:
-        self._waiting.put(None)
+        self._waiting.append(None)
+        self._now.set()
         self._thread.join()
 
     def _send(self) -> None:
         store = self._link.store
+        waiting = self._waiting
         while True:
-            first = self._waiting.get()
-            batch = [first]
-            while first is not None and len(batch) < _BATCH:
-                try:
-                    batch.append(self._waiting.get_nowait())
-                except queue.Empty:
-                    break
-            messages = [m for m in batch if m is not None]
+            self._now.wait(_SEND_INTERVAL_S)
+            self._now.clear()
+            messages: list[_Message] = []
+            flushed: list[threading.Event] = []
+            closing = False
+            while waiting:
+                item = waiting.popleft()
+                if isinstance(item, threading.Event):
+                    flushed.append(item)
+                elif item is None:
+                    closing = True
+                else:
+                    messages.append(item)
             try:
                 if messages and self.error is None:
                     store.queue_push(self._inbox, _encode(messages))
             except Exception as exc:  # rank 0's store is gone: nothing more can be sent
                 self.error = f"{type(exc).__name__}: {exc}"
                 _log.warning(f"reports to rank 0 stopped: the store failed ({self.error})")
-            finally:
-                for _ in batch:
-                    self._waiting.task_done()
-            if len(messages) < len(batch):
+            for event in flushed:
+                event.set()
+            if closing:
                 return
 
 
@@ -320,11 +342,12 @@ class TorchrunReporter(Reporter):
     ``report`` checks and copies the metrics as locally (a ``ReportError`` at
     once), copies a checkpoint outside the run's ``state_dir`` into it as a
     local run does (the ``state_dir`` must be one rank 0 reads: on several
-    nodes, a shared file system), then hands the report to a thread that
-    sends it: it never waits for rank 0. ``sync`` waits until rank 0's
-    callbacks handled this rank's latest round; ``should_stop``,
-    ``should_checkpoint``, ``from_callbacks`` and ``latest_checkpoint`` are
-    rank 0's as of the latest round it handled.
+    nodes, a shared file system), then appends the report to what a thread
+    pushes to rank 0 every ``_SEND_INTERVAL_S`` (at once with a checkpoint):
+    it never waits for rank 0, nor wakes a thread. ``sync`` pushes what waits
+    at once, then waits until rank 0's callbacks handled this rank's latest
+    round; ``should_stop``, ``should_checkpoint``, ``from_callbacks`` and
+    ``latest_checkpoint`` are rank 0's as of the latest round it handled.
     """
 
     def __init__(
@@ -364,12 +387,12 @@ class TorchrunReporter(Reporter):
             location = await _persisted(self.rank, self._state_dir, location, index)
         self._index += 1
         self._rounds += 1
-        await anyio.lowlevel.checkpoint()  # rank 0's run takes its turn between steps
         message = _Report(self.run_id, self.rank, self.nonce, index, dict(frozen), location)
-        self.sender.send(message)
+        self.sender.send(message, now=location is not None)
 
     async def sync(self) -> None:
         if not _reached(self.follower.status, self._rounds):
+            self.sender.push_now()
             await anyio.to_thread.run_sync(self.follower.wait_rounds, self._rounds)
 
     @property
@@ -395,11 +418,12 @@ class TorchrunReporter(Reporter):
     async def finish(self, failure: Exception | None) -> None:
         """Send the worker's end: its failure (as text), or that it returned."""
         if failure is None:
-            self.sender.send(_Ended(self.run_id, self.rank, self.nonce))
+            self.sender.send(_Ended(self.run_id, self.rank, self.nonce), now=True)
             return
         text = "".join(traceback.format_exception(failure))
         kind = type(failure).__qualname__
-        self.sender.send(_Failed(self.run_id, self.rank, self.nonce, kind, str(failure), text))
+        failed = _Failed(self.run_id, self.rank, self.nonce, kind, str(failure), text)
+        self.sender.send(failed, now=True)
 
 
 async def _persisted(rank: int, state_dir: Path, location: str, index: int) -> str:
@@ -575,9 +599,12 @@ class _Pump:
         self._wake.set()
 
     def reported(self) -> None:
-        """Rank 0's worker reported (to the run, in this process)."""
-        self.counts[0] += 1
-        self._moving.set()
+        """Rank 0's worker reported (to the run, in this process): the status moves if
+        that completed a round (rank 0 is most often ahead of the others' pushes)."""
+        counts = self.counts
+        counts[0] += 1
+        if counts[0] <= min(counts[1:], default=counts[0]):
+            self._moving.set()
 
     async def host_ended(self, failure: Exception | None) -> None:
         """Rank 0's worker ended: returned, or failed with ``failure``."""

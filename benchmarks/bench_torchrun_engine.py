@@ -10,17 +10,23 @@ report per step, a checkpoint (the model's ``state_dict``) every
   metrics to a JSONL file, rank 0 saves the checkpoint into the run folder;
 - ``ours``: the same loop as ``async def train(reporter)``:
   ``reporter.report(metrics, checkpoint=...)`` every step (rank 0 names the
-  checkpoint folder), ``reporter.should_stop`` read every step; rank 0 hosts
+  checkpoint folder, saved into the run's ``state_dir``: the run keeps it
+  there, nothing is copied), ``reporter.should_stop`` read every step; rank 0 hosts
   the run with ``MetricsLogger`` (the same JSONL lines), ``BestCheckpoints``,
-  ``EarlyStopping`` (never stopping), the event log and ``state_dir``.
+  ``EarlyStopping`` (never stopping), the event log and ``state_dir``. The
+  last step ends with ``reporter.sync()``: the timing takes in the run's work
+  on every round (rank 0 does it when its worker yields: at a checkpoint, say).
 
 The conditions alternate, job by job (``--pairs`` of each; the order swaps
 every pair). Each rank times its steps after ``--warmup`` untimed ones; a
 job's figure is the mean of its ranks' steps/s. Reported: steps/s per
-condition and the % lost, pair by pair (median and range); and each rank's
-CPU time per step (every thread of the process) and what the engine adds to
-it, pair by pair: on a machine shared with other work, steps/s swing with
-the load, while CPU time per step says what the engine itself costs.
+condition and the % lost, pair by pair (median and range); and, per step,
+what the engine adds to plain DDP's figures, pair by pair: each rank's CPU
+time (every thread of the process), torchrun's agent's (it hosts the c10d
+store), and each rank's time between two DDP steps, wall and main-thread
+CPU (the other rank waits for it at the next all-reduce). On a machine
+shared with other work, steps/s swing with the load; the time between steps
+says what the engine itself costs.
 
     python benchmarks/bench_torchrun_engine.py [--quick] [--json] [--pairs N] [--steps N]
         [--hidden N] [--save-every N]
@@ -64,39 +70,68 @@ class Steps:
             torch.nn.Linear(hidden, 1),
         )
         self.torch = torch
+        self.dist = dist
         self.model = DistributedDataParallel(model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.inputs = torch.randn(BATCH, 64)
         self.targets = torch.randn(BATCH, 1)
         self.config = config
-        self.started = 0.0
-        self.cpu_started = 0.0
+        #: Wall and main-thread CPU seconds: in the DDP steps so far, and at the warmup's
+        #: end (process, main thread, agent, in the steps).
+        self.in_steps = [0.0, 0.0]
+        self.started: dict[str, float] = {}
 
     def step(self) -> float:
+        wall, cpu = time.perf_counter(), time.thread_time()
         self.optimizer.zero_grad()
         loss = self.torch.nn.functional.mse_loss(self.model(self.inputs), self.targets)
         loss.backward()
         self.optimizer.step()
+        self.in_steps[0] += time.perf_counter() - wall
+        self.in_steps[1] += time.thread_time() - cpu
         return float(loss.item())
 
-    def checkpoint(self, step: int) -> str | None:
-        """Rank 0 saves the model at a checkpoint step (into its folder); else None."""
+    def checkpoint(self, step: int, root: Path) -> str | None:
+        """Rank 0 saves the model at a checkpoint step (into a folder under ``root``);
+        else None."""
         if self.rank != 0 or (step + 1) % self.config["save_every"]:
             return None
-        folder = Path(self.config["out"], "saved", f"step_{step:06d}")
+        folder = root / f"step_{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
         self.torch.save(self.model.module.state_dict(), folder / "model.pt")
         return str(folder)
 
     def timing(self, step: int) -> None:
         if step + 1 == self.config["warmup"]:
-            self.started, self.cpu_started = time.perf_counter(), time.process_time()
+            self.started = self.clocks()
         elif step + 1 == self.config["steps"]:
             timed = self.config["steps"] - self.config["warmup"]
-            rate = timed / (time.perf_counter() - self.started)
-            cpu_ms = (time.process_time() - self.cpu_started) / timed * 1000
-            figures = {"rate": rate, "cpu_ms": cpu_ms}
+            ms = {k: (v - self.started[k]) / timed * 1000 for k, v in self.clocks().items()}
+            figures = {
+                "rate": 1000 / ms["wall"],
+                "cpu_ms": ms["cpu"],
+                "between_ms": ms["wall"] - ms["wall_in_steps"],
+                "between_cpu_ms": ms["main"] - ms["main_in_steps"],
+                "agent_ms": ms["agent"],
+            }
             Path(self.config["out"], f"rank{self.rank}.json").write_text(json.dumps(figures))
+
+    def clocks(self) -> dict[str, float]:
+        return {
+            "wall": time.perf_counter(),
+            "cpu": time.process_time(),
+            "main": time.thread_time(),
+            "agent": agent_cpu_s(),
+            "wall_in_steps": self.in_steps[0],
+            "main_in_steps": self.in_steps[1],
+        }
+
+
+def agent_cpu_s() -> float:
+    """The CPU time of torchrun's agent (this worker's parent), which hosts the c10d
+    store: what the transport costs there is taken from training too."""
+    fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def plain(config: dict[str, Any]) -> None:
@@ -104,10 +139,11 @@ def plain(config: dict[str, Any]) -> None:
     with Path(config["out"], f"metrics-{steps.rank}.jsonl").open("a") as lines:
         for step in range(config["steps"]):
             loss = steps.step()
-            steps.checkpoint(step)
+            steps.checkpoint(step, Path(config["out"], "saved"))
             lines.write(json.dumps({"rank": steps.rank, "step": step, "loss": loss}) + "\n")
             lines.flush()
             steps.timing(step)
+    steps.dist.destroy_process_group()  # a group left to the exit may abort it (gloo)
 
 
 def ours(config: dict[str, Any]) -> None:
@@ -125,7 +161,10 @@ def ours(config: dict[str, Any]) -> None:
         for step in range(config["steps"]):
             loss = steps.step()
             metrics = {"rank": reporter.rank, "step": step, "loss": loss}
-            await reporter.report(metrics, checkpoint=steps.checkpoint(step))
+            checkpoint = steps.checkpoint(step, Path(config["out"], "run", "saved"))
+            await reporter.report(metrics, checkpoint=checkpoint)
+            if step + 1 == config["steps"]:  # the timing ends once the run has the rounds
+                await reporter.sync()
             steps.timing(step)
             if reporter.should_stop:
                 return
@@ -150,11 +189,15 @@ def ours(config: dict[str, Any]) -> None:
             await run.workers(train)
 
     anyio.run(main)
+    steps.dist.destroy_process_group()
 
 
-def job(condition: str, config: dict[str, Any], out: Path) -> tuple[float, list[float]]:
-    """One torchrun job of ``condition``: the mean of its ranks' steps/s, and each
-    rank's CPU time per step (ms, every thread of the process)."""
+def job(condition: str, config: dict[str, Any], out: Path) -> tuple[float, dict[str, float]]:
+    """One torchrun job of ``condition``: the mean of its ranks' steps/s, and ms per
+    step: each rank's CPU time (every thread of the process) and torchrun's agent's
+    (the store's host); each rank's time between two DDP steps (its main thread's
+    reporting, rank 0's callbacks and checkpoints: the other rank waits for it at the
+    next all-reduce), wall and CPU."""
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps({**config, "out": str(out)}))
     command = [
@@ -172,7 +215,12 @@ def job(condition: str, config: dict[str, Any], out: Path) -> tuple[float, list[
     if done.returncode != 0:
         raise SystemExit(f"{condition} job failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
     figures = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORKERS)]
-    return float(statistics.mean(f["rate"] for f in figures)), [f["cpu_ms"] for f in figures]
+    ms = {f"rank {rank} CPU": f["cpu_ms"] for rank, f in enumerate(figures)}
+    ms["torchrun agent CPU"] = figures[0]["agent_ms"]  # one agent for both ranks
+    for rank, f in enumerate(figures):
+        ms[f"rank {rank} between steps"] = f["between_ms"]
+        ms[f"rank {rank} between steps, CPU"] = f["between_cpu_ms"]
+    return float(statistics.mean(f["rate"] for f in figures)), ms
 
 
 def main() -> None:
@@ -203,21 +251,20 @@ def main() -> None:
         "save_every": args.save_every,
     }
     rates: dict[str, list[float]] = {"plain": [], "ours": []}
-    cpu: dict[str, list[list[float]]] = {"plain": [], "ours": []}
+    per_step: dict[str, dict[str, list[float]]] = {"plain": {}, "ours": {}}
     lost: list[float] = []
-    added: list[list[float]] = [
-        [] for _ in range(WORKERS)
-    ]  # CPU ms per step the engine adds, per rank
+    added: dict[str, list[float]] = {}  # ms per step the engine adds, by what, pair by pair
     with tempfile.TemporaryDirectory() as scratch:
         for pair in range(pairs):
             order = ("plain", "ours") if pair % 2 == 0 else ("ours", "plain")
             got = {c: job(c, config, Path(scratch, f"{pair}-{c}")) for c in order}
-            for condition, (rate, cpu_ms) in got.items():
+            for condition, (rate, figures) in got.items():
                 rates[condition].append(rate)
-                cpu[condition].append(cpu_ms)
+                for what, ms in figures.items():
+                    per_step[condition].setdefault(what, []).append(ms)
             lost.append((1 - got["ours"][0] / got["plain"][0]) * 100)
-            for rank in range(WORKERS):
-                added[rank].append(got["ours"][1][rank] - got["plain"][1][rank])
+            for what, ms in got["ours"][1].items():
+                added.setdefault(what, []).append(ms - got["plain"][1][what])
     lost_pct = spread(lost)
     rows = [
         target(
@@ -229,16 +276,17 @@ def main() -> None:
         )
     ]
     per_condition = {c: spread(v) for c, v in rates.items()}
-    cpu_per_step = {
-        c: [spread([v[r] for v in cpu[c]], digits=2) for r in range(WORKERS)] for c in cpu
+    ms_per_step = {
+        c: {what: spread(ms, digits=3) for what, ms in figures.items()}
+        for c, figures in per_step.items()
     }
-    cpu_added = [spread(a, digits=2) for a in added]
+    ms_added = {what: spread(ms, digits=3) for what, ms in added.items()}
     result: dict[str, Any] = {
         "config": config,
         "pairs": pairs,
         "steps_per_s": per_condition,
-        "cpu_ms_per_step": cpu_per_step,
-        "cpu_ms_added": cpu_added,
+        "ms_per_step": ms_per_step,
+        "ms_added": ms_added,
         "lost_pct": lost_pct,
         "targets": rows,
     }
@@ -246,14 +294,13 @@ def main() -> None:
         print(json.dumps(result))
         return
     for condition, values in per_condition.items():
-        ranks = ", ".join(f"rank {r} {v['median']}" for r, v in enumerate(cpu_per_step[condition]))
-        print(
-            f"{condition:6} {values['median']} steps/s ({values['min']}-{values['max']}); "
-            f"CPU ms per step: {ranks}"
-        )
-    print(f"lost:  {lost_pct['median']}% ({lost_pct['min']}-{lost_pct['max']}), pair by pair")
-    for rank, values in enumerate(cpu_added):
-        print(f"CPU ms per step the engine adds on rank {rank}: {figure(values)}")
+        print(f"{condition:6} {figure(values)} steps/s")
+    print(f"lost:  {figure(lost_pct, '%')}, pair by pair")
+    print("ms per step: plain DDP's (median), what the engine adds (median, pair-by-pair range)")
+    for what, v in ms_added.items():
+        plain_ms = ms_per_step["plain"][what]["median"]
+        pairs_range = f"{v['min']:+.3f} to {v['max']:+.3f}"
+        print(f"  {what:26} {plain_ms:6.3f}  {v['median']:+.3f} ({pairs_range})")
     print_targets(rows)
 
 

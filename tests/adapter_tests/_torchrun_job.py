@@ -1,13 +1,14 @@
 """One deterministic job, run by ``test_torchrun.py`` under torchrun and on the local engine.
 
 ``python _torchrun_job.py CONFIG.json`` (every torchrun process runs it):
-each rank reports ``{"rank", "step", "loss"}`` every step and syncs, rank 0
-checkpoints every ``save_every`` steps and when told to (a temporary folder:
-the run copies it in); a ``StopAfter`` stops the run after ``stop_after``
-rounds; a step takes ``step_s`` seconds at least, if given. Rank 0 (the
-run's host) writes ``summary-<attempt>.json``: status, rounds, failures, the
-counts of ``before_run``/``after_run``, the stateful callback's state; every
-rank writes ``stop-<rank>.json``: the step at which it saw ``should_stop``.
+each rank reports ``{"rank", "step", "loss"}`` every step and syncs (unless
+``sync`` is false), rank 0 checkpoints every ``save_every`` steps and when
+told to (a temporary folder: the run copies it in); a ``StopAfter`` stops
+the run after ``stop_after`` rounds; a step takes ``step_s`` seconds at
+least, if given. Rank 0 (the run's host) writes ``summary-<attempt>.json``:
+status, rounds, failures, the counts of ``before_run``/``after_run``, the
+stateful callback's state; every rank writes ``stop-<rank>.json``: the step
+at which it saw ``should_stop``.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def make_train(config: dict[str, Any]) -> Any:
                     await reporter.report(metrics, checkpoint=folder)
             else:
                 await reporter.report(metrics)
-            await reporter.sync()
+            if config.get("sync", True):
+                await reporter.sync()
             if reporter.should_stop:
                 (out / f"stop-{rank}.json").write_text(json.dumps(step))
                 return

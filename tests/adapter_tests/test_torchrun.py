@@ -2,8 +2,9 @@
 
 One deterministic job (``_torchrun_job.py``), run on the local engine in this
 process and under torchrun: standalone (with messages that are not the run's
-pushed into rank 0's inbox), as two "nodes" on 127.0.0.1, and with a failure
-on rank 1 that ``--max-restarts 1`` restarts; and SIGTERM sent to torchrun
+pushed into rank 0's inbox), as two "nodes" on 127.0.0.1, with a failure
+on rank 1 that ``--max-restarts 1`` restarts, and without ``sync`` (rank 1's
+reports batched when it fails or ends); and SIGTERM sent to torchrun
 (a job of its own). Each launch is a few seconds
 (torch imported by every process), so the launches are shared by module.
 """
@@ -109,6 +110,25 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 "2",
                 "--max-restarts",
                 "1",
+            )
+        ],
+        # No sync: rank 1's reports wait in its sender, batched, when it fails or ends.
+        "unsynced_fails": [
+            launch(
+                root / "unsynced_fails",
+                {**CONFIG, "stop_after": 100, "sync": False, "fail": [1, 6, 0]},
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+            )
+        ],
+        "unsynced": [
+            launch(
+                root / "unsynced",
+                {**CONFIG, "stop_after": 100, "sync": False},
+                "--standalone",
+                "--nproc-per-node",
+                "2",
             )
         ],
         "rank0_fails": [
@@ -231,3 +251,31 @@ def test_a_failure_on_rank_0_itself_reaches_after_exception_as_raised(
     assert failed["exceptions"] == [{"0": ["RuntimeError", "rank 0 broke at step 5"]}]
     assert [m[0]["step"] for m in resumed["rounds"]] == [4, 5, 6, 7]
     assert resumed["state"] == jobs["uninterrupted"]["state"]
+
+
+def test_reports_made_just_before_a_failure_or_the_end_arrive_in_order(
+    jobs: dict[str, Any],
+) -> None:
+    """Without ``sync``, a rank's reports go to rank 0 in batches: those still waiting
+    when its worker fails or returns are sent first, in order, then its end."""
+    out = jobs["root"] / "unsynced_fails"
+    [(code, output)] = jobs["ended"]["unsynced_fails"]
+    assert code != 0, output[-3000:]
+    events = read_log(out / "events.jsonl").events
+    from_rank_1 = [
+        (type(e).__name__, getattr(e, "index", None))
+        for e in events
+        if type(e).__name__ in ("Report", "WorkerFailure") and e.rank == 1  # type: ignore[attr-defined]
+    ]
+    assert from_rank_1 == [("Report", i) for i in range(6)] + [("WorkerFailure", None)]
+    failed = summary(out)
+    assert failed["status"] == "failed"
+    assert failed["exceptions"] == [{"1": ["WorkerError", "RuntimeError: rank 1 broke at step 6"]}]
+    assert [[m["rank"] for m in metrics] for metrics in failed["rounds"]] == [[0, 1]] * len(
+        failed["rounds"]
+    )
+    ended = summary(jobs["root"] / "unsynced")
+    assert [code for code, _ in jobs["ended"]["unsynced"]] == [0]
+    assert ended["status"] == "finished"
+    steps = [[(m["rank"], m["step"]) for m in metrics] for metrics in ended["rounds"]]
+    assert steps == [[(0, step), (1, step)] for step in range(8)]  # every step, in order
