@@ -17,15 +17,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Unpack
 
-from eventbus import (
-    BusClosed,
-    CloseReport,
-    Event,
-    EventBus,
-    Subscription,
-    describe_exception,
-    get_logger,
-)
+from eventbus import BusClosed, Event, EventBus
+from eventbus._bus import CloseReport
+from eventbus._logging import get_logger
+from eventbus._subscription import Subscription
+from eventbus._text import describe as describe_exception
 from eventbus.log import LogRecorder
 
 from ._options import AdapterKeywords, AdapterOptions, Backend

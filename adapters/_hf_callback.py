@@ -24,20 +24,14 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "pip install 'train-eventbus[transformers]'"
     ) from _exc
 
-from eventbus import (
-    EventBus,
-    Report,
-    Stage,
-    StateRestored,
-    StateSnapshotted,
-    get_logger,
-)
-from eventbus.state import Snapshot, StateStore, is_stateful
-from handlers.wiring import (
-    CallbackAttachment,
-    RunCore,
-    training_callbacks,
-)
+from eventbus import EventBus, Report, StateRestored, StateSnapshotted
+from eventbus._logging import get_logger
+from eventbus._stages import Stage
+from eventbus.state import StateStore
+from eventbus.state._model import Snapshot, is_stateful
+from handlers._attach import CallbackAttachment
+from handlers._core import RunCore
+from handlers._user import training_callbacks
 
 from ._hf_state import TRAINER_STATE_NAME, merge_stateful_callbacks, read_hf_trainer_state
 from ._options import AdapterKeywords, AdapterOptions

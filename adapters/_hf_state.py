@@ -29,16 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eventbus.state import (
-    DEFAULT_MAX_BYTES,
-    MALFORMED,
-    CallbackState,
-    Snapshot,
-    StateFormatError,
-    atomic_write,
-    check_state,
-    read_regular_file,
-)
+from eventbus.state._files import DEFAULT_MAX_BYTES, atomic_write, read_regular_file
+from eventbus.state._model import MALFORMED, CallbackState, Snapshot, StateFormatError, check_state
 
 __all__ = [
     "HF_SECTION",
@@ -98,7 +90,7 @@ def from_hf_callbacks(section: Any, *, checkpoint: str = "", where: str = HF_SEC
     is left out of ``states`` and its key goes to ``errors`` with the path
     of the problem (``malformed in stateful_callbacks.EarlyStoppingCallback[1].args:
     ...``), so a restore reports that callback and restores the others. A
-    section that is not a mapping at all is a ``StateFormatError``.
+    section that is not a mapping at all is a ``StateError``.
     """
     if not isinstance(section, dict):
         raise StateFormatError(f"{where}: expected a mapping of class name to state")

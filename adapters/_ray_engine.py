@@ -33,9 +33,9 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
-from eventbus import get_logger
+from eventbus._logging import get_logger
 from handlers import Reporter, ReportError, WorkerError
-from handlers.wiring import MetricsError, freeze_metrics
+from handlers._metric_values import MetricsError, freeze_metrics
 
 if TYPE_CHECKING:
     from handlers import Run, WorkerFn

@@ -29,28 +29,20 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eventbus import (
-    BusClosed,
-    CloseReport,
-    Event,
-    EventBus,
-    RunStatus,
-    StateRestored,
-    Subscription,
-    WorkerFailure,
-    describe_exception,
-    get_logger,
-)
-from eventbus.state import Snapshot, StateError, StateStore
+from eventbus import BusClosed, Event, EventBus, RunStatus, StateRestored, WorkerFailure
+from eventbus._bus import CloseReport
+from eventbus._logging import get_logger
+from eventbus._subscription import Subscription
+from eventbus._text import describe as describe_exception
+from eventbus.state import StateError, StateStore
+from eventbus.state._model import Snapshot
 from handlers import Preempted
-from handlers.wiring import (
-    CallbackAttachment,
-    Resume,
-    RunCore,
-    status_of,
-    stopping_lanes,
-    takes_signals,
-)
+from handlers._attach import CallbackAttachment
+from handlers._core import RunCore
+from handlers._ending import status_of
+from handlers._reporter import stopping_lanes
+from handlers._resume import Resume
+from handlers._signals import takes_signals
 
 from ._bus_host import BusHost, DeferredEvent, kind_of
 from ._bus_thread import BusThread

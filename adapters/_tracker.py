@@ -55,18 +55,18 @@ from eventbus import (
     BudgetReport,
     CheckpointSaved,
     Event,
-    OverBudgetPolicy,
     RoundGathered,
     RunResult,
     StatefulCallback,
     TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
-    describe_exception,
-    get_logger,
 )
+from eventbus._logging import get_logger
+from eventbus._subscription import OverBudgetPolicy
+from eventbus._text import describe as describe_exception
 from handlers import UserCallback
-from handlers.wiring import mean_metrics
+from handlers._metrics import mean_metrics
 
 __all__ = [
     "STEP_METRIC",
@@ -96,7 +96,7 @@ def round_scalars(
     metrics: Sequence[dict[str, Any]], ranks: Sequence[int], *, per_rank: bool
 ) -> dict[str, float]:
     """A round as scalars: ``<metric>``, the mean over ranks as the run's summary and
-    report take it (``handlers.wiring.mean_metrics``: finite values only, so one rank's
+    report take it (``handlers._metrics.mean_metrics``: finite values only, so one rank's
     NaN does not hide the others'; one rank's values as reported, a NaN as a NaN, so that
     a single process's divergence shows), and, with ``per_rank`` and more than one rank,
     ``<metric>/rank_<i>``, each rank's as reported (a NaN stays a NaN). Only numbers

@@ -54,21 +54,16 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "adapters.lightning needs PyTorch Lightning: pip install 'train-eventbus[lightning]'"
     ) from _exc
 
-from eventbus import (
-    CheckpointSaved,
-    Event,
-    RunPosition,
-    StateRestored,
-    describe_exception,
-    get_logger,
-)
-from eventbus.state import Snapshot, StateError, StateStore
+from eventbus import CheckpointSaved, Event, StateRestored
+from eventbus._events import RunPosition
+from eventbus._logging import get_logger
+from eventbus._text import describe as describe_exception
+from eventbus.state import StateError, StateStore
+from eventbus.state._model import Snapshot
 from handlers import Preempted
-from handlers.wiring import (
-    Resume,
-    RunCore,
-    training_callbacks,
-)
+from handlers._core import RunCore
+from handlers._resume import Resume
+from handlers._user import training_callbacks
 
 from ._options import AdapterKeywords, AdapterOptions
 from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
@@ -154,7 +149,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
     # --- Lightning's checkpoint ------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Our callbacks' states, for Lightning's checkpoint (a ``Snapshot``, as JSON
+        """Our callbacks' states, for Lightning's checkpoint (a snapshot, as JSON
         values), as the run left them (``trainer.save_checkpoint`` after ``fit``). During a
         run the file's writer puts them in instead (``_before_save``), once the
         checkpoint's round was handled: taken here, they could miss it."""

@@ -57,7 +57,9 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "adapters.mlflow needs MLflow: pip install 'train-eventbus[mlflow]'"
     ) from _exc
 
-from eventbus import RunResult, TrainRunContext, describe_exception, get_logger
+from eventbus import RunResult, TrainRunContext
+from eventbus._logging import get_logger
+from eventbus._text import describe as describe_exception
 
 from ._tracker import TrackerCallback, backend_name, flat_config, safe_text
 

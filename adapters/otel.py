@@ -113,13 +113,14 @@ from eventbus import (
     RoundGathered,
     RunFinished,
     RunStarted,
-    Stage,
-    Subscription,
     __version__,
-    describe_exception,
-    get_logger,
 )
-from eventbus.options import WaitSeconds, checked
+from eventbus._logging import get_logger
+from eventbus._options import WaitSeconds
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription
+from eventbus._text import describe as describe_exception
+from eventbus.options import checked
 from handlers import UserCallback
 
 if TYPE_CHECKING:

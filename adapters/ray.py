@@ -34,27 +34,20 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "adapters.ray needs Ray Train v2 (ray>=2.60): pip install 'train-eventbus[ray]'"
     ) from _exc
 
-from eventbus import (
-    CheckpointSaved,
-    CloseReport,
-    Event,
-    Report,
-    RunStatus,
-    WorkerFailure,
-    describe_exception,
-    get_logger,
-)
-from handlers.wiring import RunCore, training_callbacks
+from eventbus import CheckpointSaved, Event, Report, RunStatus, WorkerFailure
+from eventbus._bus import CloseReport
+from eventbus._logging import get_logger
+from eventbus._text import describe as describe_exception
+from handlers._core import RunCore
+from handlers._user import training_callbacks
 
 from ._options import AdapterKeywords, AdapterOptions
-from ._ray_engine import RayEngine, RayReporter
+from ._ray_engine import RayEngine
 from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
 
 __all__ = [
     "EventBusUserCallback",
     "RayEngine",
-    "RayReporter",
-    "RunLifecycleCallback",
     "recorded_logs",
 ]
 

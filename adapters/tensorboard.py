@@ -36,7 +36,8 @@ import re
 from typing import Any
 
 from eventbus import RunResult, TrainRunContext
-from eventbus.options import Seconds, checked
+from eventbus._options import Seconds
+from eventbus.options import checked
 
 from ._tracker import TrackerCallback, flat_config, safe_text
 

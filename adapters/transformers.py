@@ -43,7 +43,7 @@ does); the next Trainer hook sets ``control.should_training_stop``: the
 deciding report's own ``on_log`` when steps last longer than
 ``poll_interval``, else within ``poll_interval`` of it.
 
-HF's ``trainer_state.json`` format (``read_hf_trainer_state`` and friends)
+HF's ``trainer_state.json`` format (``to_hf_callbacks``, ``from_hf_callbacks``)
 needs no ``transformers``: it is importable from here without it. The
 Trainer's callback imports ``transformers`` on first use, and without it
 fails with one line naming the extra to install.
@@ -53,29 +53,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._hf_state import (
-    HF_SECTION,
-    TRAINER_STATE_NAME,
-    from_hf_callbacks,
-    merge_stateful_callbacks,
-    read_hf_trainer_state,
-    to_hf_callbacks,
-    write_hf_trainer_state,
-)
+from ._hf_state import from_hf_callbacks, to_hf_callbacks
 
 if TYPE_CHECKING:
     from ._hf_callback import EventBusCallback, run_with_failures
 
 __all__ = [
-    "HF_SECTION",
-    "TRAINER_STATE_NAME",
     "EventBusCallback",
     "from_hf_callbacks",
-    "merge_stateful_callbacks",
-    "read_hf_trainer_state",
     "run_with_failures",
     "to_hf_callbacks",
-    "write_hf_trainer_state",
 ]
 
 _NEEDS_TRANSFORMERS = frozenset({"EventBusCallback", "run_with_failures"})

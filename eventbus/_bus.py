@@ -24,7 +24,6 @@ subscriptions and their ``Counters``.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Self, Unpack
@@ -39,6 +38,7 @@ from ._events import Event
 from ._lanes import MAX_BATCH
 from ._logging import get_logger
 from ._observers import CallObserver, CallObservers
+from ._options import DEFAULT_PROBATION, Buffer, BusKeywords, BusOptions, WaitSeconds
 from ._periods import Periods
 from ._policy import Policy
 from ._registry import Registry
@@ -52,7 +52,7 @@ from ._subscription import (
 from ._tasks import Tasks
 from ._text import describe
 from ._watchdog import Watchdog
-from .options import DEFAULT_PROBATION, Buffer, BusKeywords, BusOptions, WaitSeconds, checked
+from .options import checked
 
 __all__ = ["EMIT_HEADROOM", "BusClosed", "BusFull", "BusStats", "CloseReport", "EventBus"]
 
@@ -334,11 +334,10 @@ class EventBus(anyio.AsyncContextManagerMixin):
         over_budget: OverBudgetPolicy = "warn",
         probation: int = DEFAULT_PROBATION,
         barrier: bool = False,
-        mode: DeliveryMode | None = None,
     ) -> Subscription:
         """Call ``handler(event)`` for every event of ``event_types`` (subclasses included).
 
-        Returns the ``Subscription``: its ``stats()``, ``cancel()`` and ``enable()``.
+        Returns the subscription: its ``stats()``, ``cancel()`` and ``enable()``.
 
         Args:
             event_types: An ``Event`` subclass, or several.
@@ -372,15 +371,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
                 before the next one reaches any (handlers otherwise get a batch
                 each, in turn), for a handler that must see the others' state
                 as of that event: the state store snapshotting at a checkpoint.
-            mode: The deprecated name of ``delivery``.
         """
-        if mode is not None:
-            warnings.warn(
-                "EventBus.subscribe(mode=...) is deprecated: use delivery=...",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            delivery = mode
         registry = self._registry
         capacity = self._buffer if buffer is None else checked("buffer", buffer, Buffer)
         sub = Subscription(

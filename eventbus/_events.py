@@ -47,7 +47,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tru
     ``derived``: a class sets it to ``True`` when its events are made by a
     handler from other events (the gathering makes rounds of reports), never
     published from outside. A replay into a bus that makes them again leaves
-    the recorded ones out, so each reaches a handler once (``is_derived``).
+    the recorded ones out, so each reaches a handler once.
     """
 
     derived: ClassVar[bool] = False
@@ -559,8 +559,8 @@ class BeforeRun(Event, frozen=True, kw_only=True, tag="RunBegan"):
 class RoundGathered(Event, frozen=True, kw_only=True):
     """One report round: ``metrics[i]`` from the i-th required rank; ``after_report`` is due.
 
-    The dicts in ``metrics`` are read-only (``FrozenDict``), shared by every
-    callback: none sees another's edits.
+    The dicts in ``metrics`` are read-only (their mutators raise ``TypeError``),
+    shared by every callback: none sees another's edits.
     """
 
     derived: ClassVar[bool] = True

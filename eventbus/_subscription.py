@@ -13,14 +13,14 @@ registry that keeps it decides what they mean.
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal, Protocol
 
 import msgspec
 
 from ._events import Event
-from .options import DEFAULT_PROBATION, Faults, Probation, Seconds, Share, checked
+from ._options import DEFAULT_PROBATION, Faults, Probation, Seconds, Share
+from .options import checked
 
 __all__ = [
     "Counters",
@@ -70,14 +70,6 @@ class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
     state: HandlerState
     total: float = 0.0
     max: float = 0.0
-
-    @property
-    def mode(self) -> DeliveryMode:
-        """Deprecated name of ``delivery``."""
-        warnings.warn(
-            "SubscriptionStats.mode is deprecated: use .delivery", DeprecationWarning, stacklevel=2
-        )
-        return self.delivery
 
 
 #: Calls a handler is timed one by one before it may be timed per batch.
@@ -256,7 +248,7 @@ def _checked_types(
     if attacher_of(handler) is not None:
         raise TypeError(
             f"{handler!r} is a training callback, not a bus handler: attach it as a run does, "
-            "with handlers.wiring.attach_user_callbacks(bus, [callback]) "
+            "with handlers.attach_user_callbacks(bus, [callback]) "
             "(open_run and eventbus.testing.replay_log do it for you)"
         )
     if not callable(handler):
@@ -385,14 +377,6 @@ class Subscription:
         if state == "normal":
             self.counters.faults_since_enabled = 0  # re-enabled: its past faults are forgiven
         return True
-
-    @property
-    def mode(self) -> DeliveryMode:
-        """Deprecated name of ``delivery``."""
-        warnings.warn(
-            "Subscription.mode is deprecated: use .delivery", DeprecationWarning, stacklevel=2
-        )
-        return self.delivery
 
     @property
     def queued(self) -> int:

@@ -13,19 +13,17 @@ from typing import TYPE_CHECKING, Any, Self
 import msgspec
 
 from eventbus import (
-    CallbackCost,
     CheckpointSaved,
     EventBus,
     RunFinished,
-    RunPosition,
     RunResult,
     RunStatus,
-    Stage,
-    Subscription,
-    SubscriptionStats,
     TrainRunContext,
     WorkerFailure,
 )
+from eventbus._events import CallbackCost, RunPosition
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription, SubscriptionStats
 
 from ._errors import WorkerError
 from ._failures import ExceptionCallbackHandler
@@ -234,8 +232,24 @@ def attach_user_callbacks(
     required_ranks: Iterable[int] | None = None,
     announce_checkpoints: bool = False,
 ) -> CallbackAttachment:
-    """Wire ``callbacks`` onto ``bus`` (report gathering, failure gathering,
-    lifecycle) and return the attachment; the keywords are ``CallbackAttachment``'s."""
+    """Wire training callbacks onto a bus of your own, as a run does: report gathering,
+    failure gathering and the run's lifecycle, each hook an ordinary subscriber. For
+    a replay (``replay_file(log, lambda bus: attach_user_callbacks(bus, callbacks))``)
+    or a trainer that drives its own bus; ``open_run`` does it for a live run.
+
+    Args:
+        bus: the bus, not yet closed.
+        callbacks: the training callbacks (``UserCallback``s, or objects with
+            its hooks).
+        world_size: the run's ranks; by default the run context's.
+        required_ranks: the ranks a round waits for; by default all of them.
+        announce_checkpoints: emit a ``CheckpointSaved`` for each round's
+            checkpoint, for the state store. A live run does; a replay has the
+            recorded ones.
+
+    Returns the attachment: its ``run_context``, ``callbacks``, ``costs()``,
+    ``result()`` once the run ended, and ``cancel()`` to unsubscribe them all.
+    """
     return CallbackAttachment(
         callbacks,
         world_size=world_size,

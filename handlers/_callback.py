@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from eventbus import DeliveryMode, ErrorPolicy, Event, EventBus, OverBudgetPolicy, Subscription
-from eventbus.state import callback_name
+from eventbus import Event, EventBus
+from eventbus._subscription import DeliveryMode, ErrorPolicy, OverBudgetPolicy, Subscription
+from eventbus.state._model import callback_name
 
 from ._attach import attach_user_callbacks
 from ._user import base_hook

@@ -26,12 +26,12 @@ from eventbus import (
     Event,
     EventBus,
     RunFinished,
-    RunPosition,
     RunResult,
     RunStarted,
     RunStatus,
     StateRestored,
 )
+from eventbus._events import RunPosition
 from eventbus.log import LogRecorder
 from eventbus.state import StateStore
 

@@ -11,13 +11,13 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, Unpack
 
-from eventbus import Clock
-from eventbus.options import OptionTypeError
+from eventbus._clock import Clock
+from eventbus._options import OptionTypeError
 
 from ._callback import UserCallback
 from ._engine import WorkerEngine
+from ._options import RunKeywords, RunOptions
 from ._run import Run
-from .options import RunKeywords, RunOptions
 
 __all__ = ["TrainingCallback", "open_run"]
 
@@ -61,7 +61,7 @@ def open_run(
     The run's options, as keywords (or a ``RunOptions`` as ``options``, the
     keywords changing it), each checked here against its range: a value out
     of range is an ``OptionError`` (a ``ValueError``) and one of the wrong
-    type an ``OptionTypeError`` (a ``TypeError``), naming the option.
+    type a ``TypeError``, naming the option.
 
     Args:
         world_size: how many ranks report (1 to 131,072).

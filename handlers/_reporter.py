@@ -18,17 +18,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from eventbus import (
-    EventBus,
-    Report,
-    RoundGathered,
-    RunFinished,
-    Stage,
-    Subscription,
-    WorkerGroupRestarted,
-    get_logger,
-)
-from eventbus.state import state_key_of
+from eventbus import EventBus, Report, RoundGathered, RunFinished, WorkerGroupRestarted
+from eventbus._logging import get_logger
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription
+from eventbus.state._model import state_key_of
 
 from ._errors import ReportError
 from ._metric_values import MetricsError, freeze_metrics
@@ -48,7 +42,7 @@ __all__ = ["Reporter", "SyncSignal", "stopping_lanes", "values_for_workers"]
 class Reporter:
     """One rank's handle on its run: ``await reporter.report(metrics, checkpoint=None)``.
 
-    ``report`` copies ``metrics`` at once (into a read-only ``FrozenDict``):
+    ``report`` copies ``metrics`` at once (into a read-only ``dict``):
     the worker may reuse or change its dict afterwards, and callbacks still
     see what was reported. Metrics that are not JSON values a log can hold,
     or a checkpoint that is no location, are refused right there with a

@@ -43,18 +43,18 @@ from eventbus import (
     Report,
     ReportRejected,
     RoundGathered,
-    RunPosition,
-    Stage,
-    Subscription,
     TrainRunContext,
     WorkerGroupRestarted,
-    get_logger,
 )
+from eventbus._events import RunPosition
+from eventbus._logging import get_logger
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription
 
 from ._errors import ReportError
 from ._metric_values import FrozenDict, MetricsError, freeze_metrics
 from ._metrics import mean_metrics
-from .options import MAX_WORLD_SIZE
+from ._options import MAX_WORLD_SIZE
 
 __all__ = ["ReportCallbackHandler"]
 

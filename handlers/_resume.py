@@ -24,12 +24,17 @@ import os
 import stat
 from pathlib import Path
 
-from eventbus import BudgetReport, EventBus, RunPosition, RunResumed, get_logger
-from eventbus.log import LogInUse, LogTail
-from eventbus.state import STATE_FILENAME, StateError, StateFormatError, StateStore
+from eventbus import BudgetReport, EventBus, RunResumed
+from eventbus._events import RunPosition
+from eventbus._logging import get_logger
+from eventbus.log import LogInUse
+from eventbus.log._history import LogTail
+from eventbus.state import StateError, StateStore
+from eventbus.state._files import STATE_FILENAME
+from eventbus.state._model import StateFormatError
 
 from ._attach import CallbackAttachment
-from .options import MAX_WORLD_SIZE
+from ._options import MAX_WORLD_SIZE
 
 try:
     import fcntl

@@ -25,19 +25,19 @@ import anyio.lowlevel
 from eventbus import (
     BusClosed,
     CheckpointSaved,
-    Clock,
     EventBus,
     RankStalled,
     RunResult,
     RunStatus,
     StateRestored,
-    Subscription,
     TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
-    describe_exception,
-    get_logger,
 )
+from eventbus._clock import Clock
+from eventbus._logging import get_logger
+from eventbus._subscription import Subscription
+from eventbus._text import describe as describe_exception
 from eventbus.log import LogRecorder
 from eventbus.options import OptionError, checked
 from eventbus.state import StateStore
@@ -48,11 +48,11 @@ from ._core import RunCore
 from ._ending import interrupt_in, only_cancellations, status_of
 from ._engine import WorkerEngine
 from ._errors import RankStalledError, WorkerError, WorkerGroupError
+from ._options import Restarts, RunOptions
 from ._reporter import Reporter, SyncSignal, checkpoint_location, stopping_lanes, values_for_workers
 from ._resume import Resume, resume_point
 from ._signals import Preempted, takes_signals, watch_signals
 from ._workers import WorkerTasks
-from .options import Restarts, RunOptions
 
 __all__ = ["Run", "WorkerFn"]
 

@@ -17,28 +17,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from eventbus import (
     AfterRun,
     BeforeRun,
-    DeliveryMode,
-    ErrorPolicy,
     Event,
     EventBus,
     FailuresGathered,
-    OverBudgetPolicy,
     RoundGathered,
-    Stage,
-    Subscription,
     TrainRunContext,
     WorkerFailure,
 )
-from eventbus.options import (
-    Faults,
-    OptionError,
-    OptionTypeError,
-    Probation,
-    Seconds,
-    Share,
-    checked,
-)
-from eventbus.state import callback_name, is_stateful
+from eventbus._options import Faults, OptionTypeError, Probation, Seconds, Share
+from eventbus._stages import Stage
+from eventbus._subscription import DeliveryMode, ErrorPolicy, OverBudgetPolicy, Subscription
+from eventbus.options import OptionError, checked
+from eventbus.state._model import callback_name, is_stateful
 
 from ._errors import RankStalledError, WorkerError
 

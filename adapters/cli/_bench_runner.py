@@ -36,25 +36,27 @@ from eventbus import (
     Event,
     EventBus,
     EventPlaceholder,
-    FastForwardClock,
     HandlerStateChanged,
     HealthCheckTick,
-    OverBudgetPolicy,
     Report,
     RoundGathered,
     RunFinished,
     RunStarted,
-    Stage,
     TrainRunContext,
     WorkerFailure,
-    describe_exception,
-    is_derived,
 )
-from eventbus.log import BUS_DIAGNOSTICS
-from eventbus.options import BusKeywords, OptionError, Options, Seconds, checked
+from eventbus._clock import FastForwardClock
+from eventbus._events import is_derived
+from eventbus._options import BusKeywords, Options, Seconds
+from eventbus._stages import Stage
+from eventbus._subscription import OverBudgetPolicy
+from eventbus._text import describe as describe_exception
+from eventbus.log._replay import BUS_DIAGNOSTICS
+from eventbus.options import OptionError, checked
 from handlers import WorkerError
-from handlers.options import WorldSize
-from handlers.wiring import attach_user_callbacks, implemented_hooks
+from handlers._attach import attach_user_callbacks
+from handlers._options import WorldSize
+from handlers._user import implemented_hooks
 
 from ._bench_figures import BenchResult, Timings, bench_result
 from ._common import callback_name, split_callbacks

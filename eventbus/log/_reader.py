@@ -101,13 +101,13 @@ class LogReader:
 
     The header is read when the reader is made, so that a file that is not a
     log, or is of a format or schema this library cannot read, is a
-    ``LogFormatError`` before anything else. Iterate once; the file closes
+    ``LogError`` before anything else. Iterate once; the file closes
     when the events end.
 
     Args:
         path: the log; a pipe or FIFO is read as a file is.
         skip_corrupt: go on past a damaged record (counted in ``skipped``, the
-            first ones kept in ``errors``) instead of raising ``CorruptLogError``.
+            first ones kept in ``errors``) instead of raising a ``LogError``.
         chunk_size: bytes read at a time.
 
     After the iteration, ``count`` is the number of events yielded

@@ -29,8 +29,9 @@ from .._bus import EventBus
 from .._codec import encode_json, encode_json_nonfinite, event_modules, has_nonfinite
 from .._events import SCHEMA_VERSION, CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
 from .._logging import get_logger
+from .._options import Count, WaitSeconds
 from .._stages import Stage
-from ..options import Count, WaitSeconds, checked
+from ..options import checked
 from ._format import (
     LOG_FORMAT_VERSION,
     MAX_LINE,
@@ -133,8 +134,8 @@ class LogRecorder:
             with a warning, new records follow the last intact one, and
             ``appended`` says what the log held. A missing or empty file makes a
             new log (``appended`` is ``None``). A log of another run raises
-            ``RunIdMismatch``, a file this library cannot continue (or a
-            ``format`` other than the log's) ``LogFormatError`` or
+            ``ValueError``, a file this library cannot continue (or a
+            ``format`` other than the log's) ``LogError`` or
             ``ValueError``; the file is then left as it was.
         overwrite: replace a file already at ``path`` (when not appending);
             with ``False``, a file there raises ``FileExistsError``.

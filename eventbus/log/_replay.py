@@ -49,11 +49,8 @@ from .._events import (
     HealthCheckTick,
     is_derived,
 )
-from ..options import (
-    BusOptions,
-    OptionError,
-    checked,
-)
+from .._options import BusOptions
+from ..options import OptionError, checked
 from ._costs import Charges, Costs
 from ._format import TruncatedTail
 from ._history import Rollbacks, rollbacks
@@ -423,7 +420,7 @@ async def replay_file(
         filter: only the events it keeps are published.
         include_diagnostics: as for ``replay``.
         skip_corrupt: go on past damaged records instead of raising.
-        real_time: time the handlers in real time (a ``FastForwardClock``: still
+        real_time: time the handlers in real time (on a clock that is still
             instant, idle gaps skipped), as the command line's replay reports them.
         costs: charge handlers' calls to the virtual clock, as for ``replay``
             (``{"Slow.after_report": 0.05}``, a function of the handler's name and

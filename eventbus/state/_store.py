@@ -90,14 +90,14 @@ class StateStore:
     def register(self, callbacks: Sequence[object]) -> None:
         """Track the stateful ones of ``callbacks`` (replacing any earlier registration).
 
-        Two callbacks with one key are a ``StateKeyConflict`` naming both, and
+        Two callbacks with one key are a ``StateError`` naming both, and
         nothing is registered.
         """
         self._callbacks = stateful_keys(callbacks)
 
     def path_of(self, checkpoint: str | os.PathLike[str]) -> Path:
         """The snapshot file of a worker-reported ``checkpoint`` (relative to the cwd);
-        ``StatePathError`` unless it lies inside the root."""
+        ``StateError`` unless it lies inside the root."""
         return state_path(self.root, checkpoint)
 
     def resume_path_of(self, checkpoint: str | os.PathLike[str]) -> Path:
@@ -113,7 +113,7 @@ class StateStore:
         A callback whose state fails (``state()`` raised, not strict JSON, or
         so big the file would exceed ``max_bytes``) is listed in ``errors``
         with the reason; the others are written. A bad location raises
-        ``StatePathError`` and an I/O failure ``OSError``; nothing is written then.
+        ``StateError`` and an I/O failure ``OSError``; nothing is written then.
         """
         path = self.path_of(checkpoint)
         snapshot = self.capture(checkpoint, run_id=run_id, position=position)
@@ -179,10 +179,10 @@ class StateStore:
     def load(self, checkpoint: str | os.PathLike[str]) -> Snapshot:
         """The snapshot of the checkpoint the operator names (relative to the cwd, anywhere).
 
-        ``FileNotFoundError`` if it has none; ``StatePathError`` if the
+        ``FileNotFoundError`` if it has none; ``StateError`` if the
         location is unusable or its snapshot file links out of the root (out
         of the checkpoint's directory, for one outside the root);
-        ``StateFormatError`` if the file is malformed, too big or not a
+        ``StateError`` if the file is malformed, too big or not a
         regular file. A malformed state inside a good file is not an error
         here: it is left out, its key in ``errors``.
         """
@@ -201,7 +201,7 @@ class StateStore:
         (an instance of the given one's class, so the list has the given one's type).
 
         ``checkpoint`` is the operator's (see ``load``), which the returned
-        event names, or a ``Snapshot``.
+        event names, or a snapshot (``load``'s).
         Only the names each callback declares as its state are restored;
         others in the saved state are ignored and warned about. The new list
         becomes the registered one (later snapshots must read the new
