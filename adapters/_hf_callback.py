@@ -172,22 +172,13 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     ) -> None:
         """The hot hook: a copy of ``logs`` into a ``Report``, appended to the hand-off.
 
-        Two logs are not a step's report. HF's end-of-training log
-        (``train_runtime``, ``train_loss``, ...) describes the whole run: it
-        becomes ``RunFinished.summary``. A log followed by a save in the same
-        step (``control.should_save``, set before ``on_log``) is held until
-        ``on_save``, which makes the saved checkpoint its round's.
-
-        The report is appended (``BusHost.offer``) and made into a ``Report``
-        by the bus from a tuple (a ``DeferredEvent``: cheaper here). With a
-        callback that can stop the run (a ``should_stop``), the hook then waits
-        until such callbacks handled it (``ThreadedRun.wait_for_stoppers``), so
-        a stop it decides ends training at this step, whatever the step's or the
-        other callbacks' time. Without one: no lock, no wake-up of another
-        thread; a bus stepped in the hooks takes it at once (``poll``: at most
-        once per ``poll_interval``), a bus thread at its next look. The slow
-        cases (a full hand-off, a callback's failure to raise here) go through
-        ``ThreadedRun.handoff``.
+        HF's end-of-training log describes the whole run: it becomes
+        ``RunFinished.summary``. A log followed by a save in the same step
+        (``control.should_save``, set before ``on_log``) is held until ``on_save``, which
+        makes the saved checkpoint its round's. With a callback that can stop the run,
+        the hook then waits until such callbacks handled the report
+        (``ThreadedRun.wait_for_stoppers``), so a stop it decides ends training at this
+        step; without one, no lock and no wake-up of another thread.
         """
         run = self._run
         thread = run.thread

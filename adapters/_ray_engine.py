@@ -1,15 +1,10 @@
 """``RayEngine``: ``open_run``'s workers as a Ray Train v2 job, with every promise kept.
 
-The run stays in the driver: its bus, callbacks, state store and log are
-the ones a local run has, so the objects the user passed are the ones that
-change, and the log lands on the driver's file system. Only the workers
-move. They report through ``ray.train.report``, so Ray persists their
-checkpoints into the run's storage and gathers the rounds by its own rule;
-Ray's controller forwards each round and failure to a small hub actor,
-which the driver drains into the run: each round whole (``Run.report_round``:
-Ray gathered it already), each failure as the run's own tasks report them.
-What flows back (which rounds the callbacks handled, ``should_stop``,
-``for_workers``, the checkpoint to resume from) the workers read from the hub.
+The run stays in the driver: its bus, callbacks, state store and log are a local run's, so
+the objects the user passed are the ones that change. Only the workers move: they report
+through ``ray.train.report`` (Ray persists their checkpoints and gathers the rounds); Ray's
+controller forwards each round and failure to a hub actor, which the driver drains into the
+run (each round whole: ``Run.report_round``). Workers read what flows back from the hub.
 """
 
 from __future__ import annotations
@@ -291,12 +286,9 @@ class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untype
     """In Ray's controller: the gathered rounds and failures, and (through
     ``_ControllerHooks``) Ray's decisions and the job's end, to the hub, in order.
 
-    A Ray call costs the controller and the hub a few hundred microseconds of
-    CPU, taken from the workers on a small node (a 2-worker job on 2 cores lost
-    5.0% of its steps with one call per round, 0.7% batched). So news go in
-    numbered batches: a round after a quiet spell of ``_BATCH_S`` at once,
-    rounds that follow it together at the window's end (on the controller's
-    loop), all else at once with what waits before it.
+    A Ray call costs the controller and the hub CPU taken from the workers on a small
+    node (docs/trainers/ray.md), so news go in numbered batches: a round after a quiet
+    spell of ``_BATCH_S`` at once, rounds that follow it together at the window's end.
     """
 
     def __init__(self, hub: Any) -> None:

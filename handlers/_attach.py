@@ -43,16 +43,10 @@ _MAX_ORIGINALS = 1024
 class CallbackAttachment:
     """Training callbacks wired onto a bus, with the gatherers that feed them.
 
-    Each stage is an ordinary subscriber, in the order ``Stage`` names: the
-    gatherers turn raw events into derived ones, each carrying the run's
-    context, and every hook of every training callback subscribes to its
-    derived event. The report gatherer becomes the bus's gathering
-    (``EventBus.gathering``), so a replay into the bus leaves out the derived
-    events its log recorded. The run's context comes from the first
-    ``RunStarted`` (or, without one, from the first event naming the run);
-    its figures come from the gatherers that count them, asked when wanted,
-    and what each callback's hooks cost from the bus's accounting of them.
-    Made unattached, so that making it changes nothing: ``attach`` subscribes.
+    Each stage is an ordinary subscriber, in the order ``Stage`` names: the gatherers
+    turn raw events into derived ones carrying the run's context, and every hook of every
+    training callback subscribes to its derived event. The report gatherer becomes the
+    bus's gathering (``EventBus.gathering``). Made unattached: ``attach`` subscribes.
 
     Args:
         callbacks: the training callbacks (``UserCallback``s, or objects with

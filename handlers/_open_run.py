@@ -52,16 +52,11 @@ def open_run(
 ) -> Run:
     """Open a run: ``async with open_run(world_size=4, callbacks=[...]) as run:``.
 
-    ``RunStarted``/``RunFinished`` and ``before_run``/``after_run`` happen
-    exactly once, also when the body fails or is cancelled. The call checks
-    the arguments; entering the run reads and writes files (the snapshot it
-    resumes from, its log) and fails there, before anything has started, if
-    it cannot.
-
-    The run's options, as keywords (or a ``RunOptions`` as ``options``, the
-    keywords changing it), each checked here against its range: a value out
-    of range is an ``OptionError`` (a ``ValueError``) and one of the wrong
-    type a ``TypeError``, naming the option.
+    ``RunStarted``/``RunFinished`` and ``before_run``/``after_run`` happen exactly once,
+    also when the body fails or is cancelled. The call checks the arguments and options
+    (out of range: an ``OptionError``, a ``ValueError``; wrong type: a ``TypeError``,
+    naming it); entering the run reads and writes files, and fails there before anything
+    has started if it cannot. ``options``: a ``RunOptions``, the keywords changing it.
 
     Args:
         world_size: how many ranks report (1 to 131,072).

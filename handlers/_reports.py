@@ -1,27 +1,11 @@
 """Report gathering: one FIFO per rank, one round per report of every required rank.
 
-Ranks report at their own pace (rank 0 may be several reports ahead), yet a
-callback must get one report of each rank per round, in rank order, as Ray
-Train's ``metrics[i]`` promises. So a round is released only when every
-required rank has a report waiting, and then exactly one report per required
-rank is taken.
-
-The heads of the FIFOs are kept as two rounds of slots by rank (the oldest
-open round and the next), so a complete round's slots are already its
-``metrics`` list and a report costs the same whatever the world size; only a
-rank two or more rounds ahead queues its reports. Every report passes the same
-rules, written once (``_admit``), and a rejection names the field it broke.
-
-Where a framework gathered the ranks already (Ray's controller, Lightning's
-all-gather), the round comes whole (``take_round``): checked by the same
-rules, and never split into reports to be gathered again.
-
-A round leaves the gatherer one way (``_deliver``): as a ``RoundGathered``
-event carrying the run's context, to which every training callback subscribes
-like any handler.
-
-Knowing each rank's latest report, it also watches for stalled ranks (with the
-bus's ``stall_periods``): at each health-check tick, off the report path.
+Ranks report at their own pace, yet a callback must get one report of each rank per round,
+in rank order, as Ray Train's ``metrics[i]`` promises: a round is released only when every
+required rank has a report waiting. The FIFOs' heads are kept as two rounds of slots by rank,
+so a complete round's slots are already its ``metrics`` list and a report costs the same
+whatever the world size. Every report passes the same rules (``_admit``); a round a framework
+gathered already comes whole (``take_round``) through the same rules.
 """
 
 from __future__ import annotations
@@ -67,15 +51,12 @@ _log = get_logger("handlers.reports")
 class ReportCallbackHandler:
     """Gathers ``Report`` events into rounds and emits each as a ``RoundGathered``.
 
-    It is the one place that decides what a round is: the ranks it waits for,
-    what becomes of a bad report (a ``ReportRejected`` naming its rank and
-    field: the run goes on), and the round's checkpoint (the one any of its
-    ranks named, as in Ray Train; ranks naming different ones are a
-    ``CheckpointMismatch``, and the round has none). Callbacks get each rank's
-    metrics read-only (``FrozenDict``). So it also owns the figures that follow
-    from reports and restarts (``rounds``, ``reports``, ``rejected``,
-    ``mismatches``, ``discarded``, ``restarts``, ``last_checkpoint``) and where
-    the run stood at each checkpoint, for the state store's snapshot.
+    It alone decides what a round is: the ranks it waits for, what becomes of a bad
+    report (a ``ReportRejected`` naming its rank and field: the run goes on), and the
+    round's checkpoint (the one any rank named, as in Ray Train; different ones are a
+    ``CheckpointMismatch``). Callbacks get each rank's metrics read-only (``FrozenDict``).
+    It owns the figures that follow (``rounds``, ``reports``, ``rejected``, ...) and
+    where the run stood at each checkpoint, for the state store's snapshot.
 
     Args:
         world_size: the run's ranks; by default the run context's, or else the
@@ -358,13 +339,10 @@ class ReportCallbackHandler:
         all-gather): ``metrics[i]`` of the i-th required rank, and the round's
         ``checkpoint``, if any.
 
-        It passes the rules a rank's report passes, with the same words: a
-        ``ReportError`` naming the first bad rank and its field, and then nothing
-        of the round is taken (what was taken before stays). Taken, it counts as
-        a report of every required rank, and is delivered as a round gathered
-        from reports is (``_deliver``). Returns the events to publish, in order:
-        each rank's ``Report``, the log's record of it (a replay gathers those
-        again; this gatherer passes over them), then what the round makes.
+        Checked as a rank's report is (a ``ReportError`` naming the first bad rank and
+        field; nothing taken), counted as a report of every required rank. Returns the
+        events to publish: each rank's ``Report`` (the log's record, which a replay gathers
+        again and this gatherer passes over), then what the round makes.
         """
         if self.reports != self._done:
             raise RuntimeError(
@@ -509,10 +487,8 @@ class ReportCallbackHandler:
     def watch(self, tick: HealthCheckTick) -> None:
         """At a period's end: a required rank silent for ``stall_periods`` periods that
         the oldest open round lacks, while other ranks reported into it, has stalled
-        (said once, until it reports again); each stalled rank that reported since
-        has recovered. Ranks silent together with no round partial (a pause every
-        rank takes, the run's end; whole rounds a framework gathered) have not: the
-        rank the round waits for is the one that hangs, not those waiting for it."""
+        (said once); a stalled rank that reported since has recovered. Ranks silent
+        together with no round partial (a pause every rank takes) have not stalled."""
         periods = self.stall_periods
         if periods is None or not self._configured or self.run_id is None:
             return

@@ -1,14 +1,9 @@
 """The state store: snapshot every stateful callback at every checkpoint, restore on resume.
 
-It ties the pieces together: keys and checks (``_model``), confined atomic
-files (``_files``) and the bus. Attached to a bus, it snapshots on each
-``CheckpointSaved`` after the other handlers of that event (a high ``order``),
-so the states include what those handlers did with the checkpoint.
-
-Locations are of two kinds (see ``_files``): a checkpoint reported by
-a worker (``snapshot``, ``path_of``) must lie inside the root; the one the
-operator resumes from (``load``, ``restore``) may lie anywhere, only its
-snapshot file is confined.
+Attached to a bus, it snapshots on each ``CheckpointSaved`` after the other handlers of that
+event (a high ``order``), so the states include what those handlers did with the checkpoint.
+A checkpoint reported by a worker (``snapshot``, ``path_of``) must lie inside the root; the
+one the operator resumes from (``load``, ``restore``) may lie anywhere (``_files``).
 """
 
 from __future__ import annotations
@@ -202,32 +197,23 @@ class StateStore:
 
         ``checkpoint`` is the operator's (see ``load``), which the returned
         event names, or a snapshot (``load``'s).
-        Only the names each callback declares as its state are restored;
-        others in the saved state are ignored and warned about. The new list
-        becomes the registered one (later snapshots must read the new
-        instances, not the replaced ones). Saved states with no live
-        callback, live callbacks with no saved state, differing instance
-        counts, stale HF entries, undeclared names, values of another JSON
-        kind than the live one and failed rebuilds are warned about through
-        structlog and listed in the returned ``StateRestored``; with
-        ``strict`` they raise ``StateRestoreError`` and nothing changes.
+        Only the names each callback declares as its state are restored; others are
+        warned about. The new list becomes the registered one. Every mismatch (saved
+        states with no live callback and the reverse, differing instance counts, stale HF
+        entries, undeclared names, values of another JSON kind, failed rebuilds) is warned
+        about and listed in the returned ``StateRestored``; with ``strict`` they raise
+        ``StateRestoreError`` and nothing changes.
 
         ``in_place=True``: each rebuilt state is moved onto the given object
-        (``move_state``), so references the caller kept see it, and the list
-        holds the very objects given; one that cannot take it (slots, no
-        ``__dict__``) is replaced as by default, with a warning (not an error,
-        even when strict). ``require_snapshot=True``: a checkpoint without a
-        snapshot is a ``StateRestoreError`` instead of every callback starting
-        fresh. ``restored`` lists live keys: a state saved under
-        ``__main__.Name`` restored into ``pkg.mod.Name`` (or the reverse) is
-        listed under the live key, and logged at info level.
+        (``move_state``), so references the caller kept see it; one that cannot take it
+        (slots, no ``__dict__``) is replaced, with a warning. ``require_snapshot=True``: a
+        checkpoint without a snapshot is a ``StateRestoreError`` instead of every callback
+        starting fresh. ``restored`` lists live keys (a state saved under ``__main__.Name``
+        restores into ``pkg.mod.Name``).
 
-        The saved args win over those the live callbacks were given (a resume
-        continues the saved run), except a ``StatefulCallback``'s
-        ``state_live_args``, whose live value wins (options a snapshot must
-        not switch on). Each callback whose saved and live args differ gets one
-        warning naming it and each such arg with both values and the one used;
-        it is not a strict error, since which one wins is the rule.
+        The saved args win over the live ones, except a ``StatefulCallback``'s
+        ``state_live_args``; each callback whose saved and live args differ gets one
+        warning naming each arg with both values (never a strict error: it is the rule).
         """
         notes: tuple[str, ...] = ()
         if isinstance(checkpoint, Snapshot):

@@ -273,23 +273,17 @@ async def replay_log(
 ) -> ReplayResult:
     """Replay the log at ``path`` into a fresh bus on a ``VirtualClock``.
 
-    Each handler is attached in the order given, and what it receives is
-    kept in ``result.received`` (``result.events_of(handler)``): a bus
-    handler is subscribed to ``types`` (every event by default); training
-    callbacks are attached as a live run attaches them and get each
-    recorded round once, gathered anew from the recorded reports. Anything
-    else is a ``TypeError`` before the replay starts. ``subscribe(bus)`` may
-    wire anything more. ``options`` go to ``eventbus.log.replay_file``
-    (``filter``, ``period``, ``speed``, bus options such as ``timeout``).
+    Each handler is attached in the order given, and what it receives is kept in
+    ``result.received`` (``result.events_of(handler)``): a bus handler is subscribed to
+    ``types`` (every event by default); training callbacks are attached as a live run
+    attaches them and get each recorded round once, gathered anew. Anything else is a
+    ``TypeError`` before the replay starts. ``subscribe(bus)`` may wire anything more;
+    ``options`` go to ``eventbus.log.replay_file``.
 
-    On virtual time a call costs nothing; ``costs`` charges handlers a cost,
-    to test what a budget policy does when a callback gets slow:
-    ``costs={"Slow.after_report": 0.05}`` (seconds per call, by the name the
-    bus gives the handler: a training callback's hook is ``Class.hook``, a
-    second instance's ``Class.hook#2``), or a function of (handler name,
-    event) giving seconds; handlers not named cost 0. The same replay gives
-    the same budget reports and policy decisions every time. A name that no
-    handler has is an ``OptionError`` listing those there are.
+    ``costs`` charges handlers virtual time, to test a budget policy:
+    ``costs={"Slow.after_report": 0.05}`` (seconds per call, by handler name, ``#2`` for
+    a second instance), or a function of (handler name, event); handlers not named cost
+    0. A name no handler has is an ``OptionError`` listing those there are.
     """
     received: tuple[list[Event], ...] = ()
 
