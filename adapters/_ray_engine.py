@@ -5,14 +5,18 @@ the objects the user passed are the ones that change. Only the workers move: the
 through ``ray.train.report`` (Ray persists their checkpoints and gathers the rounds); Ray's
 controller forwards each round and failure to a hub actor, which the driver drains into the
 run (each round whole: ``Run.report_round``). Workers read what flows back from the hub.
+A round of Ray's is never partial, so with ``stall_periods`` each worker tells the hub its
+progress (``Run.heard``), by which a rank that hangs is seen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -59,7 +63,8 @@ class _Hub:
     The controller puts rounds, failures and failure decisions; the driver
     takes them in order and says which rounds its callbacks handled; workers
     wait for their rounds and read ``should_stop``, ``for_workers`` and the
-    checkpoint to resume from.
+    checkpoint to resume from, and tell their progress (``progress``), which
+    the driver takes with the news, after them.
     """
 
     def __init__(self, status: _Status, first_index: list[int]) -> None:
@@ -75,6 +80,8 @@ class _Hub:
         self._first_index = first_index
         self._changed = asyncio.Condition()
         self._controller: Any = None
+        #: Per rank, its latest progress told this attempt: ``(index, seconds ago, when told)``.
+        self._progress: dict[int, tuple[int, float, float]] = {}
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -102,6 +109,7 @@ class _Hub:
             self._failing = self._attempt
         elif kind == "decision" and payload:
             self._attempt += 1
+            self._progress.clear()  # the failed attempt's: the restarted group starts anew
         if kind == "closed":
             self._closed = True
         else:
@@ -123,17 +131,29 @@ class _Hub:
             self._handled = rounds
             self._status = (stops, values, self._status[2])
             await self._notify()
-        if not self._news and not self._closed:
+        if not self._news and not self._progress and not self._closed:
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), wait_s)
         news, self._news = self._news, []
+        if self._progress:
+            now = time.monotonic()
+            told = {rank: (i, ago + now - at) for rank, (i, ago, at) in self._progress.items()}
+            news.append(("progress", told))
+            self._progress = {}
         return news, self._closed and not news
 
     def controller(self) -> Any:
         return self._controller
 
     # --- the workers -------------------------------------------------------------------
+
+    async def progress(self, attempt: int, rank: int, index: int, ago: float) -> None:
+        """Rank ``rank`` of ``attempt`` entered its report ``index`` ``ago`` seconds
+        ago (its worker's clock measures the seconds, so no two clocks are compared)."""
+        if attempt == self._attempt:  # else a failed group's, late
+            self._progress[rank] = (index, ago, time.monotonic())
+            await self._notify()
 
     def worker_started(self, rank: int) -> tuple[int, int, int, _Status]:
         """A worker's attempt, the rounds of the job so far, its first report index
@@ -168,6 +188,9 @@ class RayReporter(Reporter):
     rank's latest round; ``should_stop``, ``from_callbacks`` and
     ``latest_checkpoint`` are as of then (``should_stop`` also looks, without
     waiting, for newer news each time it is read).
+
+    Its progress (the latest report it entered, and when) it keeps in one
+    attribute; a thread of its own (``tell_progress``) tells the hub.
     """
 
     def __init__(self, hub: Any, rank: int, world_size: int) -> None:
@@ -180,6 +203,11 @@ class RayReporter(Reporter):
         self.attempt, self._first_round, self._index, self._status = started
         self._rounds = 0  # reports of this attempt
         self._looking: Any = None
+        #: The latest report entered (its index, ``time.monotonic()`` then), and what
+        #: ``tell_progress`` needs: when it last told, how often it may, its wake-up.
+        self._entered: tuple[int, float] | None = None
+        self._told_at, self._every = 0.0, math.inf  # never, until it is started
+        self._wake = threading.Event()
 
     async def report(
         self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None = None
@@ -195,7 +223,48 @@ class RayReporter(Reporter):
         index = self._index
         self._index += 1
         self._rounds += 1
+        now = time.monotonic()
+        self._entered = (index, now)
+        if now - self._told_at >= self._every:  # after a quiet spell: told at once
+            self._wake.set()
         ray.train.report(dict(frozen), checkpoint=saved, checkpoint_dir_name=_dir_name(index))
+
+    def tell_progress(self, every: float) -> Callable[[], None]:
+        """Tell the hub this rank's progress from a thread, when it moved, at most once
+        per ``every`` seconds and without waiting for an answer: a report after a
+        quiet spell at once (so ranks that end a pause together are told together),
+        the others at the interval's end. Returns the function that tells the last
+        and stops it.
+
+        A thread, because ``ray.train.report`` blocks the rank (and its loop) until
+        every rank made that report (a barrier on Ray's synchronization actor), and
+        a rank waiting there for one that hangs must show as ahead of it; and the
+        report path then pays a tuple and a comparison, not a Ray call."""
+        stop = threading.Event()
+
+        def tell() -> None:
+            told = -1
+            while True:
+                self._wake.wait(every)
+                self._wake.clear()  # before reading: a report stores, then wakes
+                entered = self._entered
+                if entered is not None and entered[0] != told:
+                    told, self._told_at = entered[0], time.monotonic()
+                    ago = self._told_at - entered[1]
+                    self._hub.progress.remote(self.attempt, self.rank, told, ago)
+                if stop.is_set():
+                    return
+
+        self._every, self._told_at = every, -math.inf
+        thread = threading.Thread(target=tell, name=f"progress-rank-{self.rank}", daemon=True)
+        thread.start()
+
+        def stop_telling() -> None:
+            stop.set()
+            self._wake.set()
+            thread.join(_LAST_WORDS_S)
+
+        return stop_telling
 
     async def sync(self) -> None:
         waited = self._hub.wait_handled.remote(self._first_round + self._rounds, self.attempt)
@@ -263,6 +332,8 @@ def _worker_main(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     reporter = RayReporter(config["hub"], context.get_world_rank(), context.get_world_size())
     fn: WorkerFn = config["fn"]
+    every: float | None = config["progress_every"]
+    stop_telling = reporter.tell_progress(every) if every is not None else None
     try:
         anyio.run(fn, reporter)
     except Exception as exc:
@@ -270,6 +341,9 @@ def _worker_main(config: dict[str, Any]) -> None:
             raise
         text = "".join(traceback.format_exception(exc))
         raise WorkerError(reporter.rank, type(exc).__qualname__, str(exc), text) from exc
+    finally:
+        if stop_telling is not None:
+            stop_telling()
 
 
 def _travels(exc: BaseException) -> bool:
@@ -411,9 +485,12 @@ class RayEngine:
         status = ((run.should_stop, run.should_checkpoint), run.for_workers, latest)
         hub = ray.remote(num_cpus=0)(_Hub).remote(status, first_index)
         forwarder = _Forwarder(hub)
+        # Progress is told only where stalls are watched: at most twice a period.
+        watched = run.bus.options.stall_periods is not None
+        every = run.bus.period / 2 if watched else None
         trainer = TorchTrainer(
             _worker_main,
-            train_loop_config={"fn": fn, "hub": hub},
+            train_loop_config={"fn": fn, "hub": hub, "progress_every": every},
             scaling_config=ScalingConfig(
                 num_workers=run.world_size,
                 use_gpu=self.use_gpu,
@@ -539,6 +616,9 @@ class _Pump:
                 self.attempt += 1
                 self.retried = True
                 await run.group_restarting(self.failures, self.attempt, self.max_restarts)
+            elif kind == "progress":  # each rank's latest report entered, and how long ago
+                for rank, (index, ago) in payload.items():
+                    run.heard(rank, index, ago)
         if rounds:
             self.rounds += rounds
             await run.wait_gathered(0)  # whole rounds: no rank's report waits for another

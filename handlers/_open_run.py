@@ -67,8 +67,9 @@ def open_run(
         budget: the callbacks' share of a period (default 0.05).
         buffer: events the bus holds before reporters wait (default 1024).
         drain_timeout: how long the run's end waits for callbacks, seconds.
-        stall_periods: a rank the open round waits for, silent this many periods
-            while other ranks reported into it, has stalled: one console line, a
+        stall_periods: a rank the others wait for (the open round lacks it while
+            they reported into it; on Ray, its progress is behind theirs), silent
+            this many periods, has stalled: one console line, a
             ``RankStalled`` and ``after_exception`` with ``{rank: RankStalledError}``,
             once per stall (default ``None``: not watched).
         on_stall: ``"warn"`` (default), or ``"restart"``: a stall is also a failure of

@@ -5,7 +5,9 @@ in rank order, as Ray Train's ``metrics[i]`` promises: a round is released only 
 required rank has a report waiting. The FIFOs' heads are kept as two rounds of slots by rank,
 so a complete round's slots are already its ``metrics`` list and a report costs the same
 whatever the world size. Every report passes the same rules (``_admit``); a round a framework
-gathered already comes whole (``take_round``) through the same rules.
+gathered already comes whole (``take_round``) through the same rules. At each health-check
+tick it looks for stalled ranks; where rounds come whole, by the progress engines tell
+(``heard``).
 """
 
 from __future__ import annotations
@@ -77,8 +79,10 @@ class ReportCallbackHandler:
         stall_periods: at each ``HealthCheckTick``, a required rank whose latest
             report is this many periods old, that a round other ranks reported
             into waits for, has stalled: said once (a ``RankStalled``, one console line)
-            until it reports again (``RankRecovered``). By default the bus's
-            (``BusOptions.stall_periods``); ``None`` there: not watched.
+            until it reports again (``RankRecovered``). Where rounds come whole, the
+            rank behind the others' progress (``heard``) is the one waited for. By
+            default the bus's (``BusOptions.stall_periods``); ``None`` there: not
+            watched.
     """
 
     def __init__(
@@ -93,11 +97,15 @@ class ReportCallbackHandler:
     ) -> None:
         self.announce_checkpoints = announce_checkpoints
         self.stall_periods = stall_periods
-        #: Per rank, the bus time of its latest accepted report (NaN: none since the
+        #: Per rank, its progress: the latest report index it made (or, told by
+        #: ``heard``, is making), and the bus time it got there (NaN: none since the
         #: group started; the next tick's period start stands for it).
+        self._progress: list[int] = []
         self._last_time: list[float] = []
-        #: The stalled ranks: the time of the report they are silent since, and the stall.
-        self._stalled: dict[int, tuple[float, RankStalled]] = {}
+        #: Whether the engine tells progress apart from rounds (``heard``): rounds come whole.
+        self._hears = False
+        #: The stalled ranks: the progress and time they are silent since, and the stall.
+        self._stalled: dict[int, tuple[int, float, RankStalled]] = {}
         #: Figures: stalls found, and recoveries.
         self.stalls = 0
         self.recoveries = 0
@@ -191,6 +199,7 @@ class ReportCallbackHandler:
             self._required[rank] = True
         self._all_required = len(required) == world_size
         self._last_index = [-1] * world_size
+        self._progress = [-1] * world_size
         self._last_time = [math.nan] * world_size
         self._stalled = {}
         self._slots = [None] * world_size
@@ -218,7 +227,7 @@ class ReportCallbackHandler:
             taken = self._taken
             if taken and taken[0] == (event.rank, event.index):
                 taken.popleft()  # a record of a round taken whole
-                self._last_time[event.rank] = event.time
+                self._moved(event.rank, event.index, event.time)
                 return
             self._admit(event)
         elif isinstance(event, HealthCheckTick):
@@ -268,6 +277,7 @@ class ReportCallbackHandler:
             self._reject(report, "rank", reason)
             return
         self._last_index[rank] = index
+        self._progress[rank] = index
         self._last_time[rank] = report.time
         if self._slots[rank] is None:
             self._slots[rank] = metrics
@@ -477,43 +487,90 @@ class ReportCallbackHandler:
         self._configure(position.world_size, position.required_ranks or None)
         for rank, index in enumerate(position.next_index[: self.world_size]):
             if self._required[rank] and index > 0:
-                self._last_index[rank] = index - 1
+                self._last_index[rank] = self._progress[rank] = index - 1
         self.rounds, self._done = position.rounds, position.reports
         self.rejected, self.mismatches = position.rejected, position.mismatches
         self.restarts = position.restarts
 
     # --- stalled ranks -------------------------------------------------------------
 
+    def heard(self, run_id: str, rank: int, index: int, time: float) -> None:
+        """Rank ``rank`` made its report ``index``, or is making it (waits in it for the
+        other ranks), as of ``time`` on the bus clock.
+
+        An engine whose rounds come whole (Ray gathers them itself) says so apart
+        from its rounds: no round of it is ever partial, so only each rank's
+        progress shows whom the others wait for (``watch``). An index not past the
+        rank's progress (a round's record after its progress) changes nothing."""
+        if not self._configured:
+            raise RuntimeError("progress heard before the run's world size is known")
+        if self.run_id is None:
+            self.run_id = run_id
+        elif run_id != self.run_id:
+            raise ValueError(f"progress of run {run_id!r}, but this run is {self.run_id!r}")
+        if type(rank) is not int or not 0 <= rank < self.world_size or not self._required[rank]:
+            raise ValueError(
+                f"progress of rank {rank!r}, which is not a required rank "
+                f"(required: {list(self.required_ranks)})"
+            )
+        if type(index) is not int or index < 0:
+            raise ValueError(f"progress of rank {rank}: index {index!r} is no report index")
+        self._hears = True
+        self._moved(rank, index, time)
+
+    def _moved(self, rank: int, index: int, time: float) -> None:
+        """``rank``'s progress is ``index`` as of ``time``, if that is further than known
+        (its time never goes back: two sources, rounds and ``heard``, may cross)."""
+        if index > self._progress[rank]:
+            self._progress[rank] = index
+            if not self._last_time[rank] >= time:  # NaN: nothing since the group started
+                self._last_time[rank] = time
+
     def watch(self, tick: HealthCheckTick) -> None:
-        """At a period's end: a required rank silent for ``stall_periods`` periods that
-        the oldest open round lacks, while other ranks reported into it, has stalled
-        (said once); a stalled rank that reported since has recovered. Ranks silent
-        together with no round partial (a pause every rank takes) have not stalled."""
+        """At a period's end: a required rank the others wait for (``_behind``), silent
+        for ``stall_periods`` periods, has stalled (said once, until its progress
+        moves); each stalled rank whose progress moved since has recovered. Ranks
+        silent together at one step (a pause every rank takes, the run's end) have
+        not: the rank the others wait for is the one that hangs, not those waiting."""
         periods = self.stall_periods
         if periods is None or not self._configured or self.run_id is None:
             return
-        times, indices = self._last_time, self._last_index
+        times, progress = self._last_time, self._progress
         for rank, time_ in enumerate(times):
             if math.isnan(time_):  # no report since the group started
                 times[rank] = tick.start
         stalled = self._stalled
-        for rank, (since, _) in list(stalled.items()):
-            if times[rank] > since:
+        for rank, (index, since, _) in list(stalled.items()):
+            if progress[rank] > index:
                 del stalled[rank]
                 self._recovered(rank, times[rank] - since)
         if not self._period:
             self._period = tick.end - tick.start
-        if self._missing == len(self.required_ranks):
-            return  # no rank reported into the open round: none is waited for
+        behind = self._behind()
+        if not behind:
+            return
         limit, end = periods * self._period, tick.end
-        ahead = max(indices[rank] for rank in self.required_ranks)
-        for rank in self.lacking():
+        ahead = max(progress[rank] for rank in self.required_ranks)
+        for rank in behind:
             if end - times[rank] >= limit and rank not in stalled:
                 self._stall(rank, end - times[rank], ahead)
 
+    def _behind(self) -> list[int]:
+        """The ranks the others wait for: those the oldest open round lacks, once other
+        ranks reported into it; where rounds come whole (``heard``), those whose
+        progress is behind the furthest rank's."""
+        required = self.required_ranks
+        if self._missing < len(required):
+            return self.lacking()
+        if not self._hears:
+            return []  # no round partial: no rank is waited for
+        progress = self._progress
+        furthest = max(progress[rank] for rank in required)
+        return [rank for rank in required if progress[rank] < furthest]
+
     def _stall(self, rank: int, silent: float, others_at: int) -> None:
         periods, period = self.stall_periods or 0, self._period
-        last = self._last_index[rank]
+        last = self._progress[rank]
         stall = RankStalled(
             run_id=self.run_id or "",
             rank=rank,
@@ -523,7 +580,7 @@ class ReportCallbackHandler:
             periods=periods,
             period=period,
         )
-        self._stalled[rank] = (self._last_time[rank], stall)
+        self._stalled[rank] = (last, self._last_time[rank], stall)
         self.stalls += 1
         at = f"last at step {last}" if last >= 0 else "none yet"
         _log.warning(
@@ -536,7 +593,7 @@ class ReportCallbackHandler:
 
     def _recovered(self, rank: int, silent: float) -> None:
         self.recoveries += 1
-        index = self._last_index[rank]
+        index = self._progress[rank]
         _log.warning(
             f"rank {rank} recovered after {silent:.1f} s: reported step {index}",
             run_id=self.run_id,

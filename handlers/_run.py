@@ -10,6 +10,7 @@ says how that is reported).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -359,6 +360,20 @@ class Run(anyio.AsyncContextManagerMixin):
         if checkpoint is not None:
             location = checkpoint_location((gathering.required_ranks or (0,))[0], checkpoint)
         await self.bus.publish_many(gathering.take_round(self.run_id, metrics, location))
+
+    def heard(self, rank: int, index: int, ago: float = 0.0) -> None:
+        """Say that ``rank`` made its report ``index``, or waits in it for the other
+        ranks, ``ago`` seconds ago: an engine whose rounds come whole tells each
+        rank's progress so, since none of its rounds is partial, and a rank behind
+        the others' progress for ``stall_periods`` periods has stalled
+        (``ReportCallbackHandler.heard``)."""
+        attachment = self.attachment
+        if self._entered is None or attachment is None:
+            raise RuntimeError("tell progress inside `async with open_run(...) as run`")
+        if type(ago) not in (int, float) or not 0 <= ago < math.inf:
+            raise ValueError(f"progress of rank {rank}: ago must be seconds >= 0, got {ago!r}")
+        at = self.bus.clock.now() - ago
+        attachment.reports.heard(self.run_id, rank, index, at)
 
     async def checkpoint_saved(
         self,

@@ -190,6 +190,7 @@ RAY_FILES = (
     "adapter_tests/test_ray.py",
     "adapter_tests/test_ray_engine.py",
     "adapter_tests/test_ray_lifecycle_order.py",
+    "adapter_tests/test_ray_stalls.py",
     "adapter_tests/test_trackers_frameworks.py",
 )
 

@@ -182,3 +182,93 @@ async def test_on_stall_is_checked() -> None:
         open_run(world_size=2, stall_periods=2, on_stall="stop")  # type: ignore[arg-type]
     with pytest.raises(OptionError, match="on_stall='restart' needs stall_periods"):
         open_run(world_size=2, on_stall="restart")
+
+
+async def tick(run: Run, clock: VirtualClock, seconds: float = 1.0) -> None:
+    await run.bus.wait_idle()
+    clock.advance(seconds)
+    await run.bus.wait_idle()
+
+
+async def test_where_rounds_come_whole_the_rank_behind_the_others_progress_stalls(
+    tmp_path: Path,
+) -> None:
+    """Ray's way: rounds come whole (``report_round``), never partial, and the engine
+    tells each rank's progress (``heard``). Rank 0 waits in its report 1 for rank 1,
+    which hangs after its report 0: rank 1 is named, once, with the same line, event
+    and ``after_exception`` as where rounds are gathered here; its report 0's round,
+    taken after its progress told it, does not restart its silence."""
+    clock, heard, log = VirtualClock(), Heard(), tmp_path / "run.evlog"
+    with capture_logs() as logs:
+        async with open_run(
+            world_size=2, callbacks=[heard], clock=clock, period=1.0, stall_periods=2, log=log
+        ) as run:
+            run.heard(0, 0)
+            run.heard(1, 0)  # both made report 0 at time 0
+            await tick(run, clock, 0.5)
+            run.heard(0, 1, ago=0.25)  # rank 0 entered report 1 at 0.25, and waits there
+            await run.report_round([{"loss": 1.0}, {"loss": 1.0}])  # round 0, at 0.5
+            await tick(run, clock, 0.5)  # tick at 1: silent 1 s, not yet
+            assert heard.exceptions == []
+            for _ in range(3):  # silent 2 s at the tick at 2: said once
+                await tick(run, clock)
+            run.heard(1, 1, ago=0.5)  # at 4: it entered report 1 at 3.5
+            await run.report_round([{"loss": 0.5}, {"loss": 0.5}])
+            await tick(run, clock)
+            for step in (2, 3):  # in step again: nothing more is said
+                run.heard(0, step)
+                run.heard(1, step)
+                await run.report_round([{"loss": 0.1}, {"loss": 0.1}])
+                await tick(run, clock)
+    assert said(logs, "rank 0") == []
+    assert said(logs, "rank 1 stalled") == [
+        "rank 1 stalled: no report for 2.0 s (2 periods of 1 s), last at step 0; "
+        "the other ranks are at step 1"
+    ]
+    assert said(logs, "rank 1 recovered") == ["rank 1 recovered after 3.5 s: reported step 1"]
+    assert [list(d) for d in heard.exceptions] == [[1]]
+    assert isinstance(heard.exceptions[0][1], RankStalledError)
+    events = read_log(log).events
+    (stall,) = [e for e in events if isinstance(e, RankStalled)]
+    assert (stall.rank, stall.silent_s, stall.last_index, stall.others_at) == (1, 2.0, 0, 1)
+    (recovered,) = [e for e in events if isinstance(e, RankRecovered)]
+    assert (recovered.rank, recovered.index, recovered.silent_s) == (1, 1, 3.5)
+    assert run.result.rounds == 4 and run.result.status == "finished"
+
+
+async def test_whole_rounds_with_no_progress_told_name_no_rank() -> None:
+    """Without ``heard`` (Lightning's whole rounds), a silence of every rank is a pause
+    they all take, and progress equal at every rank names none either."""
+    clock, heard = VirtualClock(), Heard()
+    with capture_logs() as logs:
+        async with open_run(
+            world_size=2, callbacks=[heard], clock=clock, period=1.0, stall_periods=2
+        ) as run:
+            await run.report_round([{"loss": 1.0}, {"loss": 1.0}])
+            for _ in range(5):
+                await tick(run, clock)
+            run.heard(0, 1)
+            run.heard(1, 1)
+            for _ in range(5):
+                await tick(run, clock)
+    assert said(logs, "rank") == [] and heard.exceptions == []
+
+
+@pytest.mark.parametrize(
+    ("rank", "index", "ago", "says"),
+    [
+        (2, 0, 0.0, "progress of rank 2, which is not a required rank (required: [0, 1])"),
+        (True, 0, 0.0, "progress of rank True, which is not a required rank"),
+        (0, -1, 0.0, "progress of rank 0: index -1 is no report index"),
+        (0, 1.0, 0.0, "progress of rank 0: index 1.0 is no report index"),
+        (0, 0, -1.0, "progress of rank 0: ago must be seconds >= 0, got -1.0"),
+        (0, 0, math.nan, "progress of rank 0: ago must be seconds >= 0, got nan"),
+    ],
+)
+async def test_progress_that_is_no_progress_is_refused_naming_it(
+    rank: Any, index: Any, ago: Any, says: str
+) -> None:
+    async with open_run(world_size=2, period=1.0, stall_periods=2) as run:
+        with pytest.raises(ValueError) as info:
+            run.heard(rank, index, ago)
+        assert str(info.value).startswith(says)
