@@ -17,15 +17,9 @@
   callback-overhead bench, show / replay / convert / stats for logs, and
   report).
 
-The trainer adapters feed the bus through a bounded hand-off
-(``adapters._bus_host``); Hugging Face's and Lightning's step it in the
-trainer's hooks (``adapters._stepped_bus``), Ray's runs it in a thread of its
-own (``adapters._bus_thread``). Third-party libraries (transformers, lightning,
-torch, ray, matplotlib, tensorboard, mlflow, opentelemetry) are imported only
-here, when the module or feature that needs them is used, and are installed as
-extras.
-Options (``AdapterOptions``) are checked when an adapter is made, as
-``open_run``'s are.
+The trainer adapters feed the bus through a bounded hand-off (``adapters._bus_host``).
+Third-party libraries are imported only here, when the module or feature that needs them is
+used, and are installed as extras.
 """
 
 from ._options import AdapterOptions

@@ -1,12 +1,9 @@
 """What every host of an adapter's bus shares: the hand-off deque and the bus's life.
 
-A trainer's hooks hand events off by appending to a deque (``offer``); a host
-(``adapters._bus_thread.BusThread``: a thread of its own;
-``adapters._stepped_bus.SteppedBus``: the trainer's own thread, at its hooks)
-takes them from it and publishes them, in order, with the markers the run's
-end and a checkpoint need (``_AfterIdle``, a stop). How and when the deque is
-looked at is the host's; what an item means, how the bus is made, wired and
-closed, and how a callback's failure of the run is kept, are here.
+The host (``adapters._bus_thread.BusThread``: a thread of its own;
+``adapters._stepped_bus.SteppedBus``: the trainer's own thread, at its hooks) takes what the
+trainer's hooks append to a deque (``offer``) and publishes it, in order. How and when the
+deque is looked at is the host's; what an item means, and the bus's life, are here.
 """
 
 from __future__ import annotations
@@ -17,15 +14,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Unpack
 
-from eventbus import (
-    BusClosed,
-    CloseReport,
-    Event,
-    EventBus,
-    Subscription,
-    describe_exception,
-    get_logger,
-)
+from eventbus import BusClosed, Event, EventBus
+from eventbus._bus import CloseReport
+from eventbus._logging import get_logger
+from eventbus._subscription import Subscription
+from eventbus._text import describe as describe_exception
 from eventbus.log import LogRecorder
 
 from ._options import AdapterKeywords, AdapterOptions, Backend

@@ -23,7 +23,10 @@ from typing import Any
 
 import anyio
 
-from eventbus import CloseReport, Event, EventBus, Subscription, get_logger
+from eventbus import Event, EventBus
+from eventbus._bus import CloseReport
+from eventbus._logging import get_logger
+from eventbus._subscription import Subscription
 
 from ._bus_host import STOP, BusHost, DeferredEvent, kind_of
 

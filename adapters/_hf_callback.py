@@ -24,20 +24,14 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "pip install 'train-eventbus[transformers]'"
     ) from _exc
 
-from eventbus import (
-    EventBus,
-    Report,
-    Stage,
-    StateRestored,
-    StateSnapshotted,
-    get_logger,
-)
-from eventbus.state import Snapshot, StateStore, is_stateful
-from handlers.wiring import (
-    CallbackAttachment,
-    RunCore,
-    training_callbacks,
-)
+from eventbus import EventBus, Report, StateRestored, StateSnapshotted
+from eventbus._logging import get_logger
+from eventbus._stages import Stage
+from eventbus.state import StateStore
+from eventbus.state._model import Snapshot, is_stateful
+from handlers._attach import CallbackAttachment
+from handlers._core import RunCore
+from handlers._user import training_callbacks
 
 from ._hf_state import TRAINER_STATE_NAME, merge_stateful_callbacks, read_hf_trainer_state
 from ._options import AdapterKeywords, AdapterOptions
@@ -178,22 +172,13 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     ) -> None:
         """The hot hook: a copy of ``logs`` into a ``Report``, appended to the hand-off.
 
-        Two logs are not a step's report. HF's end-of-training log
-        (``train_runtime``, ``train_loss``, ...) describes the whole run: it
-        becomes ``RunFinished.summary``. A log followed by a save in the same
-        step (``control.should_save``, set before ``on_log``) is held until
-        ``on_save``, which makes the saved checkpoint its round's.
-
-        The report is appended (``BusHost.offer``) and made into a ``Report``
-        by the bus from a tuple (a ``DeferredEvent``: cheaper here). With a
-        callback that can stop the run (a ``should_stop``), the hook then waits
-        until such callbacks handled it (``ThreadedRun.wait_for_stoppers``), so
-        a stop it decides ends training at this step, whatever the step's or the
-        other callbacks' time. Without one: no lock, no wake-up of another
-        thread; a bus stepped in the hooks takes it at once (``poll``: at most
-        once per ``poll_interval``), a bus thread at its next look. The slow
-        cases (a full hand-off, a callback's failure to raise here) go through
-        ``ThreadedRun.handoff``.
+        HF's end-of-training log describes the whole run: it becomes
+        ``RunFinished.summary``. A log followed by a save in the same step
+        (``control.should_save``, set before ``on_log``) is held until ``on_save``, which
+        makes the saved checkpoint its round's. With a callback that can stop the run,
+        the hook then waits until such callbacks handled the report
+        (``ThreadedRun.wait_for_stoppers``), so a stop it decides ends training at this
+        step; without one, no lock and no wake-up of another thread.
         """
         run = self._run
         thread = run.thread

@@ -1,24 +1,11 @@
 """Hugging Face's ``trainer_state.json``: its ``stateful_callbacks`` section, both ways.
 
-HF's ``TrainerState`` stores ``{ClassName: state}``, or ``{ClassName: [state,
-state, ...]}`` when several callbacks share a class, and its
-``trainer.py:_load_callback_state`` restores by class name, pairing saved and
-live instances with ``zip``. So HF keys by class *name* only: module and
-``state_key`` are lost on the way in. A snapshot read from HF is therefore
-keyed by class name (``Name``, or ``Name[i]`` for the i-th of the list form)
-and restored by class name and position, with count mismatches reported.
-Writing our snapshot to HF groups states by class name in callback order; two
-different classes with one name cannot be told apart there, so that is an
-error rather than a silently merged list.
-
-The file is HF's, so this lives with the HF adapter, not in the runtime's
-state store; it needs no ``transformers`` though (converting a checkpoint's
-states is plain JSON). It is read as defensively as our own snapshots
-(a regular file, at most ``max_bytes``), parsed with the standard ``json``
-module and written back atomically the way HF writes it (``indent=2,
-sort_keys=True``, trailing newline; without re-encoding HF's part of it
-when the file is laid out so), so fields we do not own, NaN in
-``log_history`` included, are kept as they are.
+HF stores ``{ClassName: state}``, or ``{ClassName: [state, ...]}`` when several callbacks share
+a class, and restores by class name with ``zip``: module and ``state_key`` are lost. A
+snapshot read from HF is keyed by class name (``Name``, ``Name[i]``) and restored by class
+name and position, mismatches reported; two different classes with one name are an error
+when writing. The file is read as defensively as our snapshots and written back atomically
+as HF formats it, so fields we do not own (NaN in ``log_history`` included) stay as they are.
 """
 
 from __future__ import annotations
@@ -29,16 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eventbus.state import (
-    DEFAULT_MAX_BYTES,
-    MALFORMED,
-    CallbackState,
-    Snapshot,
-    StateFormatError,
-    atomic_write,
-    check_state,
-    read_regular_file,
-)
+from eventbus.state._files import DEFAULT_MAX_BYTES, atomic_write, read_regular_file
+from eventbus.state._model import MALFORMED, CallbackState, Snapshot, StateFormatError, check_state
 
 __all__ = [
     "HF_SECTION",
@@ -98,7 +77,7 @@ def from_hf_callbacks(section: Any, *, checkpoint: str = "", where: str = HF_SEC
     is left out of ``states`` and its key goes to ``errors`` with the path
     of the problem (``malformed in stateful_callbacks.EarlyStoppingCallback[1].args:
     ...``), so a restore reports that callback and restores the others. A
-    section that is not a mapping at all is a ``StateFormatError``.
+    section that is not a mapping at all is a ``StateError``.
     """
     if not isinstance(section, dict):
         raise StateFormatError(f"{where}: expected a mapping of class name to state")
@@ -165,9 +144,8 @@ def _spliced(data: bytes, section: Callable[[Any], HFCallbacks]) -> str | None:
     """HF's text with only the section's value replaced, or None where the file is not
     laid out as HF lays it out (then the whole document is re-encoded).
 
-    Why: re-encoding HF's whole file at every save costs about 12 us per entry
-    of its ``log_history`` (one per log: 6 ms at step 500 with
-    ``logging_steps=1``), in the trainer's thread. The bytes are the same.
+    Why: re-encoding HF's whole file at every save costs time per entry of its
+    ``log_history`` (one per log), in the trainer's thread. The bytes are the same.
     """
     try:
         text = data.decode("utf-8")
@@ -218,10 +196,8 @@ def merge_stateful_callbacks(
     """Put ``snapshot``'s states in the ``stateful_callbacks`` of an existing HF
     ``trainer_state.json``, next to HF's own entries.
 
-    HF's entries (its ``TrainerControl``, its stateful callbacks) are kept; an
-    entry named like one of our classes is replaced (after a resume HF carries
-    our entries from the resumed checkpoint along, stale). HF itself writes the
-    file with a plain ``open`` just before ``on_save``; we rewrite it atomically.
+    HF's entries are kept; an entry named like one of our classes is replaced (after a
+    resume HF carries ours along from the resumed checkpoint, stale).
     """
     path = Path(path)
     states = to_hf_callbacks(snapshot)

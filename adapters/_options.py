@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from eventbus import BusOptions
-from eventbus.options import BusKeywords, WaitSeconds
-from handlers.options import EndSeconds
+from eventbus._options import BusKeywords, WaitSeconds
+from handlers._options import EndSeconds
 
 __all__ = ["AdapterKeywords", "AdapterOptions", "Backend", "BusRuns", "PollSeconds"]
 

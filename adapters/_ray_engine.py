@@ -1,18 +1,12 @@
 """``RayEngine``: ``open_run``'s workers as a Ray Train v2 job, with every promise kept.
 
-The run stays in the driver: its bus, callbacks, state store and log are
-the ones a local run has, so the objects the user passed are the ones that
-change, and the log lands on the driver's file system. Only the workers
-move. They report through ``ray.train.report``, so Ray persists their
-checkpoints into the run's storage and gathers the rounds by its own rule;
-Ray's controller forwards each round and failure to a small hub actor,
-which the driver drains into the run: each round whole (``Run.report_round``:
-Ray gathered it already), each failure as the run's own tasks report them.
-A round of Ray's is never partial, so a rank that hangs shows only in the
-ranks' progress: with ``stall_periods`` each worker tells the hub, at most every
-half period, the latest report it entered, and the driver hands that to the
-run (``Run.heard``). What flows back (which rounds the callbacks handled, ``should_stop``,
-``for_workers``, the checkpoint to resume from) the workers read from the hub.
+The run stays in the driver: its bus, callbacks, state store and log are a local run's, so
+the objects the user passed are the ones that change. Only the workers move: they report
+through ``ray.train.report`` (Ray persists their checkpoints and gathers the rounds); Ray's
+controller forwards each round and failure to a hub actor, which the driver drains into the
+run (each round whole: ``Run.report_round``). Workers read what flows back from the hub.
+A round of Ray's is never partial, so with ``stall_periods`` each worker tells the hub its
+progress (``Run.heard``), by which a rank that hangs is seen.
 """
 
 from __future__ import annotations
@@ -38,9 +32,9 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
-from eventbus import get_logger
+from eventbus._logging import get_logger
 from handlers import Reporter, ReportError, WorkerError
-from handlers.wiring import MetricsError, freeze_metrics
+from handlers._metric_values import MetricsError, freeze_metrics
 
 if TYPE_CHECKING:
     from handlers import Run, WorkerFn
@@ -366,12 +360,9 @@ class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untype
     """In Ray's controller: the gathered rounds and failures, and (through
     ``_ControllerHooks``) Ray's decisions and the job's end, to the hub, in order.
 
-    A Ray call costs the controller and the hub a few hundred microseconds of
-    CPU, taken from the workers on a small node (a 2-worker job on 2 cores lost
-    5.0% of its steps with one call per round, 0.7% batched). So news go in
-    numbered batches: a round after a quiet spell of ``_BATCH_S`` at once,
-    rounds that follow it together at the window's end (on the controller's
-    loop), all else at once with what waits before it.
+    A Ray call costs the controller and the hub CPU taken from the workers on a small
+    node (docs/trainers/ray.md), so news go in numbered batches: a round after a quiet
+    spell of ``_BATCH_S`` at once, rounds that follow it together at the window's end.
     """
 
     def __init__(self, hub: Any) -> None:

@@ -1,29 +1,13 @@
 """A bus stepped in the trainer's own thread, at its hooks: no second thread.
 
-A bus in a thread of its own takes the GIL from the trainer at each look (the
-figures: ``docs/adapters.md``, ``benchmarks/bench_trainer_overhead.py``), so
-by default the bus's asyncio loop runs only inside the trainer's hooks: a hook
-appends to the deque, and ``poll`` (at most once per ``poll_interval``), a
-checkpoint, or, with a callback that can stop the run, the hook that handed
-off a report (``ThreadedRun.wait_for_stoppers``) steps the bus: its loop runs
-until the handlers have finished what the step gave them, lanes included, as
-the framework's own callbacks would, in the trainer's thread. So a call never
-spans two hooks: the time a callback is charged is the time it ran (an async
-callback awaiting 1 ms is charged 1 ms, and the trainer waits that 1 ms),
-never the trainer's compute between two hooks, and its deadline is enforced
-inside the step, by the bus's own watchdog, as under ``open_run``. A step
-gives up after ``handoff_timeout`` (a bus that never goes idle, such as
-handlers publishing to each other without end): what is left goes on at the
-next steps. ``wait_idle`` and the run's end wait the same way, with their own
-limits.
-
-A callback that waits long holds the trainer, as a framework callback would:
-an async or ``blocking = True`` one up to its deadline, a plain sync one to
-its end (it cannot be interrupted). Run such callbacks with
-``bus_runs="in_thread"`` for the trainer not to wait for them.
+A bus in a thread of its own takes the GIL from the trainer at each look (docs/performance.md),
+so by default the bus's asyncio loop runs only inside the trainer's hooks: ``poll`` (at most
+once per ``poll_interval``), a checkpoint, or, with a callback that can stop the run, the hook
+that handed off a report steps the bus until the handlers have finished what it was given,
+lanes included. So a call never spans two hooks: a callback is charged the time it ran, never
+the trainer's compute between hooks, and the bus's watchdog enforces its deadline inside the
+step. A step gives up after ``handoff_timeout``; what is left goes on at the next steps.
 asyncio only: trio's loop cannot be run a step at a time from outside it.
-No private attribute of asyncio is read: a step is ``run_forever``, stopped
-by the bus's pump once the bus is idle, or by a timer at the step's limit.
 """
 
 from __future__ import annotations
@@ -33,7 +17,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from eventbus import CloseReport, Event, EventBus, Subscription, get_logger
+from eventbus import Event, EventBus
+from eventbus._bus import CloseReport
+from eventbus._logging import get_logger
+from eventbus._subscription import Subscription
 
 from ._bus_host import STOP, BusHost
 

@@ -1,21 +1,10 @@
 """What the trainer adapters share: one run at a time on a bus host.
 
-Both adapters turn a trainer's hooks into events and hand them to a bus,
-stepped in the trainer's hooks (``adapters._stepped_bus``) or in a thread of
-its own (``adapters._bus_thread``), as ``AdapterOptions.bus_runs`` says;
-both end a run the same way (``RunFinished`` once everything before it was
-handled, then drain and close, bounded by ``drain_timeout``);
-both show users the same figures. That is here, once: ``ThreadedRun`` (the
-run, driven from the trainer's thread) and ``ThreadedAdapter`` (what users read
-of it); how the bus runs is an ``AdapterOptions``, given to the adapters as
-keywords.
-
-A callback that fails the run (``on_error="raise"``, or ``KeyboardInterrupt``
-or ``SystemExit`` raised in it) does so in the bus's loop. The next
-hand-off ends the run, ``after_run`` included, then raises that exception in
-the trainer's thread, as itself, as ``open_run`` raises it out of ``async
-with``: the trainer stops the way the callback asked, and the run's end is
-still recorded and delivered once.
+The adapters hand a trainer's hooks' events to a bus, stepped in the hooks or in a thread of
+its own (``AdapterOptions.bus_runs``), and end a run the same way: ``ThreadedRun`` (the run,
+driven from the trainer's thread) and ``ThreadedAdapter`` (what users read of it). A callback
+that fails the run does so in the bus's loop; the next hand-off ends the run, ``after_run``
+included, then raises that exception in the trainer's thread, as ``open_run`` raises it.
 """
 
 from __future__ import annotations
@@ -29,28 +18,20 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eventbus import (
-    BusClosed,
-    CloseReport,
-    Event,
-    EventBus,
-    RunStatus,
-    StateRestored,
-    Subscription,
-    WorkerFailure,
-    describe_exception,
-    get_logger,
-)
-from eventbus.state import Snapshot, StateError, StateStore
+from eventbus import BusClosed, Event, EventBus, RunStatus, StateRestored, WorkerFailure
+from eventbus._bus import CloseReport
+from eventbus._logging import get_logger
+from eventbus._subscription import Subscription
+from eventbus._text import describe as describe_exception
+from eventbus.state import StateError, StateStore
+from eventbus.state._model import Snapshot
 from handlers import Preempted
-from handlers.wiring import (
-    CallbackAttachment,
-    Resume,
-    RunCore,
-    status_of,
-    stopping_lanes,
-    takes_signals,
-)
+from handlers._attach import CallbackAttachment
+from handlers._core import RunCore
+from handlers._ending import status_of
+from handlers._reporter import stopping_lanes
+from handlers._resume import Resume
+from handlers._signals import takes_signals
 
 from ._bus_host import BusHost, DeferredEvent, kind_of
 from ._bus_thread import BusThread
@@ -81,22 +62,11 @@ def log_path(
 class ThreadedRun:
     """One run at a time on a bus host, driven from the trainer's thread.
 
-    What the adapters share: the bus options, starting the bus's thread,
-    handing events off, and ending the run (``RunFinished`` once everything
-    before it was handled, then drain and close, bounded by ``drain_timeout``).
-
-    A callback that failed the run (see the module docstring) ends it at the
-    next ``handoff`` (or ``check``): the run is finished first, so
-    ``after_run`` runs once with status ``failed`` (``cancelled`` for an
-    interrupt), then the exception is raised. One that fails while the run
-    ends is raised by ``finish``. Either way it is raised once.
-
-    ``steps_in_hooks``: whether ``bus_runs="auto"`` steps the bus in the
-    trainer's hooks (an adapter whose hooks run in an event loop says no, and
-    then ``"in_hooks"`` is refused).
-
-    Pickles as its options only (Ray ships adapters to another process): the
-    bus is made where the run starts.
+    A callback that failed the run ends it at the next ``handoff`` (or ``check``):
+    ``after_run`` runs once (``failed``; ``cancelled`` for an interrupt), then the
+    exception is raised, once; one that fails while the run ends is raised by ``finish``.
+    ``steps_in_hooks``: whether ``bus_runs="auto"`` steps the bus in the trainer's hooks.
+    Pickles as its options only (Ray ships adapters to another process).
     """
 
     def __init__(self, name: str, options: AdapterOptions, *, steps_in_hooks: bool = True) -> None:
@@ -166,14 +136,10 @@ class ThreadedRun:
     ) -> None:
         """Start a bus for the run ``core`` describes, and hand it the run's first events.
 
-        The log is opened here, in the trainer's thread (``RunCore.open_log``):
-        one that cannot be (``FileExistsError``, ``RunIdMismatch``) refuses the
-        run before its bus starts. The bus is wired in its own thread
-        (``RunCore.open``, then ``setup(bus, attachment)``). Then ``RunStarted``;
-        once ``before_run`` returned (at most ``drain_timeout`` later: it comes
-        before the trainer's first step) a resume's own events
-        (``RunCore.after_start``). ``before_run_first=False``: the caller must not
-        wait (Ray's controller loop), so ``before_run`` comes when the bus gets to it.
+        The log is opened here, in the trainer's thread, so one that cannot be refuses
+        the run before its bus starts. Then ``RunStarted``; once ``before_run`` returned
+        (at most ``drain_timeout`` later) a resume's own events. ``before_run_first=False``:
+        the caller must not wait (Ray's controller loop).
         """
         if self.running:
             raise RuntimeError(f"{self.name}: run {self.run_id} has not ended")
@@ -250,10 +216,8 @@ class ThreadedRun:
 
     def wait_for_stoppers(self) -> None:
         """Block until the callbacks that can stop the run handled everything handed off
-        so far (at most ``handoff_timeout``): what ``Reporter.sync`` waits for, every
-        inline callback and the lanes of those with a ``should_stop``, so the trainer
-        reads ``should_stop`` as of its latest report, however long a tracker takes
-        (a stop then never depends on the time a step or a callback took)."""
+        so far (at most ``handoff_timeout``), as ``Reporter.sync`` does, so the trainer
+        reads ``should_stop`` as of its latest report, however long a tracker takes."""
         thread, attachment = self.thread, self.attachment
         if thread is None or attachment is None:
             return

@@ -45,9 +45,11 @@ import anyio.to_thread
 import msgspec
 import torch.distributed as dist
 
-from eventbus import get_logger
+from eventbus._logging import get_logger
 from handlers import Reporter, ReportError, WorkerError, WorkerGroupError
-from handlers.wiring import MetricsError, freeze_metrics, persist_checkpoint, takes_signals
+from handlers._metric_values import MetricsError, freeze_metrics
+from handlers._persist import persist_checkpoint
+from handlers._signals import takes_signals
 
 if TYPE_CHECKING:
     from handlers import Run, WorkerFn

@@ -1,40 +1,18 @@
-"""What the trackers (TensorBoard, MLflow) share: rounds and callback costs as
-scalars, a writer thread of their own, and the state that lets a resumed run
-continue the same tracker run.
+"""What the trackers (TensorBoard, MLflow) share: rounds and callback costs as scalars, a
+writer thread of their own, and the state that lets a resumed run continue the same tracker run.
 
-Why a thread: a tracker's writes (protobuf records, a database, a server)
-cost milliseconds a training step must not wait for. The hooks only hand
-values to the tracker's thread, in order, and return. At each checkpoint the
-hook waits until the thread has written and flushed everything up to it, so
-the state snapshotted with the checkpoint says what the tracker holds; that
-wait, and any wait for a thread more than ``max_lag`` rounds behind, counts in
-the callback's deadline and budget: a slow tracker is a budget problem the
-``BudgetReport`` names, not a stalled step.
+A tracker's writes cost milliseconds a training step must not wait for, so the hooks hand
+values to the tracker's thread and return. At each checkpoint the hook waits until the thread
+has written and flushed everything up to it, so the state snapshotted says what the tracker
+holds; that wait counts in the callback's deadline and budget.
 
-What a resume relies on: ``last_step`` is the step of the last round the
-tracker was given when the checkpoint was snapshotted, so every step after it
-is one the crash rolled back and the resumed run redoes. A round's default
-step is the tracker's own count of rounds (``rounds``, saved too), not the
-round's index on the bus: a framework adapter's resumed bus numbers its
-rounds from 0 again. The framework adapters name the trainer's own step
-instead, as the run's ``config["step_metric"]`` (``"step"``, which they add
-to each report): a Trainer logs train and eval at the same global step, in
-two rounds, and its users read its step.
+``last_step`` is the step of the last round given when the checkpoint was snapshotted: every
+later step is one a resume redoes. A round's default step is the tracker's own count
+(``rounds``, saved too), since a framework adapter's resumed bus numbers rounds from 0 again.
 
-Failures are marked with the worker's own exception type (``WorkerFailure``'s,
-where ``after_exception`` may get a ``WorkerError`` standing in for it), at the
-step of the last round before them: a ``WorkerFailure`` can come before rounds
-reported ahead of it (they are gathered after it), and no round of the failed
-group can come after it, so it is marked at the group's restart or the run's
-end, when those rounds are in (a checkpoint's round may still be one of them);
-``after_exception`` waits for its health-check period to end, however many
-rounds later.
-
-Names and values: a backend refuses some names (MLflow: characters outside its set,
-path-like names, more than 250 characters; TensorBoard: text that is not UTF-8), and
-one refused name would cost its whole write. ``BackendNames`` maps every name once, by
-the backend's own rule, and keeps names that differ apart; a value that is not a number
-is left out with one warning per name.
+A failure is marked at the step of the last round before it, once that is known: at the
+group's restart or the run's end, since rounds reported ahead of a ``WorkerFailure`` are
+gathered after it.
 """
 
 from __future__ import annotations
@@ -55,18 +33,18 @@ from eventbus import (
     BudgetReport,
     CheckpointSaved,
     Event,
-    OverBudgetPolicy,
     RoundGathered,
     RunResult,
     StatefulCallback,
     TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
-    describe_exception,
-    get_logger,
 )
+from eventbus._logging import get_logger
+from eventbus._subscription import OverBudgetPolicy
+from eventbus._text import describe as describe_exception
 from handlers import UserCallback
-from handlers.wiring import mean_metrics
+from handlers._metrics import mean_metrics
 
 __all__ = [
     "STEP_METRIC",
@@ -95,13 +73,10 @@ class TrackerError(RuntimeError):
 def round_scalars(
     metrics: Sequence[dict[str, Any]], ranks: Sequence[int], *, per_rank: bool
 ) -> dict[str, float]:
-    """A round as scalars: ``<metric>``, the mean over ranks as the run's summary and
-    report take it (``handlers.wiring.mean_metrics``: finite values only, so one rank's
-    NaN does not hide the others'; one rank's values as reported, a NaN as a NaN, so that
-    a single process's divergence shows), and, with ``per_rank`` and more than one rank,
-    ``<metric>/rank_<i>``, each rank's as reported (a NaN stays a NaN). Only numbers
-    count (not booleans, strings or nested values), and only those a float holds (an int
-    past 1.8e308 is left out)."""
+    """A round as scalars: ``<metric>``, the mean over ranks (``handlers._metrics.mean_metrics``:
+    finite values only, one rank's values as reported), and, with ``per_rank`` and more than
+    one rank, ``<metric>/rank_<i>``, each rank's as reported. Only numbers a float holds
+    count (not booleans, strings or nested values)."""
     if len(metrics) == 1:
         alone = metrics[0].items()
         return {key: float(v) for key, v in alone if _is_number(v) and _fits(v)}
@@ -156,12 +131,10 @@ def safe_text(text: str) -> str:
 
 
 def backend_name(name: str, rule: Callable[[str], str], limit: int | None) -> str:
-    """``name`` as a backend takes it: itself when ``rule`` (the backend's, which makes any
-    text a name it accepts) leaves it as it is and it is at most ``limit`` characters;
-    otherwise the rule's name, cut to leave room, and ``-`` with 8 hex digits of a hash of
-    the whole name. The hash keeps apart names that the rule or the cut would merge
-    (``acc@1`` and ``acc#1``, two long names that differ at their end), and depends on the
-    name alone, so a name is the same key in every process and every resume of a run."""
+    """``name`` as a backend takes it: itself when ``rule`` leaves it so and it is at most
+    ``limit`` characters; otherwise the rule's name, cut, and ``-`` with 8 hex digits of a
+    hash of the whole name, which keeps apart names the rule or the cut would merge
+    (``acc@1`` and ``acc#1``) and is the same in every process and resume."""
     fixed = rule(name)
     if fixed == name and (limit is None or len(name) <= limit):
         return name
@@ -300,14 +273,11 @@ class TrackerCallback(UserCallback, StatefulCallback):
     """Base of the trackers: a stateful training callback that hands each round, each
     period's callback costs, checkpoints and failures to its own writer thread.
 
-    Subclasses write, in that thread: ``_open`` (once, first), ``_scalars``,
-    ``_text``, ``_checkpoint``, ``_flush`` (at each checkpoint) and ``_end``
-    (once, last). The step of a round is the number of rounds before it in the
-    run, across resumes (0 for the first), or the value of ``step_metric`` (the
-    first rank's that has it, as an integer; a round without it is not written,
-    with one warning), given here or, by default, as the run's
-    ``config["step_metric"]`` (the framework adapters': their trainer's step). The
-    step metric is the x-axis, not a series of its own.
+    Subclasses write, in that thread: ``_open`` (once, first), ``_scalars``, ``_text``,
+    ``_checkpoint``, ``_flush`` (at each checkpoint) and ``_end`` (once, last). A round's step
+    is the number of rounds before it in the run, across resumes, or the value of
+    ``step_metric`` (given, or the run's ``config["step_metric"]``; a round without it is
+    not written, with one warning).
 
     Attributes:
         rounds: the rounds of the run given to the tracker, across resumes

@@ -1,38 +1,12 @@
 """PyTorch Lightning adapter: our callbacks, bus and state store behind one Lightning ``Callback``.
 
-``EventBusCallback(callbacks)`` goes in ``Trainer(callbacks=[...])``. Rank 0
-runs the bus and our callbacks, as Ray's controller does; under DDP the other
-ranks only report to it. Its bus is stepped in the Trainer's own thread, in
-its hooks (``bus_runs="in_thread"``: a thread of its own), as the Hugging Face
-adapter's is:
-
-- ``on_train_start`` -> ``RunStarted``, after restoring our callbacks'
-  states in place when ``fit`` resumed (``ckpt_path=``); a resume continues
-  the run its states were saved in, as ``open_run``'s does (the same run id,
-  its log appended to, its rounds continued, ``RunResumed``), where the
-  snapshot beside the file, or for ``last.ckpt`` the file, says where the
-  run stood;
-- each step at which Lightning logs (``log_every_n_steps``) -> one round:
-  every rank's ``trainer.callback_metrics`` (as floats, plus ``step``),
-  gathered to rank 0 and handed to the run whole (``metrics[i]`` is rank
-  ``i``'s; the log still holds each rank's ``Report``). A step's round waits
-  for the step's end: a checkpoint saved in
-  that step (the file Lightning writes, not the ``last.ckpt`` copy) is its
-  round's, so ``after_report`` sees every save; a step that saved without
-  logging gets a round of ``{"step": N}``;
-- each save: our stateful callbacks' states, as of that round, go into
-  Lightning's checkpoint (this callback's ``state_dict``, so
-  ``fit(ckpt_path=...)`` restores them) and, through a ``CheckpointSaved``,
-  into ``<file>.callback_state.json`` beside it for our tools (the state
-  root, by default the ``ModelCheckpoint`` folder, must hold it);
-- ``on_exception`` -> a ``WorkerFailure`` of the rank, and a failed run;
-  ``on_train_end`` -> ``RunFinished``; each exactly once.
-
-A callback's ``should_stop`` sets ``trainer.should_stop``: ``fit`` ends after
-the step whose round decided it when that step saved, else after the next
-step (under DDP every rank learns it at the step after each logging step).
-A callback that fails the run (``on_error="raise"``) raises into the Trainer
-at its next hook, after ``after_run``, as with the other adapters.
+``EventBusCallback(callbacks)`` goes in ``Trainer(callbacks=[...])``. Rank 0 runs the bus and
+our callbacks, as Ray's controller does; under DDP the other ranks only report to it (each
+logging step's metrics are gathered to rank 0, one round). The bus is stepped in the
+Trainer's own thread, in its hooks, as the Hugging Face adapter's is. A save's checkpoint is
+its step's round's, so the round waits for the step's end; our states go into Lightning's
+checkpoint (this callback's ``state_dict``) and into ``<file>.callback_state.json`` beside
+it. The mapping, stopping and resume are in docs/adapters.md.
 """
 
 from __future__ import annotations
@@ -54,21 +28,16 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "adapters.lightning needs PyTorch Lightning: pip install 'train-eventbus[lightning]'"
     ) from _exc
 
-from eventbus import (
-    CheckpointSaved,
-    Event,
-    RunPosition,
-    StateRestored,
-    describe_exception,
-    get_logger,
-)
-from eventbus.state import Snapshot, StateError, StateStore
+from eventbus import CheckpointSaved, Event, StateRestored
+from eventbus._events import RunPosition
+from eventbus._logging import get_logger
+from eventbus._text import describe as describe_exception
+from eventbus.state import StateError, StateStore
+from eventbus.state._model import Snapshot
 from handlers import Preempted
-from handlers.wiring import (
-    Resume,
-    RunCore,
-    training_callbacks,
-)
+from handlers._core import RunCore
+from handlers._resume import Resume
+from handlers._user import training_callbacks
 
 from ._options import AdapterKeywords, AdapterOptions
 from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
@@ -88,9 +57,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
     ``log`` (``True``: ``<default_root_dir>/eventbus-<run_id>.msgpack``), and
     the bus's ``options`` or keywords, each checked against its range here.
 
-    A resume restores the callbacks you passed in place, as ``open_run`` does;
-    one that cannot take its state in place is replaced, with a warning: read
-    the run's callbacks from ``callbacks``.
+    A resume restores the callbacks you passed in place, as ``open_run`` does: read the
+    run's callbacks from ``callbacks`` (one that cannot take its state in place is replaced).
     """
 
     def __init__(
@@ -154,7 +122,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
     # --- Lightning's checkpoint ------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Our callbacks' states, for Lightning's checkpoint (a ``Snapshot``, as JSON
+        """Our callbacks' states, for Lightning's checkpoint (a snapshot, as JSON
         values), as the run left them (``trainer.save_checkpoint`` after ``fit``). During a
         run the file's writer puts them in instead (``_before_save``), once the
         checkpoint's round was handled: taken here, they could miss it."""

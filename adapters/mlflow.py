@@ -1,45 +1,12 @@
 """``MLflowLogger``: a run's rounds, configuration and callbacks' cost, in an MLflow run.
 
-Metrics use TensorBoard's keys (``<metric>``, ``<metric>/rank_<i>``,
-``callbacks/<handler>/share``, ...), at the round's step; the run's
-configuration becomes params, nested keys as ``outer.inner`` (the Hugging Face
-adapter's ``training_args.<name>``, Lightning's ``hparams.<name>``); tags say
-our run id and status, and the latest worker failure, restart and checkpoint
-(``eventbus.failures``: ``step <N>: rank <r>: <Type>: <message>``); checkpoints
-are logged as artifacts when asked; the MLflow run ends with our run's status
-(``FINISHED``, ``FAILED``, ``KILLED`` for a cancelled or preempted run), on
-every end, whether the last rows could be written or not.
-
-Any name is written: a name MLflow refuses (a character outside letters,
-digits, ``_ - . : /`` and space; a path such as ``eval/``, ``//``, ``./``, or
-an empty name; more than 250 characters) gets the name ``mlflow_key`` gives
-it, with one warning.
-
-One run, once: MLflow keeps every value ever logged for a step (it has no
-way to take one back), so by default a round is written when a checkpoint
-makes it final, at that checkpoint (before it is snapshotted), and the rounds
-after the last checkpoint when the run finishes. A crash rolls back only
-rounds that were never written; the resumed run, whose state holds the MLflow
-run id, continues the same MLflow run and writes the redone rounds once. A
-worker-group restart inside one run keeps its MLflow run.
-
-Bounded: rows wait for a checkpoint at most 30 s, and 5,000 rows at most;
-past either the tracker's thread writes them (``live=True``: each round at
-once), so a run without checkpoints is written as it goes, its memory stays
-bounded, and its end has few rows left to write. Rows written before a crash
-rolled them back stay in MLflow: the resume writes only the steps MLflow does
-not hold (one warning says which), so MLflow keeps those first values where
-TensorBoard shows the redone ones, and each step is there once.
-
-A store that refuses a write (a locked database, a full disk, a server away)
-costs no row at once: they are kept, at most 50,000 (the oldest lost first),
-and written again every 5 s and at each checkpoint, off the training step;
-that is said once, and what was lost when it takes writes again or at the
-end.
-
-Everything goes through an explicit ``MlflowClient``: MLflow's active-run
-globals (``mlflow.start_run``), which a user or another integration may be
-using, are left alone.
+What goes where, and how a resume continues the same MLflow run, is in
+docs/operations/trackers.md. MLflow keeps every value ever logged for a step, so by default a
+round is written when a checkpoint makes it final (or, bounded by ``_HOLD_SECS`` and
+``_HOLD_ROWS``, by the tracker's thread), and a crash rolls back only rounds never written.
+A store that refuses a write costs no row at once: rows are kept (at most ``_KEPT_ROWS``) and
+tried again, said once. Everything goes through an explicit ``MlflowClient``: MLflow's
+active-run globals, which another integration may be using, are left alone.
 """
 
 from __future__ import annotations
@@ -57,7 +24,9 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "adapters.mlflow needs MLflow: pip install 'train-eventbus[mlflow]'"
     ) from _exc
 
-from eventbus import RunResult, TrainRunContext, describe_exception, get_logger
+from eventbus import RunResult, TrainRunContext
+from eventbus._logging import get_logger
+from eventbus._text import describe as describe_exception
 
 from ._tracker import TrackerCallback, backend_name, flat_config, safe_text
 
@@ -126,8 +95,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
 
     tracker = "MLflow"
     #: A store slower than training holds the hooks back sooner than TensorBoard's file:
-    #: the run's end then has at most this many rounds left to write (about 2 s on a
-    #: local SQLite store), well within the run's ``drain_timeout``.
+    #: the run's end then has at most this many rounds left to write.
     max_lag = 2_000
     name_limit = _KEY_LIMIT
     name_rule = (

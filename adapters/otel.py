@@ -1,92 +1,38 @@
 """OpenTelemetry for a run: a span per round, spans for slow or failed handler calls, metrics.
 
-``OpenTelemetryTap()`` goes in a callback list like any training callback
-(``open_run(callbacks=[..., OpenTelemetryTap()])``, the Hugging Face and
-Lightning adapters' ``EventBusCallback(callbacks)``, a replay's callbacks),
-or onto a bare bus with ``tap.attach(bus)``. It exports through the
-providers it is given (default: the global ones, ``opentelemetry.trace`` and
-``opentelemetry.metrics``), so whatever SDK setup the program has (exporters,
-sampling, resource) decides where it all goes; flushing and shutting down the
-providers stays the program's.
+``OpenTelemetryTap()`` goes in any callback list, or onto a bare bus with ``tap.attach(bus)``.
+It exports through the providers it is given (default: the global ones), so the program's
+SDK setup decides where it all goes; flushing and shutting them down stays the program's.
 
 Spans:
 
-- ``eventbus.round``: one per gathered round, from the previous round's
-  gathering (or the run's start) to this one's, so a trace viewer shows the
-  rounds as the workers lived them. Attributes: ``eventbus.round`` (its
-  index), ``eventbus.round.ranks`` (how many ranks it gathered),
-  ``eventbus.round.checkpoint`` (if it has one), ``eventbus.run.id``,
-  ``eventbus.run.name``, ``eventbus.round.gathered`` (``False`` for the
-  stretch from the last round to the run's end, which ended without a round,
-  with ``eventbus.run.status``). The span name is constant and the index an
-  attribute, as OpenTelemetry asks of span names (``round 17`` would make
-  every name unique).
-- one per handler call that took at least ``min_span_s`` (on the bus's
-  clock), failed or ran past its deadline, named after the handler
-  (``EarlyStopping.after_report``), with ``eventbus.outcome`` (``ok``,
-  ``error``, ``timeout``), ``error.type`` and, for a timeout,
-  ``eventbus.timeout.outcome`` (``cancelled``, ``abandoned``, ``overrun``),
-  ``messaging.message.id`` (the event's ``seq``) and the metric attributes
-  below; a failure's exception is recorded on it and its status is ERROR.
-  It is a child of the round in progress when the call ended (the calls made
-  while the workers computed a round sit under that round: ``after_report``
-  of round *n* runs during round *n+1*), and outside a round a child of the
-  span that was current where the tap was attached (``open_run`` inside a
-  span of yours puts everything under it), or a root. Kind INTERNAL: the
-  calls are in-process, and CONSUMER would have backends draw a remote edge.
+- ``eventbus.round``: one per gathered round, from the previous round's gathering (or the
+  run's start) to this one's, with ``eventbus.round`` (its index), ``eventbus.round.ranks``,
+  ``eventbus.round.checkpoint``, ``eventbus.run.id``, ``eventbus.run.name`` and
+  ``eventbus.round.gathered`` (``False`` for the stretch from the last round to the run's
+  end, with ``eventbus.run.status``). The index is an attribute, not in the name, as
+  OpenTelemetry asks of span names.
+- one per handler call that took at least ``min_span_s``, failed or timed out, named after
+  the handler, with ``eventbus.outcome`` (``ok``, ``error``, ``timeout``), ``error.type``,
+  ``eventbus.timeout.outcome``, ``messaging.message.id`` (the event's ``seq``) and the
+  metric attributes; a child of the round in progress when the call ended (``after_report``
+  of round *n* runs during round *n+1*), else of the span current at attachment, or a root.
+  Kind INTERNAL: CONSUMER would have backends draw a remote edge.
 
-Metrics (the handler's name in ``messaging.destination.subscription.name``:
-a handler is a subscription to event types, which is what that attribute
-names in the messaging conventions):
+Metrics (the handler in ``messaging.destination.subscription.name``):
 
-- ``messaging.process.duration`` (histogram, ``s``): every handler call, with
-  ``messaging.system`` (``eventbus``), ``messaging.operation.name``
-  (``process``), ``messaging.destination.name`` (the event's type) and
-  ``error.type`` (the exception's qualified name, or ``timeout``) on those
-  that failed. It follows the semantic conventions' metric, with finer
-  buckets (from 1 µs: handler calls are far shorter than the 5 ms the
-  conventions start at). ``durations=False`` leaves it out, and with it the
-  cost per call (see below).
-- ``eventbus.handler.timeouts``, ``eventbus.handler.faults`` (``{call}``) and
-  ``eventbus.handler.skipped`` (``{event}``): counters, added once per
-  health-check period from the bus's ``BudgetReport``, so they agree with it
-  and with ``RunResult.callbacks``.
-- ``eventbus.handler.period_share`` (histogram, ``1``): each handler's share
-  of each health-check period it ran in (``BudgetReport``), the figure its
-  budget is judged by; a histogram rather than a gauge, so a period over
-  budget between two exports is still seen.
+- ``messaging.process.duration`` (histogram, ``s``, buckets from 1 µs): every handler call,
+  per the messaging semantic conventions; ``durations=False`` leaves it out.
+- ``eventbus.handler.timeouts``, ``.faults`` (``{call}``) and ``.skipped`` (``{event}``):
+  counters added from each period's ``BudgetReport``, so they agree with it.
+- ``eventbus.handler.period_share`` (histogram, ``1``): each handler's share of each period,
+  a histogram so that a period over budget between two exports is still seen.
 
-What it costs: nothing in a program that does not use it (this module is the
-only one that imports OpenTelemetry). Attached, the bus times every handler
-call and the tap records each in the duration histogram: with the SDK and its
-in-memory exporters (``benchmarks/bench_otel.py``, CPython 3.11, 2 shared
-cores), about 8 µs per handler call, nearly all of it the SDK's
-``Histogram.record`` (a bus with one trivial handler: 0.3 µs per event alone,
-8.5 µs with the tap), and about 105 µs per round of world size 8 with two
-callbacks (its two span operations and the round's 11 handler calls). At
-thousands of reports a second that is felt: ``durations=False`` then leaves
-the histogram out, only the slow, failed and timed-out calls reach the tap,
-and the bus pays nothing per call (within noise of the bus alone). Spans and the period
-metrics come once per round and once per period.
-
-Charged like any callback: everything that can export (a span's end, with a
-``SimpleSpanProcessor``, calls its exporter) runs in the tap's own handler,
-``OpenTelemetryTap``, in ``BudgetReport``s, ``RunResult.callbacks`` and the
-run report beside the callbacks. The bus's call observer only notes a slow or
-failed call (and records its duration in the histogram, which exports
-nothing); its span is made at the tap's next event (the next round, the
-period's end, the run's end). The handler is ``blocking``: it runs in a
-worker thread, so an exporter that hangs is abandoned at the tap's deadline
-(``timeout``, default the bus's), counted as the tap's timeout, and the run
-goes on; until that export returns, the tap skips what comes (each skip
-counted in ``errors``, the first logged). The tap's own calls get no span:
-their cost is in its budget.
-
-Never silent, never in the run's way: an error raised by the OpenTelemetry
-pipeline (an exporter or span processor that raises into the tap) is logged
-once, counted in ``errors``, and the tap goes on. (The SDK's own
-``SimpleSpanProcessor`` and ``BatchSpanProcessor`` catch their exporters'
-errors and report them through the standard ``logging`` module.)
+Everything that can export runs in the tap's own ``blocking`` handler, so it is charged like
+any callback, and an exporter that hangs is abandoned at the tap's deadline while the tap
+skips what comes until it returns. The bus's call observer only notes a slow or failed call;
+its span is made at the tap's next event. Errors the pipeline raises are logged once and
+counted in ``errors``.
 """
 
 from __future__ import annotations
@@ -113,13 +59,14 @@ from eventbus import (
     RoundGathered,
     RunFinished,
     RunStarted,
-    Stage,
-    Subscription,
     __version__,
-    describe_exception,
-    get_logger,
 )
-from eventbus.options import WaitSeconds, checked
+from eventbus._logging import get_logger
+from eventbus._options import WaitSeconds
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription
+from eventbus._text import describe as describe_exception
+from eventbus.options import checked
 from handlers import UserCallback
 
 if TYPE_CHECKING:
@@ -179,10 +126,8 @@ def _error_type(call: HandlerCall) -> str:
 class OpenTelemetryTap(UserCallback):
     """Exports a run to OpenTelemetry: round spans, slow and failed handler calls, metrics.
 
-    Pass it in a callback list (``open_run``, the adapters, replays) or
-    attach it to a bare bus with ``attach(bus)``; the module's documentation
-    lists what it exports and what it costs. One tap may serve several
-    buses, one after the other or at once.
+    Pass it in a callback list (``open_run``, the adapters, replays) or attach it to a
+    bare bus with ``attach(bus)``. One tap may serve several buses, in turn or at once.
 
     Args:
         tracer_provider: Where the spans go (default: the global provider,

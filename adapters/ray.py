@@ -1,19 +1,11 @@
 """Ray Train v2 adapter: our callbacks and bus behind a ``ray.train.UserCallback``.
 
-Ray calls the callback in its ``TrainController`` actor, so the bus, the
-callbacks and the event log live in that process, on a bus thread
-(``adapters._bus_thread``) that Ray's loop never waits for. Each
-``after_report`` becomes one ``Report`` per rank (and a ``CheckpointSaved``),
-each ``after_exception`` one ``WorkerFailure`` per failed rank. Our exceptions
-never reach Ray, which would abort the run, except a callback's deliberate
-failure of the run. Ray up to 2.60 has no run start and end hooks; there the
-companion ``cb.lifecycle`` (``RunConfig(callbacks=[cb, cb.lifecycle])``) starts
-and ends our run with the controller, or ``after_run`` never comes.
-
-This is for a ``TorchTrainer`` the user keeps: the callbacks see every round
-and failure, but cannot stop the job and keep no state across a resume (a
-Ray ``UserCallback`` has neither). ``RayEngine`` (``open_run(engine=...)``)
-runs the workers on Ray with both, and with the callbacks in the driver.
+Ray calls the callback in its ``TrainController`` actor, so the bus, callbacks and log live
+there, on a bus thread Ray's loop never waits for. Our exceptions never reach Ray (it would
+abort the run), except a callback's deliberate failure of the run. Ray up to 2.60 has no run
+start and end hooks; there the companion ``cb.lifecycle`` must be registered too. The
+callbacks cannot stop the job nor keep state across a resume (a Ray ``UserCallback`` has
+neither): ``RayEngine`` (``open_run(engine=...)``) gives both.
 """
 
 from __future__ import annotations
@@ -34,27 +26,20 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "adapters.ray needs Ray Train v2 (ray>=2.60): pip install 'train-eventbus[ray]'"
     ) from _exc
 
-from eventbus import (
-    CheckpointSaved,
-    CloseReport,
-    Event,
-    Report,
-    RunStatus,
-    WorkerFailure,
-    describe_exception,
-    get_logger,
-)
-from handlers.wiring import RunCore, training_callbacks
+from eventbus import CheckpointSaved, Event, Report, RunStatus, WorkerFailure
+from eventbus._bus import CloseReport
+from eventbus._logging import get_logger
+from eventbus._text import describe as describe_exception
+from handlers._core import RunCore
+from handlers._user import training_callbacks
 
 from ._options import AdapterKeywords, AdapterOptions
-from ._ray_engine import RayEngine, RayReporter
+from ._ray_engine import RayEngine
 from ._threaded_run import ThreadedAdapter, ThreadedRun, log_path
 
 __all__ = [
     "EventBusUserCallback",
     "RayEngine",
-    "RayReporter",
-    "RunLifecycleCallback",
     "recorded_logs",
 ]
 
@@ -90,17 +75,11 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
     """Delivers Ray Train's reports and failures to ``callbacks`` (``handlers.UserCallback``s).
 
     ``record``: record the run's events, with ``True`` to
-    ``<storage_path>/<name>/eventbus-<run_id>.msgpack`` (the run's storage,
-    which must be a local or shared file system; see ``recorded_logs``), or
-    to a given path.
-    ``options`` (an ``adapters.AdapterOptions``), or the same as keywords
-    (``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``,
-    default 1 s here since it is Ray's loop that waits, ``drain_timeout``,
-    ``backend``, ``poll_interval``), configure the bus and its hand-off, each
-    checked against its range here. Register ``lifecycle`` too,
-    unless the installed Ray's ``UserCallback`` has ``before_run`` and
-    ``after_run`` (see the module docstring). No stop reaches the workers and no
-    state survives a resume: ``RayEngine`` gives both.
+    ``<storage_path>/<name>/eventbus-<run_id>.msgpack`` (see ``recorded_logs``), or to a
+    given path. ``options`` (an ``adapters.AdapterOptions``), or the same as keywords,
+    configure the bus and its hand-off (``handoff_timeout`` defaults to 1 s here: it is
+    Ray's loop that waits). Register ``lifecycle`` too, unless the installed Ray's
+    ``UserCallback`` has ``before_run`` and ``after_run``.
     """
 
     def __init__(

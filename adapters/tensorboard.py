@@ -1,32 +1,10 @@
 """``TensorBoardLogger``: a run's rounds and its callbacks' cost, as TensorBoard scalars.
 
-Each round writes ``<metric>`` (the mean over ranks) and ``<metric>/rank_<i>``
-(each rank's, when more than one rank reports), at the round's step; each
-health-check period writes ``callbacks/<handler>/share`` (the share of the
-period the callback took) and its timeouts, faults and skipped events, so
-TensorBoard shows which callback slows training. Checkpoints, worker
-failures, restarts and resumes are text entries (TensorBoard's Text tab), and
-so is the run's configuration (``config``, a table of its flattened keys, at
-step 0 of a new run: the Hugging Face adapter's non-default
-``TrainingArguments``, Lightning's hparams).
-
-A resumed run writes into the same ``log_dir``: a new event file that starts
-with TensorBoard's purge marker at the first step after the checkpoint, so
-TensorBoard drops what the crash rolled back and shows each redone step
-once. Everything up to a checkpoint is flushed to disk before the checkpoint
-is snapshotted.
-
-The writer is ``torch.utils.tensorboard``'s when torch is installed, else
-``tensorboardX``'s (the same API, no torch needed); both write through their own
-thread, and ours keeps even their encoding off the training step. A round's
-scalars go to the writer as one summary, not one ``add_scalar`` each: the
-same records, at 60 us a round of 12 scalars instead of 412 us (torch's
-writer, here), which at one report per 1 ms step was a fifth of the steps.
-
-Any name is written: a tag is UTF-8 text, so a lone surrogate in a metric's name
-(``"loss\\udc80"``, from bytes decoded with ``surrogateescape``) becomes ``_``, with a
-hash of the name after it (``loss_-1a2b3c4d``) and one warning; one such name used to
-cost its whole round.
+What it writes is in docs/operations/trackers.md. A resumed run writes a new event file into
+the same ``log_dir`` that starts with TensorBoard's purge marker at the first step after the
+checkpoint, so each redone step shows once. A round's scalars go to the writer as one
+summary, not one ``add_scalar`` each: the same records, several times cheaper. A tag is
+UTF-8, so a lone surrogate in a metric's name becomes ``_`` with a hash of the name after it.
 """
 
 from __future__ import annotations
@@ -36,7 +14,8 @@ import re
 from typing import Any
 
 from eventbus import RunResult, TrainRunContext
-from eventbus.options import Seconds, checked
+from eventbus._options import Seconds
+from eventbus.options import checked
 
 from ._tracker import TrackerCallback, flat_config, safe_text
 

@@ -15,6 +15,6 @@ try:
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError("adapters.torchrun needs torch: pip install torch") from _exc
 
-from ._torchrun_engine import TorchrunEngine, TorchrunReporter
+from ._torchrun_engine import TorchrunEngine
 
-__all__ = ["TorchrunEngine", "TorchrunReporter"]
+__all__ = ["TorchrunEngine"]

@@ -51,8 +51,8 @@ from _harness import figure, peak_rss_mb, print_targets, spread, target
 
 from eventbus import Event, EventBus, Report, VirtualClock
 from eventbus._codec import decoder_for
-from eventbus.log import LOG_FORMAT_VERSION, LogReader, LogRecorder, replay
-from eventbus.log._format import RECORD_HEADER
+from eventbus.log import LogReader, LogRecorder, replay
+from eventbus.log._format import LOG_FORMAT_VERSION, RECORD_HEADER
 from eventbus.testing import write_log
 
 #: What a bus hands its taps at a time when publishing outpaces dispatch.

@@ -39,7 +39,7 @@ import anyio
 from _harness import CountRounds, target, time_publishing
 
 from eventbus import EventBus, Report
-from handlers.wiring import attach_user_callbacks
+from handlers._attach import attach_user_callbacks
 
 try:
     from opentelemetry.sdk.metrics import MeterProvider

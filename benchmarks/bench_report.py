@@ -46,13 +46,13 @@ from typing import Any
 
 from _harness import figure, peak_rss_mb, print_targets, spread, target
 
-from adapters.report import digest_log, run_report
+from adapters.report import run_report
+from adapters.report._digest import digest_log
 from eventbus import (
     BudgetReport,
     CheckpointSaved,
     Event,
     HandlerFailed,
-    HandlerUsage,
     HealthCheckTick,
     Report,
     RoundGathered,
@@ -63,6 +63,7 @@ from eventbus import (
     WorkerFailure,
     WorkerGroupRestarted,
 )
+from eventbus._events import HandlerUsage
 from eventbus.log import LogReader, LogRecorder
 
 REPORT_TARGET_S = 10.0

@@ -43,9 +43,9 @@ import anyio
 from _harness import CountRounds, target, time_publishing
 
 from eventbus import Event, EventBus, Report, RoundGathered, TrainRunContext
-from handlers import ReportCallbackHandler
+from handlers._attach import attach_user_callbacks
 from handlers._metric_values import freeze_metrics  # what a Reporter does to metrics
-from handlers.wiring import attach_user_callbacks
+from handlers._reports import ReportCallbackHandler
 
 CALLBACKS = 2
 TARGET_US = 1.0

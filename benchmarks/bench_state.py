@@ -26,7 +26,8 @@ from typing import Any
 
 from _harness import target
 
-from eventbus.state import CallbackState, StateStore
+from eventbus.state import StateStore
+from eventbus.state._model import CallbackState
 
 TARGET_MS = 10.0
 

@@ -12,16 +12,13 @@ knows no training framework (``adapters`` does).
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._bus import BusClosed, BusFull, BusStats, CloseReport, EventBus
-from ._clock import Clock, FastForwardClock, MonotonicClock, VirtualClock
-from ._codec import EventDecodeError, decode_json, decode_msgpack, encode_json, encode_msgpack
+from ._bus import BusClosed, BusFull, EventBus
+from ._clock import VirtualClock
 from ._eventfilter import EventFilter
 from ._events import (
-    SCHEMA_VERSION,
     AfterRun,
     BeforeRun,
     BudgetReport,
-    CallbackCost,
     CheckpointMismatch,
     CheckpointSaved,
     Event,
@@ -30,7 +27,6 @@ from ._events import (
     HandlerFailed,
     HandlerStateChanged,
     HandlerTimedOut,
-    HandlerUsage,
     HealthCheckTick,
     RankRecovered,
     RankStalled,
@@ -38,7 +34,6 @@ from ._events import (
     ReportRejected,
     RoundGathered,
     RunFinished,
-    RunPosition,
     RunResult,
     RunResumed,
     RunStarted,
@@ -48,22 +43,11 @@ from ._events import (
     TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
-    event_types,
-    is_derived,
 )
-from ._logging import configure_logging, get_logger
+from ._logging import configure_logging
 from ._observers import HandlerCall
-from ._stages import Stage
-from ._subscription import (
-    DeliveryMode,
-    ErrorPolicy,
-    OverBudgetPolicy,
-    Subscription,
-    SubscriptionStats,
-)
-from ._text import describe as describe_exception
-from .options import BusOptions
-from .state._model import Stateful, StatefulCallback
+from ._options import BusOptions
+from .state._model import StatefulCallback
 
 try:
     __version__ = version("train-eventbus")
@@ -71,66 +55,41 @@ except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0"
 
 __all__ = [
-    "SCHEMA_VERSION",
     "AfterRun",
     "BeforeRun",
     "BudgetReport",
     "BusClosed",
     "BusFull",
     "BusOptions",
-    "BusStats",
-    "CallbackCost",
     "CheckpointMismatch",
     "CheckpointSaved",
-    "Clock",
-    "CloseReport",
-    "DeliveryMode",
-    "ErrorPolicy",
     "Event",
     "EventBus",
-    "EventDecodeError",
     "EventFilter",
     "EventPlaceholder",
     "FailuresGathered",
-    "FastForwardClock",
     "HandlerCall",
     "HandlerFailed",
     "HandlerStateChanged",
     "HandlerTimedOut",
-    "HandlerUsage",
     "HealthCheckTick",
-    "MonotonicClock",
-    "OverBudgetPolicy",
     "RankRecovered",
     "RankStalled",
     "Report",
     "ReportRejected",
     "RoundGathered",
     "RunFinished",
-    "RunPosition",
     "RunResult",
     "RunResumed",
     "RunStarted",
     "RunStatus",
-    "Stage",
     "StateRestored",
     "StateSnapshotted",
-    "Stateful",
     "StatefulCallback",
-    "Subscription",
-    "SubscriptionStats",
     "TrainRunContext",
     "VirtualClock",
     "WorkerFailure",
     "WorkerGroupRestarted",
     "__version__",
     "configure_logging",
-    "decode_json",
-    "decode_msgpack",
-    "describe_exception",
-    "encode_json",
-    "encode_msgpack",
-    "event_types",
-    "get_logger",
-    "is_derived",
 ]

@@ -1,30 +1,14 @@
 """The event bus: ordered, bounded, deadline-guarded delivery to handlers.
 
-How it stays cheap. ``publish`` only appends to a bounded inbox; one
-dispatcher task (``_dispatch``) takes the inbox as a batch, stamps a copy of
-each event, and hands the batch to each handler in turn, timing each call,
-or each batch for handlers that have proved to cost less than a clock read
-(``_runners``).
-
-Deadlines without a scope per call. Plain sync handlers cannot be
-interrupted, so they are timed and an overrun is reported. Async handlers
-run under one cancel scope per batch, and a single watchdog task
-(``_watchdog``) cancels it when the call in progress has not finished
-within its deadline. Blocking sync handlers run in a worker thread and are
-abandoned at their deadline.
-
-The parts, each owning its state and using only the ones after it:
-``EventBus`` (lifecycle, subscribing, publishing, stats); its ``Tasks``;
-the ``Dispatcher`` and its ``Inbox``; the ``Registry`` of subscriptions and
-lanes; the ``Periods`` and their budgets; the lanes and the ``Runner`` of
-each task that calls handlers, and the ``CallObservers`` they show calls to;
-the ``Policy`` for faults and handler states; the ``Watchdog``; the
-subscriptions and their ``Counters``.
+``publish`` only appends to a bounded inbox; one dispatcher task (``_dispatch``) takes the
+inbox as a batch, stamps a copy of each event, and hands the batch to each handler in turn.
+Sync handlers cannot be interrupted, so they are timed and an overrun reported; async
+handlers run under one cancel scope per batch, which one watchdog task (``_watchdog``)
+cancels at the deadline; blocking sync handlers run in a worker thread, abandoned at theirs.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Self, Unpack
@@ -39,6 +23,7 @@ from ._events import Event
 from ._lanes import MAX_BATCH
 from ._logging import get_logger
 from ._observers import CallObserver, CallObservers
+from ._options import DEFAULT_PROBATION, Buffer, BusKeywords, BusOptions, WaitSeconds
 from ._periods import Periods
 from ._policy import Policy
 from ._registry import Registry
@@ -52,7 +37,7 @@ from ._subscription import (
 from ._tasks import Tasks
 from ._text import describe
 from ._watchdog import Watchdog
-from .options import DEFAULT_PROBATION, Buffer, BusKeywords, BusOptions, WaitSeconds, checked
+from .options import checked
 
 __all__ = ["EMIT_HEADROOM", "BusClosed", "BusFull", "BusStats", "CloseReport", "EventBus"]
 
@@ -63,9 +48,8 @@ _log = get_logger("eventbus")
 #: feedback loop) reaches this; past it, its ``emit`` raises ``BusFull``.
 EMIT_HEADROOM = 4 * MAX_BATCH
 
-#: The ``Event`` classes published so far. ``publish`` looks an event's class up
-#: here before it asks ``isinstance``, which ``Event``'s metaclass makes slow: the
-#: lookup saves about 60 ns of the 280 ns a ``publish`` costs.
+#: The ``Event`` classes published so far: ``publish`` looks an event's class up here
+#: before it asks ``isinstance``, which ``Event``'s metaclass makes slow.
 _EVENT_CLASSES: set[type] = set()
 
 
@@ -80,14 +64,10 @@ def _is_event(thing: object) -> bool:
 class EventBus(anyio.AsyncContextManagerMixin):
     """Carries events from publishers to handlers, in order, each call under a deadline.
 
-    A training run's callbacks must neither slow its workers down nor hang
-    them, and what they saw must be replayable. So publishing only queues
-    an event; one dispatcher task delivers it to each handler in publish
-    order; every handler call has a deadline; each handler's time is counted
-    per health-check period against a budget; and every event gets a
-    sequence number and a timestamp that a log keeps. Handlers get a copy of
-    each published event, stamped with its ``seq`` and ``time``; the object
-    published is left as it was.
+    Publishing only queues an event; one dispatcher task delivers it to each handler in
+    publish order, each call under a deadline, each handler's time counted per health-check
+    period against a budget. Handlers get a copy of each event stamped with its ``seq`` and
+    ``time``; the object published is left as it was.
 
     Use it as ``async with EventBus() as bus:``. Leaving the block delivers
     what was published (for up to ``drain_timeout``) and stops the bus; the
@@ -334,11 +314,10 @@ class EventBus(anyio.AsyncContextManagerMixin):
         over_budget: OverBudgetPolicy = "warn",
         probation: int = DEFAULT_PROBATION,
         barrier: bool = False,
-        mode: DeliveryMode | None = None,
     ) -> Subscription:
         """Call ``handler(event)`` for every event of ``event_types`` (subclasses included).
 
-        Returns the ``Subscription``: its ``stats()``, ``cancel()`` and ``enable()``.
+        Returns the subscription: its ``stats()``, ``cancel()`` and ``enable()``.
 
         Args:
             event_types: An ``Event`` subclass, or several.
@@ -364,23 +343,12 @@ class EventBus(anyio.AsyncContextManagerMixin):
                 type, until a period under budget) or ``"disable"`` (for
                 ``probation`` whole periods, then it is tried again).
             probation: How many whole periods a handler disabled by
-                ``over_budget="disable"`` stays disabled (default 3). A disabled
-                handler costs nothing, so a period without it says nothing of
-                its cost: only its calls can, and it gets them again after its
-                probation.
+                ``over_budget="disable"`` stays disabled (default 3).
             barrier: Deliver each event of ``event_types`` to every handler
                 before the next one reaches any (handlers otherwise get a batch
                 each, in turn), for a handler that must see the others' state
                 as of that event: the state store snapshotting at a checkpoint.
-            mode: The deprecated name of ``delivery``.
         """
-        if mode is not None:
-            warnings.warn(
-                "EventBus.subscribe(mode=...) is deprecated: use delivery=...",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            delivery = mode
         registry = self._registry
         capacity = self._buffer if buffer is None else checked("buffer", buffer, Buffer)
         sub = Subscription(
@@ -430,34 +398,21 @@ class EventBus(anyio.AsyncContextManagerMixin):
         the bus's clock), and every call that failed or ran past its deadline, as
         ``HandlerCall`` records; returns a function that removes it.
 
-        What a tap cannot see, how long each call took, for an observer such as
-        ``adapters.otel.OpenTelemetryTap`` (a span per slow call, a histogram of
-        durations). It is called once per batch of a handler that had such calls,
-        after the batch was accounted, so its own time is no handler's and no
-        deadline's; like a tap, it must not block. One that raises is logged and
-        removed.
-
-        Without observers the bus pays nothing per call. ``min_seconds=0`` asks
-        for every call, so every call is timed: handlers proved cheaper than a
-        clock read, otherwise timed by the batch, then pay a clock read per call.
-        With a threshold, such a handler's batch that took that long is shown as
-        one record (``HandlerCall.calls``).
+        For an observer of durations (``adapters.otel.OpenTelemetryTap``). It is called once
+        per batch of a handler that had such calls, after the batch was accounted, so its
+        own time is no handler's; it must not block. One that raises is logged and removed.
+        Without observers the bus pays nothing per call; ``min_seconds=0`` times every call.
         """
         threshold = checked("min_seconds", min_seconds, WaitSeconds)
         return self._observers.add(observer, threshold)
 
     @property
     def gathering(self) -> Subscription | None:
-        """The subscription that makes this bus's derived events (those of the
-        ``Event`` classes declared ``derived``: rounds of reports, their
-        rejections, the run's start and end), while it is active; ``None`` if
-        none does. The training layer's gathering sets it when it subscribes,
-        one per bus.
+        """The subscription that makes this bus's derived events (rounds, their
+        rejections, the run's start and end), while active; ``None`` if none does.
 
-        A replay into this bus leaves the derived events its log recorded out,
-        as it leaves out the bus's own diagnostics: the gathering makes them
-        again, and each is delivered once. On a bus without one, the recorded
-        ones are replayed.
+        A replay into this bus leaves the recorded derived events out when there is one
+        (the gathering makes them again); on a bus without one, they are replayed.
         """
         sub = self._gathering
         return sub if sub is not None and sub.active else None
@@ -515,11 +470,9 @@ class EventBus(anyio.AsyncContextManagerMixin):
     async def publish_many(self, events: Iterable[Event]) -> None:
         """Publish ``events`` in order, as ``publish`` would each, for less per event.
 
-        It makes one call, and one check and hand-over per inbox-full, for a
-        publisher with several events at hand (a replay, a trainer's queue
-        drained at once). It waits while the inbox is full. A thing that
-        ``publish`` would refuse raises the same error; the events before it
-        are accepted.
+        One call, and one check and hand-over per inbox-full, for a publisher with several
+        events at hand (a replay). A thing ``publish`` would refuse raises the same error;
+        the events before it are accepted.
         """
         pending = events if type(events) is list else list(events)
         inbox = self._inbox
@@ -549,16 +502,10 @@ class EventBus(anyio.AsyncContextManagerMixin):
     def emit(self, event: Event, *, derived: bool = False) -> None:
         """Publish from inside a handler: never waits, even past ``buffer``.
 
-        A handler runs in the dispatcher (or its lane); waiting there for
-        room in the inbox that only the dispatcher empties would deadlock.
-        A handler that emits more than it gets (a feedback loop) would fill
-        memory: past ``buffer`` plus a headroom of ``EMIT_HEADROOM`` events,
-        ``emit`` raises ``BusFull``, so the emitting handler fails visibly.
-        ``derived=True`` is for an event derived from the one being handled,
-        a bounded number per event (a gathered round, a checkpoint's snapshot
-        report, ``after_run``'s turn): never refused, so no flood by another
-        handler can cost a run its rounds or its end. Events emitted while
-        the bus drains on close are still delivered.
+        Waiting there for room that only the dispatcher frees would deadlock. A handler
+        that emits more than it gets would fill memory, so past ``buffer`` plus
+        ``EMIT_HEADROOM`` events ``emit`` raises ``BusFull``. ``derived=True`` (a gathered
+        round, a snapshot report) is never refused, so no flood can cost a run its rounds.
         """
         if not isinstance(event, Event):
             raise refusal(event, started=True)

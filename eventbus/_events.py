@@ -29,25 +29,18 @@ RunStatus = Literal["finished", "failed", "cancelled", "preempted"]
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True, gc=False):
     """Base of every event.
 
-    ``seq`` and ``time`` come from the bus: handlers and the log get a copy
-    of each published event stamped with its sequence number and the time
-    it was dispatched, so the order of a run is explicit in its log. The
-    object published keeps ``-1`` and ``0.0`` (it can be published again,
-    as another event). A publisher may set ``time`` itself (a replay keeps
-    recorded times); ``seq`` always comes from the bus.
+    ``seq`` and ``time`` come from the bus: handlers and the log get a copy of each
+    published event stamped with its sequence number and dispatch time; the object
+    published keeps ``-1`` and ``0.0``. A publisher may set ``time`` itself (a replay
+    keeps recorded times); ``seq`` always comes from the bus.
 
-    Events are records, so they are not tracked by the garbage collector
-    (msgspec's ``gc=False``): a run keeps many alive, and each full
-    collection would walk them all (a sixth of a gathered round's cost at
-    world size 32,768). Reference counting still frees them. The one thing
-    this rules out is an event inside a reference cycle (an event put into
-    its own ``metrics``), which would never be freed; a subclass that needs
-    that declares ``gc=True``.
+    Events are not tracked by the garbage collector (``gc=False``: a run keeps many
+    alive); so an event inside a reference cycle would never be freed, and a subclass
+    that needs one declares ``gc=True``.
 
-    ``derived``: a class sets it to ``True`` when its events are made by a
-    handler from other events (the gathering makes rounds of reports), never
-    published from outside. A replay into a bus that makes them again leaves
-    the recorded ones out, so each reaches a handler once (``is_derived``).
+    ``derived``: ``True`` on a class whose events a handler makes from other events (the
+    gathering's rounds); a replay into a bus that makes them again leaves the recorded
+    ones out.
     """
 
     derived: ClassVar[bool] = False
@@ -63,19 +56,12 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tru
 class EventRegistry:
     """Every event class, keyed by module-qualified name; each ``type`` tag names one.
 
-    Every subclass of ``Event`` joins the union that codecs decode, user
-    events included. A second class with the tag of another (say a user's own
-    ``Report``) would make every recorded event of that tag decode as the
-    wrong class, dropping fields, so it is refused: ``TypeError`` naming both,
-    and the newcomer is left out. Defining the same class again (a module
-    reloaded, a class made in a function called twice) replaces it.
-
-    A class's tag is known only once msgspec has made the class, after
-    ``__init_subclass__``; so new classes wait in ``pending`` until the union
-    is next needed (a decoder built, a log opened, ``event_types()``). (A
-    metaclass could check at once, but msgspec then builds every instance on
-    its slow path: three times the cost of each event.) ``generation`` counts
-    changes, for caches of the union.
+    A second class with the tag of another (say a user's own ``Report``) would make every
+    recorded event of that tag decode as the wrong class, so it is refused (``TypeError``
+    naming both); defining the same class again (a module reloaded) replaces it. A tag is
+    known only once msgspec has made the class, so new classes wait in ``pending`` until
+    the union is next needed (a metaclass could check at once, but would put every
+    instance on msgspec's slow path). ``generation`` counts changes, for caches.
     """
 
     def __init__(self) -> None:
@@ -252,16 +238,11 @@ class RunStarted(Event, frozen=True, kw_only=True):
 class RunPosition(msgspec.Struct, frozen=True, kw_only=True):
     """Where a run stood when a checkpoint's round was gathered: what a resume continues.
 
-    Saved with the callback states of the checkpoint, and carried by
-    ``RunResumed``. ``rounds`` counts the rounds gathered, the checkpoint's
-    included (the next round's number); ``next_index[r]`` is the index of
-    rank ``r``'s next report (its reports from that index on were made after
-    the checkpoint, so a crash loses them and the resumed run redoes them).
-    ``checkpoint_seq`` is the ``seq`` of the checkpoint's ``CheckpointSaved``
-    (events recorded after it, up to the resume, are rolled back);
-    ``start_time`` the run's (its context's) start; the counts are the run's
-    figures so far, and ``pending_failures`` where ``after_exception`` stood.
-    A rank not required at the checkpoint has ``-1``.
+    Saved with the checkpoint's callback states and carried by ``RunResumed``. ``rounds``
+    counts the rounds gathered, the checkpoint's included; ``next_index[r]`` is rank
+    ``r``'s next report index (later ones are redone after a resume, ``-1`` for a rank not
+    required); ``checkpoint_seq`` the ``seq`` of the checkpoint's ``CheckpointSaved``
+    (later events are rolled back); ``pending_failures`` where ``after_exception`` stood.
     """
 
     checkpoint: str
@@ -284,12 +265,9 @@ class RunPosition(msgspec.Struct, frozen=True, kw_only=True):
 class RunResumed(Event, frozen=True, kw_only=True):
     """The run resumed from ``checkpoint`` (the operator's location) at ``position``.
 
-    It follows the resumed run's ``RunStarted`` (the same run id, and the
-    start of the run it continues). In a log that holds the run's history,
-    the events recorded before it that the crash rolled back are marked by
-    it: reports of an index at or past ``position.next_index`` of their
-    rank, and every other event after ``position.checkpoint_seq``. They stay
-    in the log, for diagnosis; a replay leaves them out.
+    It follows the resumed run's ``RunStarted``. Events recorded before it that the crash
+    rolled back (reports at or past ``position.next_index``, every other event after
+    ``position.checkpoint_seq``) stay in the log for diagnosis; a replay leaves them out.
     """
 
     run_id: str
@@ -410,13 +388,10 @@ class StateSnapshotted(Event, frozen=True, kw_only=True):
 class EventPlaceholder(Event, frozen=True, kw_only=True):
     """Stands in, in a log, for an event that could not be kept as itself.
 
-    The recorder writes one when it cannot encode an event (a value msgspec
-    cannot encode, nesting too deep, a record too large), so one bad value
-    never costs the rest of the log; the reader yields one for an intact
-    record that does not decode as its type (an unknown type, a mistyped
-    field). ``seq`` and ``time`` are the original event's, ``event_type`` its
-    type name, ``reason`` why it is a placeholder, ``text`` a bounded,
-    readable rendering of what was there. Replays skip placeholders.
+    The recorder writes one for an event it cannot encode, so one bad value never costs
+    the rest of the log; the reader yields one for an intact record that does not decode
+    (an unknown type, a mistyped field). ``reason`` says why, ``text`` is a bounded
+    rendering of what was there. Replays skip placeholders.
     """
 
     event_type: str
@@ -441,10 +416,7 @@ class StateRestored(Event, frozen=True, kw_only=True):
 
 
 # --- what training callbacks are told ----------------------------------------------
-# The gathering (``handlers``) derives these from the events above: a round
-# once every required rank reported, a period's failures, the run's start
-# and end. Each carries the run's context, so a callback subscribes to its
-# event like any handler and needs nothing else.
+# The gathering (``handlers``) derives these from the events above, each with the run's context.
 
 
 class TrainRunContext(msgspec.Struct, frozen=True, kw_only=True):
@@ -487,9 +459,8 @@ class TrainRunContext(msgspec.Struct, frozen=True, kw_only=True):
 class CallbackCost(msgspec.Struct, frozen=True, kw_only=True):
     """What one hook of a training callback cost over a run (``RunResult.callbacks``).
 
-    The bus's accounting of the hook's subscription, summed over the run's
-    health-check periods, so it agrees with the run's ``BudgetReport``s. Times
-    are seconds on the bus's clock, as ``HandlerUsage``'s are.
+    The bus's accounting of the hook's subscription over the run, in seconds on the bus's
+    clock, so it agrees with the run's ``BudgetReport``s.
 
     Attributes:
         handler: The hook's name in diagnostics and budget reports
@@ -559,8 +530,8 @@ class BeforeRun(Event, frozen=True, kw_only=True, tag="RunBegan"):
 class RoundGathered(Event, frozen=True, kw_only=True):
     """One report round: ``metrics[i]`` from the i-th required rank; ``after_report`` is due.
 
-    The dicts in ``metrics`` are read-only (``FrozenDict``), shared by every
-    callback: none sees another's edits.
+    The dicts in ``metrics`` are read-only (their mutators raise ``TypeError``),
+    shared by every callback: none sees another's edits.
     """
 
     derived: ClassVar[bool] = True

@@ -42,7 +42,7 @@ class HandlerCall(msgspec.Struct, frozen=True, kw_only=True):
     """One handler call shown to a call observer (``EventBus.observe_calls``).
 
     Attributes:
-        handler: The handler's name (``Subscription.name``).
+        handler: The handler's name (``subscribe(name=...)``).
         event: The event it was called with (for a batch, its last).
         elapsed: Seconds the call took, on the bus's clock.
         end: When it ended, on the bus's clock (``EventBus.clock``).

@@ -1,13 +1,9 @@
 """Health-check periods: each handler's time per period against its budget.
 
-The runners add each batch to its subscription's ``Counters``; once a
-period, ``Periods`` turns the period's counters into a ``HealthCheckTick``
-and a ``BudgetReport``, has the policy act on the handlers over budget, and
-starts the next period. Nothing of this is done per event.
-
-A period ends when the bus clock passes its end: noticed by the dispatcher
-when it takes a batch, by a clock listener (virtual clocks), or by the
-ticker task while nothing is published.
+The runners add each batch to its subscription's ``Counters``; once a period, ``Periods``
+turns them into a ``HealthCheckTick`` and a ``BudgetReport`` and has the policy act on the
+handlers over budget: nothing is done per event. A period ends when the bus clock passes its
+end, noticed by the dispatcher, a clock listener (virtual clocks) or the idle ticker.
 """
 
 from __future__ import annotations
@@ -179,17 +175,11 @@ def close_period(
     order of ``subs``; the report has those that did anything); each subscription's
     period counters are added to its lifetime ones.
 
-    A handler's budget is its own share of the period if it has one, else
-    the bus's; the bus's budget applies to all handlers together. A
-    ``partial`` period (the last one, cut short when the bus closed) is
-    judged against the budget of a whole ``period``: its own length may be
-    microseconds, and a share of that would call any callback over budget.
-
-    A handler's calls are added when they (or their batch) end, and one
-    handler never runs twice at once: its time past the period's own length
-    was spent after the period, and is carried into the next one (the
-    lifetime total keeps it), so no report has a handler busy longer than
-    the period lasted.
+    A handler's budget is its own share if it has one, else the bus's (which also applies
+    to all handlers together). A ``partial`` period (cut short when the bus closed) is
+    judged against a whole ``period``: a share of microseconds would call any callback
+    over budget. A handler's time past the period's length was spent after it and is
+    carried into the next, so no report has a handler busy longer than the period.
     """
     span = end - start
     length = span

@@ -1,14 +1,9 @@
 """What happens to a handler that fails, overruns its deadline, or its budget.
 
-The runners report a raised exception or an overrun, the period accounting
-reports a budget verdict, the user calls ``enable()``: one place counts it,
-emits the diagnostic event, logs (once per period: the budget report has the
-counts), and changes the handler's state or fails the run, so that every
-path applies the same policy.
-
-What a user reads says its figures with their units (``205 ms of a 5 s period
-(4.1%)``): ``duration_text``, ``share_text`` and ``cost_text`` word them, for
-the state changes' reasons and the log lines here and in the periods'.
+Runners report an exception or an overrun, the periods a budget verdict, the user calls
+``enable()``: one place counts it, emits the diagnostic event, logs (once per period), and
+changes the handler's state or fails the run, so every path applies the same policy.
+``duration_text``, ``share_text`` and ``cost_text`` word figures with their units.
 """
 
 from __future__ import annotations

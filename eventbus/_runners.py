@@ -1,22 +1,10 @@
 """Calling one handler with a batch of events: timed, deadline-guarded, in order.
 
-Each task that calls handlers (the dispatcher, each lane) has its own
-``Runner``. Every call is timed, with one clock read, until the handler
-has proved cheaper than a clock read (``Counters.timed_per_call``); then its
-batches are timed as a whole. Plain sync handlers cannot be interrupted, so
-an overrun is reported. Async handlers run under one cancel scope per batch;
-the runner tells its watchdog ``Guard`` which call it is making, and the
-watchdog cancels the scope when one call overruns. Blocking sync handlers
-run in a worker thread, abandoned at their deadline. A sync handler that
-returns a coroutine is awaited, and from then on treated as an async handler.
-
-The fault policy is consulted only when a call went wrong, and the counters
-are added to once per batch. Call observers (``_observers``) are shown the
-calls they asked for after the batch is accounted; with none, a runner reads
-their threshold once per batch (infinite) and compares a call's time with it
-only where it has read the clock anyway: in the plain sync loop, the one
-comparison with the deadline it always made compares with the lower of the
-two.
+Each task that calls handlers (the dispatcher, each lane) has its own ``Runner``. Every call
+is timed until the handler has proved cheaper than a clock read; then its batches are timed
+as a whole. The fault policy is consulted only when a call went wrong, and the counters are
+added to once per batch. With no call observer, a runner compares a call's time with an
+infinite threshold only where it read the clock anyway.
 """
 
 from __future__ import annotations

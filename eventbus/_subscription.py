@@ -1,26 +1,22 @@
 """A handler registered on the bus: what it asked for, and what it has cost.
 
-A ``Subscription`` is the handler's configuration (event types, order, delivery,
-deadline, policies, budget) and its state (normal, coalescing, disabled).
-What the handler has cost is in its ``Counters``, which the runners add to
-once per batch; ``stats()`` returns a frozen copy, a ``SubscriptionStats``.
-
-A subscription does not know the bus. ``cancel()``, ``enable()`` and its
-queued count go through the small ``Owner`` interface it is given, so the
-registry that keeps it decides what they mean.
+A ``Subscription`` is the handler's configuration and its state (normal, coalescing,
+disabled); what it has cost is in its ``Counters``, which the runners add to once per batch.
+A subscription does not know the bus: ``cancel()``, ``enable()`` and its queued count go
+through the ``Owner`` interface it is given.
 """
 
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal, Protocol
 
 import msgspec
 
 from ._events import Event
-from .options import DEFAULT_PROBATION, Faults, Probation, Seconds, Share, checked
+from ._options import DEFAULT_PROBATION, Faults, Probation, Seconds, Share
+from .options import checked
 
 __all__ = [
     "Counters",
@@ -70,14 +66,6 @@ class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
     state: HandlerState
     total: float = 0.0
     max: float = 0.0
-
-    @property
-    def mode(self) -> DeliveryMode:
-        """Deprecated name of ``delivery``."""
-        warnings.warn(
-            "SubscriptionStats.mode is deprecated: use .delivery", DeprecationWarning, stacklevel=2
-        )
-        return self.delivery
 
 
 #: Calls a handler is timed one by one before it may be timed per batch.
@@ -146,12 +134,10 @@ class Counters:
         """Add a batch: ``calls`` calls that took ``total`` seconds, the longest one
         ``longest``.
 
-        From its ``CALIBRATION_CALLS``-th call on, a handler whose batch took
-        less than ``CHEAP_CALL`` a call on average has its next batch timed as a
-        whole: a clock read per call would cost it more than the handler itself
-        (with 16 handlers that increment a counter, the bus took 2.1x the time
-        of a plain loop timing each call, 1.3x timing batches). A batch whose
-        mean is over ``CHEAP_CALL`` brings back timing per call.
+        From its ``CALIBRATION_CALLS``-th call on, a handler whose batch took less than
+        ``CHEAP_CALL`` a call on average has its next batch timed as a whole: a clock
+        read per call would cost more than the handler (docs/performance.md). A batch
+        whose mean is over ``CHEAP_CALL`` brings back timing per call.
         """
         self.calls += calls
         self.period_calls += calls
@@ -228,12 +214,10 @@ def as_event_types(event_types: type[Event] | Iterable[type[Event]]) -> tuple[ty
 def attacher_of(obj: object) -> Callable[[Any, list[Any]], Any] | None:
     """How objects like ``obj`` attach themselves to a bus, if they do.
 
-    Training callbacks are not bus handlers: a run wires them through its
-    gathering. Their class says how with a classmethod
-    ``__eventbus_attach__(bus, callbacks)`` (``handlers.UserCallback`` has
-    one), so the runtime's tools (replays, recordings) attach them as a live
-    run does without knowing the training layer. It returns, per callback,
-    the subscriptions made for it.
+    Training callbacks are wired through a run's gathering, so their class says how with
+    a classmethod ``__eventbus_attach__(bus, callbacks)`` (``handlers.UserCallback`` has
+    one): replays and recordings attach them as a live run does without knowing the
+    training layer. It returns, per callback, the subscriptions made for it.
     """
     attach: Callable[[Any, list[Any]], Any] | None = getattr(type(obj), "__eventbus_attach__", None)
     return attach
@@ -256,7 +240,7 @@ def _checked_types(
     if attacher_of(handler) is not None:
         raise TypeError(
             f"{handler!r} is a training callback, not a bus handler: attach it as a run does, "
-            "with handlers.wiring.attach_user_callbacks(bus, [callback]) "
+            "with handlers.attach_user_callbacks(bus, [callback]) "
             "(open_run and eventbus.testing.replay_log do it for you)"
         )
     if not callable(handler):
@@ -385,14 +369,6 @@ class Subscription:
         if state == "normal":
             self.counters.faults_since_enabled = 0  # re-enabled: its past faults are forgiven
         return True
-
-    @property
-    def mode(self) -> DeliveryMode:
-        """Deprecated name of ``delivery``."""
-        warnings.warn(
-            "Subscription.mode is deprecated: use .delivery", DeprecationWarning, stacklevel=2
-        )
-        return self.delivery
 
     @property
     def queued(self) -> int:

@@ -41,8 +41,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: 
 from adapters.ray import EventBusUserCallback, recorded_logs  # noqa: E402
 from eventbus import RunResult, TrainRunContext  # noqa: E402
 from eventbus.log import replay_file  # noqa: E402
-from handlers import UserCallback  # noqa: E402
-from handlers.wiring import attach_user_callbacks  # noqa: E402
+from handlers import UserCallback, attach_user_callbacks  # noqa: E402
 
 FAILING_RANK, FAILS_AT = 1, 3
 

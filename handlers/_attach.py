@@ -13,19 +13,17 @@ from typing import TYPE_CHECKING, Any, Self
 import msgspec
 
 from eventbus import (
-    CallbackCost,
     CheckpointSaved,
     EventBus,
     RunFinished,
-    RunPosition,
     RunResult,
     RunStatus,
-    Stage,
-    Subscription,
-    SubscriptionStats,
     TrainRunContext,
     WorkerFailure,
 )
+from eventbus._events import CallbackCost, RunPosition
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription, SubscriptionStats
 
 from ._errors import WorkerError
 from ._failures import ExceptionCallbackHandler
@@ -45,16 +43,10 @@ _MAX_ORIGINALS = 1024
 class CallbackAttachment:
     """Training callbacks wired onto a bus, with the gatherers that feed them.
 
-    Each stage is an ordinary subscriber, in the order ``Stage`` names: the
-    gatherers turn raw events into derived ones, each carrying the run's
-    context, and every hook of every training callback subscribes to its
-    derived event. The report gatherer becomes the bus's gathering
-    (``EventBus.gathering``), so a replay into the bus leaves out the derived
-    events its log recorded. The run's context comes from the first
-    ``RunStarted`` (or, without one, from the first event naming the run);
-    its figures come from the gatherers that count them, asked when wanted,
-    and what each callback's hooks cost from the bus's accounting of them.
-    Made unattached, so that making it changes nothing: ``attach`` subscribes.
+    Each stage is an ordinary subscriber, in the order ``Stage`` names: the gatherers
+    turn raw events into derived ones carrying the run's context, and every hook of every
+    training callback subscribes to its derived event. The report gatherer becomes the
+    bus's gathering (``EventBus.gathering``). Made unattached: ``attach`` subscribes.
 
     Args:
         callbacks: the training callbacks (``UserCallback``s, or objects with
@@ -234,8 +226,24 @@ def attach_user_callbacks(
     required_ranks: Iterable[int] | None = None,
     announce_checkpoints: bool = False,
 ) -> CallbackAttachment:
-    """Wire ``callbacks`` onto ``bus`` (report gathering, failure gathering,
-    lifecycle) and return the attachment; the keywords are ``CallbackAttachment``'s."""
+    """Wire training callbacks onto a bus of your own, as a run does: report gathering,
+    failure gathering and the run's lifecycle, each hook an ordinary subscriber. For
+    a replay (``replay_file(log, lambda bus: attach_user_callbacks(bus, callbacks))``)
+    or a trainer that drives its own bus; ``open_run`` does it for a live run.
+
+    Args:
+        bus: the bus, not yet closed.
+        callbacks: the training callbacks (``UserCallback``s, or objects with
+            its hooks).
+        world_size: the run's ranks; by default the run context's.
+        required_ranks: the ranks a round waits for; by default all of them.
+        announce_checkpoints: emit a ``CheckpointSaved`` for each round's
+            checkpoint, for the state store. A live run does; a replay has the
+            recorded ones.
+
+    Returns the attachment: its ``run_context``, ``callbacks``, ``costs()``,
+    ``result()`` once the run ended, and ``cancel()`` to unsubscribe them all.
+    """
     return CallbackAttachment(
         callbacks,
         world_size=world_size,

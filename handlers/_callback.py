@@ -1,18 +1,16 @@
 """``UserCallback``: what users subclass to write a training callback.
 
-A callback should pay only for what it does: so every method is optional,
-sync or async, and each hook a subclass overrides becomes its own bus
-subscription, to the event the gathering emits for it. The class also says
-how the runtime's tools (replays, recordings) attach such callbacks: as a
-live run does (``__eventbus_attach__``).
+Every method is optional, sync or async, and each hook a subclass overrides becomes its own
+bus subscription, so a callback pays only for what it does.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from eventbus import DeliveryMode, ErrorPolicy, Event, EventBus, OverBudgetPolicy, Subscription
-from eventbus.state import callback_name
+from eventbus import Event, EventBus
+from eventbus._subscription import DeliveryMode, ErrorPolicy, OverBudgetPolicy, Subscription
+from eventbus.state._model import callback_name
 
 from ._attach import attach_user_callbacks
 from ._user import base_hook
@@ -26,13 +24,10 @@ __all__ = ["UserCallback"]
 class UserCallback:
     """Base class of training callbacks: Ray Train v2's hooks, plus the run's.
 
-    Override any of the methods, as ``def`` or ``async def``. Each overridden
-    method becomes its own bus subscription named ``<Class>.<method>``, with
-    the bus's deadline, error policy and budget accounting, so a slow or
-    failing hook is named in diagnostics and costs only itself. Its ``repr``
-    is its readable name, as logs and messages show it: the class name with
-    its ``state_key`` (``EarlyStopping(metric='loss', mode='min')``), or the
-    class name alone.
+    Override any of the methods, as ``def`` or ``async def``. Each overridden method
+    becomes its own bus subscription named ``<Class>.<method>``, with the bus's deadline,
+    error policy and budget accounting. Its ``repr`` is its readable name (the class name
+    with its ``state_key``, or alone).
 
     Attributes:
         timeout: each call's deadline, seconds (``EventBus.subscribe``'s).
@@ -50,13 +45,11 @@ class UserCallback:
 
     ``None`` means the bus's default.
 
-    A callback that must see the bus itself, not only its hooks' events (an
-    observer of the whole run, such as ``adapters.otel.OpenTelemetryTap``),
-    defines ``__eventbus_subscribe__(self, bus) -> Iterable[Subscription]``:
-    wherever callbacks are attached (``open_run``, the adapters' callback
-    lists, replays), it is called with the bus once the callback's hooks are
-    subscribed, and the subscriptions it returns count as the callback's own
-    (in ``RunResult.callbacks``). No other callback is given the bus.
+    A callback that must see the bus itself (an observer of the whole run, such as
+    ``adapters.otel.OpenTelemetryTap``) defines ``__eventbus_subscribe__(self, bus) ->
+    Iterable[Subscription]``: wherever callbacks are attached it is called with the bus
+    once the hooks are subscribed, and the subscriptions it returns count as the
+    callback's own (in ``RunResult.callbacks``).
     """
 
     timeout: ClassVar[float | None] = None

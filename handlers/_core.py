@@ -1,15 +1,10 @@
 """The run core: what every way into a run shares of its life, written once.
 
-``open_run``'s ``Run`` (async: workers as tasks, or on an engine) and the
-trainers' hook host (``adapters._threaded_run``: sync calls from a trainer's
-thread) drive the same core. It decides the run's id, what a resume
-continues, opens or continues the log, wires the callbacks onto the bus, and
-makes the run's first and last events in the one order every way in keeps:
-``RunStarted``; once ``before_run`` has returned, a resume's ``RunResumed``,
-the period a crash cut and what was restored; at the end ``RunFinished``,
-naming the callback that stopped the run, and one line on the console. It
-moves no event itself and knows no loop: its driver publishes what it makes,
-and waits where the docstrings say.
+``open_run``'s ``Run`` and the trainers' hook host (``adapters._threaded_run``) drive the same
+core: the run's id, what a resume continues, the log, the callbacks' wiring, and the run's
+first and last events in the one order every way in keeps (``RunStarted``; once
+``before_run`` returned, a resume's ``RunResumed``; at the end ``RunFinished``). It moves no
+event itself and knows no loop: its driver publishes what it makes.
 """
 
 from __future__ import annotations
@@ -26,12 +21,12 @@ from eventbus import (
     Event,
     EventBus,
     RunFinished,
-    RunPosition,
     RunResult,
     RunStarted,
     RunStatus,
     StateRestored,
 )
+from eventbus._events import RunPosition
 from eventbus.log import LogRecorder
 from eventbus.state import StateStore
 

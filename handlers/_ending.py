@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from eventbus import RunResult, RunStatus, describe_exception, get_logger
-from eventbus.state import callback_name
+from eventbus import RunResult, RunStatus
+from eventbus._logging import get_logger
+from eventbus._text import describe as describe_exception
+from eventbus.state._model import callback_name
 
 from ._signals import Preempted
 

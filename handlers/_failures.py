@@ -28,13 +28,13 @@ from eventbus import (
     HealthCheckTick,
     RankStalled,
     RunFinished,
-    RunPosition,
-    Stage,
-    Subscription,
     TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
 )
+from eventbus._events import RunPosition
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription
 
 __all__ = ["ExceptionCallbackHandler"]
 

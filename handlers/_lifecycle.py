@@ -23,16 +23,16 @@ from eventbus import (
     AfterRun,
     BeforeRun,
     BudgetReport,
-    CallbackCost,
     Event,
     EventBus,
     RunFinished,
     RunResult,
     RunStarted,
-    Stage,
-    Subscription,
     TrainRunContext,
 )
+from eventbus._events import CallbackCost
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription
 
 __all__ = ["RunCallbackHandler"]
 

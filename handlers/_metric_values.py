@@ -1,19 +1,12 @@
 """What a report's metrics may hold, checked where reports enter, and frozen.
 
-Two promises rest on this module. Everything a run accepts can be logged and
-replayed exactly as it was reported: JSON values (NaN and infinities
-included: a diverging loss is a real signal), integers msgpack can hold,
-bounded nesting and size; anything else is rejected with the path inside the
-metrics (``metrics['hist'][3]``). And callbacks see what was reported, as it
-was when it was reported, and none can change what another sees: accepted
-metrics are copied once into read-only containers (``FrozenDict``,
-``FrozenList``: a ``dict`` and a ``list`` whose mutators raise), which every
-callback then shares. One copy per report costs less than a copy per
-callback (measured: 46 ns to copy a 4-key dict, 88 ns into a ``FrozenDict``).
-
-The common case, a flat dict of numbers and short strings, is checked with
-a type test per value and copied in one call; anything else takes the
-thorough walk, which is iterative, so no nesting can exhaust the stack.
+Everything a run accepts can be logged and replayed exactly as reported: JSON values (NaN and
+infinities included: a diverging loss is a real signal), integers msgpack can hold, bounded
+nesting and size; anything else is rejected with its path (``metrics['hist'][3]``). Accepted
+metrics are copied once into read-only containers (``FrozenDict``, ``FrozenList``) that every
+callback shares, so none can change what another sees (one copy per report, not per
+callback). The common flat dict is checked by a type test per value; anything else takes an
+iterative walk, so no nesting can exhaust the stack.
 """
 
 from __future__ import annotations
@@ -64,12 +57,9 @@ def _read_only(*args: Any, **kwargs: Any) -> NoReturn:
 class FrozenDict(dict[str, Any]):
     """The read-only ``dict`` each rank's metrics reach callbacks as.
 
-    Every callback of a round is given the same metrics objects, so none may
-    change what the next one sees: the mutators raise ``TypeError``, and
-    nested lists arrive as ``FrozenList``. It is a real ``dict``
-    (``isinstance``, ``json.dumps`` and msgspec all take it); ``dict(d)``,
-    ``d.copy()``, ``copy.deepcopy(d)`` and pickling give a plain, mutable
-    ``dict``.
+    Every callback of a round is given the same metrics objects, so the mutators raise
+    ``TypeError`` and nested lists arrive as ``FrozenList``. It is a real ``dict``;
+    ``dict(d)``, ``d.copy()``, ``copy.deepcopy(d)`` and pickling give a mutable one.
     """
 
     __slots__ = ()

@@ -11,13 +11,13 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, Unpack
 
-from eventbus import Clock
-from eventbus.options import OptionTypeError
+from eventbus._clock import Clock
+from eventbus._options import OptionTypeError
 
 from ._callback import UserCallback
 from ._engine import WorkerEngine
+from ._options import RunKeywords, RunOptions
 from ._run import Run
-from .options import RunKeywords, RunOptions
 
 __all__ = ["TrainingCallback", "open_run"]
 
@@ -52,16 +52,11 @@ def open_run(
 ) -> Run:
     """Open a run: ``async with open_run(world_size=4, callbacks=[...]) as run:``.
 
-    ``RunStarted``/``RunFinished`` and ``before_run``/``after_run`` happen
-    exactly once, also when the body fails or is cancelled. The call checks
-    the arguments; entering the run reads and writes files (the snapshot it
-    resumes from, its log) and fails there, before anything has started, if
-    it cannot.
-
-    The run's options, as keywords (or a ``RunOptions`` as ``options``, the
-    keywords changing it), each checked here against its range: a value out
-    of range is an ``OptionError`` (a ``ValueError``) and one of the wrong
-    type an ``OptionTypeError`` (a ``TypeError``), naming the option.
+    ``RunStarted``/``RunFinished`` and ``before_run``/``after_run`` happen exactly once,
+    also when the body fails or is cancelled. The call checks the arguments and options
+    (out of range: an ``OptionError``, a ``ValueError``; wrong type: a ``TypeError``,
+    naming it); entering the run reads and writes files, and fails there before anything
+    has started if it cannot. ``options``: a ``RunOptions``, the keywords changing it.
 
     Args:
         world_size: how many ranks report (1 to 131,072).

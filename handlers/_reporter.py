@@ -1,9 +1,8 @@
 """A rank's handle on its run: what a worker reports through, and meets the others at.
 
-A worker should hear at once that a report cannot be kept, and reuse its
-dict afterwards as it likes; so ``Reporter.report`` checks and copies the
-metrics itself, before they enter the bus. ``Reporter.sync`` is where ranks
-meet, so that a stop reaches every rank as of the same round.
+``Reporter.report`` checks and copies the metrics itself, before they enter the bus, so a
+worker hears at once that a report cannot be kept and may reuse its dict. ``Reporter.sync``
+is where ranks meet, so that a stop reaches every rank as of the same round.
 """
 
 from __future__ import annotations
@@ -18,17 +17,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from eventbus import (
-    EventBus,
-    Report,
-    RoundGathered,
-    RunFinished,
-    Stage,
-    Subscription,
-    WorkerGroupRestarted,
-    get_logger,
-)
-from eventbus.state import state_key_of
+from eventbus import EventBus, Report, RoundGathered, RunFinished, WorkerGroupRestarted
+from eventbus._logging import get_logger
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription
+from eventbus.state._model import state_key_of
 
 from ._errors import ReportError
 from ._metric_values import MetricsError, freeze_metrics
@@ -48,17 +41,12 @@ __all__ = ["Reporter", "SyncSignal", "stopping_lanes", "values_for_workers"]
 class Reporter:
     """One rank's handle on its run: ``await reporter.report(metrics, checkpoint=None)``.
 
-    ``report`` copies ``metrics`` at once (into a read-only ``FrozenDict``):
-    the worker may reuse or change its dict afterwards, and callbacks still
-    see what was reported. Metrics that are not JSON values a log can hold,
-    or a checkpoint that is no location, are refused right there with a
-    ``ReportError`` naming the rank and the field: the worker hears of it,
-    and its turn in the round is still its to take.
-
-    ``latest_checkpoint`` is the checkpoint of the latest complete round
-    (where a restarted worker resumes); ``should_stop`` turns true when a
-    callback (say ``EarlyStopping``) or the trainer asked the run to stop.
-    A run makes one per rank (``Run.reporter``).
+    ``report`` copies ``metrics`` at once (into a read-only ``dict``), and refuses what a
+    log cannot hold, or a checkpoint that is no location, with a ``ReportError`` naming
+    the rank and the field: the worker hears of it, and its turn in the round is still
+    its to take. ``latest_checkpoint`` is where a restarted worker resumes;
+    ``should_stop`` turns true when a callback or the trainer asked the run to stop. A
+    run makes one per rank (``Run.reporter``).
 
     Args:
         run: the run it reports to.
@@ -118,26 +106,17 @@ class Reporter:
         discarded by a restart) and the callbacks that can stop the run have
         handled that round.
 
-        What a data-parallel step does anyway (ranks meet at every gradient
-        all-reduce): a worker that syncs after each report reads
-        ``should_stop`` exactly as of its latest round, so when a run stops no
-        longer depends on how its tasks were scheduled. It never waits for a
-        report that cannot come: once the worker of a rank the round lacks has
-        ended (returned, or failed), ``sync`` returns.
+        A worker that syncs after each report (as data-parallel ranks meet at every
+        all-reduce anyway) reads ``should_stop`` exactly as of its latest round. It never
+        waits for a report that cannot come: once the worker of a rank the round lacks
+        has ended, ``sync`` returns.
 
-        The callbacks waited for are those that can change ``should_stop``:
-        every inline one (the default ``delivery``), and, of those in a lane,
-        the ones that declare a ``should_stop`` attribute, on their class or a
-        base class, or set in ``__init__`` (as ``EarlyStopping`` does): that
-        declaration is how a callback says it can stop the run. ``UserCallback``,
-        ``StatefulCallback`` and the built-ins but ``EarlyStopping`` have none,
-        so subclassing them makes no callback a stopper. Any other lane
-        callback's backlog is its own: a slow one lags behind the trainer
-        instead of slowing it down, and with ``over_budget="coalesce"`` it skips
-        the rounds it could not keep up with once a period has found it over
-        budget. A lane callback that stops the run through ``run.request_stop()``
-        is not waited for: the ranks see that stop at a later ``sync``, possibly
-        not all at the same round.
+        The callbacks waited for are those that can change ``should_stop``: every inline
+        one, and of those in a lane, the ones that declare a ``should_stop`` attribute
+        (on the class or set in ``__init__``, as ``EarlyStopping`` does). Another lane
+        callback's backlog is its own (docs/guides/async-trainer.md). A lane callback that
+        stops the run through ``run.request_stop()`` is not waited for: the ranks see
+        that stop at a later ``sync``, possibly not all at the same round.
         """
         await self.run.wait_gathered(self.rank)
 
@@ -239,10 +218,9 @@ _NAME_MAX, _PATH_MAX = _path_limits()
 def _refused_path(location: str) -> str | None:
     """Why no system call would take ``location`` as a path (``None``: it would).
 
-    Checked on the string, with no system call, for every report: a location
-    the OS refuses would otherwise go into the round and the log, and fail
-    later with a bare ``ValueError`` (``embedded null byte``) or ``OSError``
-    (``File name too long``) far from the report that named it.
+    Checked on the string, with no system call, for every report: a location the OS
+    refuses would otherwise fail later with a bare ``ValueError`` or ``OSError``, far
+    from the report that named it.
     """
     if "\0" in location:
         return "holds a NUL byte, which no file system path can"

@@ -1,29 +1,13 @@
 """Report gathering: one FIFO per rank, one round per report of every required rank.
 
-Ranks report at their own pace (rank 0 may be several reports ahead), yet a
-callback must get one report of each rank per round, in rank order, as Ray
-Train's ``metrics[i]`` promises. So a round is released only when every
-required rank has a report waiting, and then exactly one report per required
-rank is taken.
-
-The heads of the FIFOs are kept as two rounds of slots by rank (the oldest
-open round and the next), so a complete round's slots are already its
-``metrics`` list and a report costs the same whatever the world size; only a
-rank two or more rounds ahead queues its reports. Every report passes the same
-rules, written once (``_admit``), and a rejection names the field it broke.
-
-Where a framework gathered the ranks already (Ray's controller, Lightning's
-all-gather), the round comes whole (``take_round``): checked by the same
-rules, and never split into reports to be gathered again.
-
-A round leaves the gatherer one way (``_deliver``): as a ``RoundGathered``
-event carrying the run's context, to which every training callback subscribes
-like any handler.
-
-Knowing each rank's latest report, it also watches for stalled ranks (with the
-bus's ``stall_periods``): at each health-check tick, off the report path. Where
-rounds come whole, no round is ever partial, so the engine tells each rank's
-progress apart (``heard``) and the same rule judges it.
+Ranks report at their own pace, yet a callback must get one report of each rank per round,
+in rank order, as Ray Train's ``metrics[i]`` promises: a round is released only when every
+required rank has a report waiting. The FIFOs' heads are kept as two rounds of slots by rank,
+so a complete round's slots are already its ``metrics`` list and a report costs the same
+whatever the world size. Every report passes the same rules (``_admit``); a round a framework
+gathered already comes whole (``take_round``) through the same rules. At each health-check
+tick it looks for stalled ranks; where rounds come whole, by the progress engines tell
+(``heard``).
 """
 
 from __future__ import annotations
@@ -45,18 +29,18 @@ from eventbus import (
     Report,
     ReportRejected,
     RoundGathered,
-    RunPosition,
-    Stage,
-    Subscription,
     TrainRunContext,
     WorkerGroupRestarted,
-    get_logger,
 )
+from eventbus._events import RunPosition
+from eventbus._logging import get_logger
+from eventbus._stages import Stage
+from eventbus._subscription import Subscription
 
 from ._errors import ReportError
 from ._metric_values import FrozenDict, MetricsError, freeze_metrics
 from ._metrics import mean_metrics
-from .options import MAX_WORLD_SIZE
+from ._options import MAX_WORLD_SIZE
 
 __all__ = ["ReportCallbackHandler"]
 
@@ -69,15 +53,12 @@ _log = get_logger("handlers.reports")
 class ReportCallbackHandler:
     """Gathers ``Report`` events into rounds and emits each as a ``RoundGathered``.
 
-    It is the one place that decides what a round is: the ranks it waits for,
-    what becomes of a bad report (a ``ReportRejected`` naming its rank and
-    field: the run goes on), and the round's checkpoint (the one any of its
-    ranks named, as in Ray Train; ranks naming different ones are a
-    ``CheckpointMismatch``, and the round has none). Callbacks get each rank's
-    metrics read-only (``FrozenDict``). So it also owns the figures that follow
-    from reports and restarts (``rounds``, ``reports``, ``rejected``,
-    ``mismatches``, ``discarded``, ``restarts``, ``last_checkpoint``) and where
-    the run stood at each checkpoint, for the state store's snapshot.
+    It alone decides what a round is: the ranks it waits for, what becomes of a bad
+    report (a ``ReportRejected`` naming its rank and field: the run goes on), and the
+    round's checkpoint (the one any rank named, as in Ray Train; different ones are a
+    ``CheckpointMismatch``). Callbacks get each rank's metrics read-only (``FrozenDict``).
+    It owns the figures that follow (``rounds``, ``reports``, ``rejected``, ...) and
+    where the run stood at each checkpoint, for the state store's snapshot.
 
     Args:
         world_size: the run's ranks; by default the run context's, or else the
@@ -368,13 +349,10 @@ class ReportCallbackHandler:
         all-gather): ``metrics[i]`` of the i-th required rank, and the round's
         ``checkpoint``, if any.
 
-        It passes the rules a rank's report passes, with the same words: a
-        ``ReportError`` naming the first bad rank and its field, and then nothing
-        of the round is taken (what was taken before stays). Taken, it counts as
-        a report of every required rank, and is delivered as a round gathered
-        from reports is (``_deliver``). Returns the events to publish, in order:
-        each rank's ``Report``, the log's record of it (a replay gathers those
-        again; this gatherer passes over them), then what the round makes.
+        Checked as a rank's report is (a ``ReportError`` naming the first bad rank and
+        field; nothing taken), counted as a report of every required rank. Returns the
+        events to publish: each rank's ``Report`` (the log's record, which a replay gathers
+        again and this gatherer passes over), then what the round makes.
         """
         if self.reports != self._done:
             raise RuntimeError(

@@ -1,19 +1,11 @@
 """Resuming a run from a checkpoint: one history, continued where the checkpoint left it.
 
-The state store saved, with the callbacks' states, where the run stood when
-the checkpoint's round was gathered (``RunPosition``). A resumed run takes
-the run's id, continues its rounds, each rank's report indices, its figures
-and its log (appended to, never overwritten, its events numbered after those
-already there), and says so with a ``RunResumed`` event, which also marks
-the events the crash rolled back. Workers get the checkpoint as
-``reporter.latest_checkpoint``.
-
-A run's folder always starts: one with no complete checkpoint yet (a kill
-came before the first) starts the run fresh, and an earlier log that nothing
-can continue is moved aside (``run.evlog`` to ``run.1.evlog``), never
-refused, never overwritten. Moved, not appended to: each file keeps one
-history, so a replay of the new log is an uninterrupted run's, with no new
-event for readers to learn.
+The state store saved, with the callbacks' states, where the run stood at the checkpoint's
+round (``RunPosition``). A resumed run takes the run's id and continues its rounds, report
+indices, figures and log, and says so with a ``RunResumed``, which marks the events the
+crash rolled back. A run's folder with no complete checkpoint yet starts the run fresh, and
+an earlier log nothing can continue is moved aside (``run.1.evlog``), never overwritten, so
+each file keeps one history.
 """
 
 from __future__ import annotations
@@ -24,12 +16,17 @@ import os
 import stat
 from pathlib import Path
 
-from eventbus import BudgetReport, EventBus, RunPosition, RunResumed, get_logger
-from eventbus.log import LogInUse, LogTail
-from eventbus.state import STATE_FILENAME, StateError, StateFormatError, StateStore
+from eventbus import BudgetReport, EventBus, RunResumed
+from eventbus._events import RunPosition
+from eventbus._logging import get_logger
+from eventbus.log import LogInUse
+from eventbus.log._history import LogTail
+from eventbus.state import StateError, StateStore
+from eventbus.state._files import STATE_FILENAME
+from eventbus.state._model import StateFormatError
 
 from ._attach import CallbackAttachment
-from .options import MAX_WORLD_SIZE
+from ._options import MAX_WORLD_SIZE
 
 try:
     import fcntl

@@ -26,19 +26,19 @@ import anyio.lowlevel
 from eventbus import (
     BusClosed,
     CheckpointSaved,
-    Clock,
     EventBus,
     RankStalled,
     RunResult,
     RunStatus,
     StateRestored,
-    Subscription,
     TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
-    describe_exception,
-    get_logger,
 )
+from eventbus._clock import Clock
+from eventbus._logging import get_logger
+from eventbus._subscription import Subscription
+from eventbus._text import describe as describe_exception
 from eventbus.log import LogRecorder
 from eventbus.options import OptionError, checked
 from eventbus.state import StateStore
@@ -49,11 +49,11 @@ from ._core import RunCore
 from ._ending import interrupt_in, only_cancellations, status_of
 from ._engine import WorkerEngine
 from ._errors import RankStalledError, WorkerError, WorkerGroupError
+from ._options import Restarts, RunOptions
 from ._reporter import Reporter, SyncSignal, checkpoint_location, stopping_lanes, values_for_workers
 from ._resume import Resume, resume_point
 from ._signals import Preempted, takes_signals, watch_signals
 from ._workers import WorkerTasks
-from .options import Restarts, RunOptions
 
 __all__ = ["Run", "WorkerFn"]
 
@@ -68,12 +68,10 @@ WorkerFn = Callable[[Reporter], Awaitable[Any]]
 class Run(anyio.AsyncContextManagerMixin):
     """A training run: its bus, its callbacks, its workers. Made by ``open_run``.
 
-    Making a run checks its arguments and does nothing else. Entering it
-    (``async with``) does the rest, in order, and fails before anything has
-    started if it cannot: it reads the snapshot it resumes from and restores
-    the callbacks into it, attaches the state store, creates or continues the
-    log, starts the bus and attaches the callbacks. Leaving it ends the run in
-    order, whatever ended it. A run is entered once.
+    Making a run checks its arguments; entering it (``async with``) reads the snapshot it
+    resumes from, restores the callbacks, attaches the state store, opens the log, starts
+    the bus and attaches the callbacks, failing before anything started if it cannot.
+    Leaving it ends the run in order, whatever ended it. A run is entered once.
 
     Args:
         options: the run's options, checked (``RunOptions``).
@@ -182,9 +180,8 @@ class Run(anyio.AsyncContextManagerMixin):
             )
         if engine is not None:
             engine.check(self)
-        #: Whether this process hosts the run: an engine whose ``hosts_run`` is false here
-        #: (torchrun's ranks but 0) hosts it in another, so entering the run here starts
-        #: nothing (no bus, callbacks, state store or log) and ``workers`` runs this
+        #: Whether this process hosts the run: where the engine hosts it in another
+        #: (torchrun's ranks but 0), entering starts nothing and ``workers`` runs this
         #: process's worker only, reporting to the host.
         self.hosted: bool = getattr(engine, "hosts_run", True)
 
@@ -307,11 +304,8 @@ class Run(anyio.AsyncContextManagerMixin):
         that round, or once that round cannot complete: a rank it lacks has a
         worker that ended (``Reporter.sync``).
 
-        The callbacks that can stop the run are every inline handler (the
-        dispatcher delivers each event to all of them) and the lane handlers of
-        the callbacks that have a ``should_stop``. Another lane's backlog is not
-        waited for: a slow callback in a lane then lags behind the trainer, and
-        with ``over_budget="coalesce"`` skips the rounds it could not keep up with.
+        Inline handlers and the lane handlers of callbacks with a ``should_stop`` are
+        waited for; another lane's backlog is not (a slow lane lags behind the trainer).
         """
         if self._stopping_lanes is None and self.attachment is not None:
             self._stopping_lanes = stopping_lanes(self.attachment)
@@ -352,13 +346,11 @@ class Run(anyio.AsyncContextManagerMixin):
         controller, Lightning's all-gather): ``metrics[i]`` of the i-th required
         rank, and the ``checkpoint`` the round saved, if any, taken where it is.
 
-        It is checked as each rank's report is, in the same words: a
-        ``ReportError`` naming the first bad rank and its field, and nothing of
-        the round is taken. Taken, it counts as a report of every rank and is
-        delivered as the round gathered from them would be; ``wait_gathered``
-        (any rank) then returns once the callbacks that can stop the run handled
-        it, as ``Reporter.sync`` does. While a rank's reports wait for their round,
-        a whole round is refused (``RuntimeError``): it would overtake them.
+        Checked as each rank's report is (a ``ReportError`` naming the first bad rank and
+        field; nothing taken), then delivered as the gathered round would be;
+        ``wait_gathered`` returns once the callbacks that can stop the run handled it.
+        While a rank's reports wait for their round, a whole round is refused
+        (``RuntimeError``): it would overtake them.
         """
         attachment = self.attachment
         if self._entered is None or attachment is None:
@@ -557,13 +549,10 @@ class Run(anyio.AsyncContextManagerMixin):
     async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
         """Prepare the run, start it, run the body, end the run in order.
 
-        What can refuse the run (its snapshot, its log) does so before anything
-        starts, raised as itself. The bus is hosted in a task of a task group
-        the body runs in; once the body is done, however it ended, the workers
-        are stopped, what was reported is handled, ``RunFinished`` is published
-        and the bus stops. The exception raised out of the run is the one that
-        ended it: the body's, or what ended it from inside, never the
-        cancellations that ending caused.
+        What can refuse the run (its snapshot, its log) does so before anything starts.
+        Once the body is done, however it ended, the workers are stopped, what was
+        reported is handled, ``RunFinished`` is published and the bus stops. The exception
+        raised is the one that ended the run, never the cancellations that ending caused.
         """
         if self._entered is not None:
             raise RuntimeError("a run can be entered only once: open another with open_run(...)")

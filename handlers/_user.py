@@ -1,11 +1,9 @@
 """Training callbacks, each overridden method its own bus subscription.
 
-The gathering handlers emit ``BeforeRun``, ``RoundGathered``,
-``FailuresGathered`` and ``AfterRun``, each carrying the run's context; every
-overridden method of every training callback subscribes to its event. So
-each callback call gets the bus's deadline, error policy and budget
-accounting, and a slow or failing callback is named in diagnostics as
-``<Class>.<method>``.
+The gathering emits ``BeforeRun``, ``RoundGathered``, ``FailuresGathered`` and ``AfterRun``,
+each carrying the run's context; every overridden method of every training callback
+subscribes to its event, so each call gets the bus's deadline, error policy and budget
+accounting, and is named in diagnostics as ``<Class>.<method>``.
 """
 
 from __future__ import annotations
@@ -17,28 +15,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from eventbus import (
     AfterRun,
     BeforeRun,
-    DeliveryMode,
-    ErrorPolicy,
     Event,
     EventBus,
     FailuresGathered,
-    OverBudgetPolicy,
     RoundGathered,
-    Stage,
-    Subscription,
     TrainRunContext,
     WorkerFailure,
 )
-from eventbus.options import (
-    Faults,
-    OptionError,
-    OptionTypeError,
-    Probation,
-    Seconds,
-    Share,
-    checked,
-)
-from eventbus.state import callback_name, is_stateful
+from eventbus._options import Faults, OptionTypeError, Probation, Seconds, Share
+from eventbus._stages import Stage
+from eventbus._subscription import DeliveryMode, ErrorPolicy, OverBudgetPolicy, Subscription
+from eventbus.options import OptionError, checked
+from eventbus.state._model import callback_name, is_stateful
 
 from ._errors import RankStalledError, WorkerError
 
@@ -114,17 +102,10 @@ _OPTIONS = {
 class UserCallbackHandler:
     """Subscribes every hook ``callbacks`` implement to its gathered event, in callback order.
 
-    Each hook is its own subscription, so each gets its own deadline, error
-    policy and budget accounting, and only the hooks a callback implements
-    cost anything.
-
-    A callback that needs the bus itself (an observer of the whole run, such
-    as ``adapters.otel.OpenTelemetryTap``) defines
-    ``__eventbus_subscribe__(self, bus)``: it is called with the bus once the
-    callback's hooks are subscribed, wherever callbacks are attached
-    (``open_run``, the adapters, replays), and returns the subscriptions it
-    made, which join the callback's own: named in its costs, cancelled with it.
-    Callbacks get no bus otherwise, so a plain callback stays a plain object.
+    Each hook is its own subscription, so only the hooks a callback implements cost
+    anything. A callback that needs the bus itself (``adapters.otel.OpenTelemetryTap``)
+    defines ``__eventbus_subscribe__(self, bus)``, called once its hooks are subscribed;
+    the subscriptions it returns join the callback's own (see ``UserCallback``).
 
     Args:
         callbacks: the training callbacks; anything else is a ``TypeError``

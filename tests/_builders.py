@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eventbus import Report
-from eventbus.state import CallbackState
+from eventbus.state._model import CallbackState
 
 __all__ = ["Custom", "eventbus", "nested_dict", "ranked_report", "record_spans"]
 

@@ -33,7 +33,7 @@ PAGES = {
         "eventbus.state",
         "eventbus.testing",
     ),
-    "handlers": ("handlers", "handlers.options", "handlers.wiring"),
+    "handlers": ("handlers",),
     "adapters": (
         "adapters",
         "adapters.transformers",

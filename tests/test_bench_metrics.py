@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from adapters.cli import Workload, synthetic_events
+from adapters.cli._bench_runner import Workload, synthetic_events
 from eventbus import Report
 from eventbus.options import OptionError
 

@@ -22,8 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from eventbus import EventBus, HandlerStateChanged, OverBudgetPolicy, Report, VirtualClock
-from eventbus.options import DEFAULT_PROBATION, OptionError, OptionTypeError
+from eventbus import EventBus, HandlerStateChanged, Report, VirtualClock
+from eventbus._options import DEFAULT_PROBATION, OptionTypeError
+from eventbus._subscription import OverBudgetPolicy
+from eventbus.options import OptionError
 from handlers import UserCallback, open_run
 
 pytestmark = pytest.mark.anyio

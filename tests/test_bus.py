@@ -459,18 +459,3 @@ def test_a_blocking_call_abandoned_before_its_thread_started_never_runs() -> Non
     on_time.run()
     on_time.abandon()  # abandoned while running: it already ran (and would run on)
     assert ran == [2]
-
-
-async def test_the_old_name_of_delivery_still_works_with_a_warning() -> None:
-    """``subscribe(mode=)`` was renamed ``delivery=`` (one name with ``UserCallback.delivery``)."""
-    seen: list[Event] = []
-    async with EventBus() as bus:
-        with pytest.warns(DeprecationWarning, match="delivery="):
-            sub = bus.subscribe(Report, seen.append, mode="lane")
-        assert sub.delivery == "lane"
-        with pytest.warns(DeprecationWarning, match=r"\.delivery"):
-            assert sub.mode == "lane"
-        with pytest.warns(DeprecationWarning, match=r"\.delivery"):
-            assert sub.stats().mode == "lane"
-        await bus.publish(report(0))
-    assert len(seen) == 1

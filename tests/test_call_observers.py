@@ -24,10 +24,10 @@ from eventbus import (
     HandlerCall,
     Report,
     RoundGathered,
-    Subscription,
     TrainRunContext,
     VirtualClock,
 )
+from eventbus._subscription import Subscription
 from eventbus.options import OptionError
 from eventbus.testing import replay_log, report_rounds, write_log
 from handlers import UserCallback, open_run

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from eventbus import StatefulCallback
-from eventbus.state import StateKeyConflict, StateStore
+from eventbus.state import StateStore
+from eventbus.state._model import StateKeyConflict
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, UserCallback
 
 

@@ -12,16 +12,13 @@ import msgspec
 import pytest
 from _builders import eventbus as run
 
-from eventbus import (
-    SCHEMA_VERSION,
-    CheckpointSaved,
-    Report,
-    WorkerFailure,
-    encode_json,
-    encode_msgpack,
-)
-from eventbus.log import LOG_MAGIC, LogRecorder, read_log
-from eventbus.testing import report_rounds, sample_event, write_log
+from eventbus import CheckpointSaved, Report, WorkerFailure
+from eventbus._codec import encode_json, encode_msgpack
+from eventbus._events import SCHEMA_VERSION
+from eventbus.log import LogRecorder, read_log
+from eventbus.log._format import LOG_MAGIC
+from eventbus.testing import report_rounds, write_log
+from eventbus.testing._helpers import sample_event
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ import pytest
 
 from eventbus import CheckpointSaved, WorkerFailure
 from eventbus.log import read_log
-from eventbus.testing import report_rounds, sample_event, write_log
+from eventbus.testing import report_rounds, write_log
+from eventbus.testing._helpers import sample_event
 
 CLI = [sys.executable, "-m", "adapters.cli"]
 FULL = "No space left on device"

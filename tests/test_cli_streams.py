@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from eventbus import CheckpointSaved, WorkerFailure
-from eventbus.testing import report_rounds, sample_event, write_log
+from eventbus.testing import report_rounds, write_log
+from eventbus.testing._helpers import sample_event
 
 CLI = [sys.executable, "-m", "adapters.cli"]
 #: What a command must never say about a closed stdout.
@@ -79,7 +80,7 @@ def test_a_library_logging_without_configure_logging_writes_to_stderr(workdir: P
     """``run_bench`` from code, structlog never configured: the bus's warnings are
     diagnostics, on stderr (structlog's own default is stdout)."""
     script = (
-        "from adapters.cli import Workload, run_bench, synthetic_events\n"
+        "from adapters.cli._bench_runner import Workload, run_bench, synthetic_events\n"
         "from user_callbacks import Slow\n"
         "events = synthetic_events(Workload(world_size=2, rate=10, duration=2))\n"
         "run_bench(lambda: [Slow()], events, period=1.0, repeats=1)\n"

@@ -23,15 +23,14 @@ from eventbus import (
     RoundGathered,
     StateSnapshotted,
     VirtualClock,
-    decode_json,
-    encode_json,
-    event_types,
-    is_derived,
 )
+from eventbus._codec import decode_json, encode_json
+from eventbus._events import event_types, is_derived
 from eventbus.log import read_log
-from eventbus.testing import replay_log, sample_event
+from eventbus.testing import replay_log
+from eventbus.testing._helpers import sample_event
 from handlers import UserCallback, open_run
-from handlers.wiring import attach_user_callbacks
+from handlers._attach import attach_user_callbacks
 
 pytestmark = pytest.mark.anyio
 
@@ -121,7 +120,7 @@ async def test_a_replay_gets_every_recorded_checkpoint_whoever_announced_it(
 async def test_a_bench_from_a_log_leaves_its_derived_events_to_the_gathering(
     tmp_path: Path,
 ) -> None:
-    from adapters.cli import run_bench
+    from adapters.cli._bench_runner import run_bench
 
     log = tmp_path / "run.evlog"
 

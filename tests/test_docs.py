@@ -44,10 +44,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from eventbus import Report, decode_json
-from eventbus.log import LOG_FORMAT_VERSION
-from eventbus.log._format import decode_jsonl_header
-from eventbus.state import Snapshot
+from eventbus import Report
+from eventbus._codec import decode_json
+from eventbus.log._format import LOG_FORMAT_VERSION, decode_jsonl_header
+from eventbus.state._model import Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -8,20 +8,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from eventbus import (
-    CheckpointSaved,
-    Event,
+from eventbus import CheckpointSaved, Event, Report, WorkerFailure
+from eventbus._codec import (
     EventDecodeError,
-    Report,
-    WorkerFailure,
     decode_json,
     decode_msgpack,
     encode_json,
     encode_msgpack,
-    event_types,
 )
+from eventbus._events import event_types
 from eventbus.log import LogRecorder
-from eventbus.testing import sample_event
+from eventbus.testing._helpers import sample_event
 
 BuiltinReport = Report
 

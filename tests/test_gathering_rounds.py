@@ -23,9 +23,10 @@ from eventbus import (
     VirtualClock,
     WorkerGroupRestarted,
 )
-from handlers import ReportCallbackHandler, UserCallback
+from handlers import UserCallback
+from handlers._attach import attach_user_callbacks
 from handlers._metric_values import FrozenDict
-from handlers.wiring import attach_user_callbacks
+from handlers._reports import ReportCallbackHandler
 
 
 class Rounds:

@@ -26,8 +26,9 @@ from eventbus import (
     WorkerFailure,
     WorkerGroupRestarted,
 )
-from handlers import ReportCallbackHandler, UserCallback, WorkerError
-from handlers.wiring import attach_user_callbacks
+from handlers import UserCallback, WorkerError
+from handlers._attach import attach_user_callbacks
+from handlers._reports import ReportCallbackHandler
 
 
 class Rounds:

@@ -4,12 +4,15 @@
   ours; ``handlers`` (training semantics) only ``eventbus``; ``adapters``
   (frameworks, the command line) both. Nothing imports pickle, and heavy
   libraries only in ``adapters``.
-- Across packages only public modules and names are used; inside a package,
-  no module reads another's private names (``_name``) and no object
-  another's private attributes (``x._attr``).
+- Private modules (``_x.py``) are private to the distribution: ``eventbus``,
+  ``handlers`` and ``adapters`` may import each other's (within the layering
+  above), so the public modules export only what a user needs. No module
+  reads another's private names (``from .x import _name``) and no object
+  another's private attributes (``x._attr``). Examples, what users copy, use
+  only public modules and the names in their ``__all__``.
 - Each public name has one home: no object is in two public modules'
-  ``__all__`` (names that moved in 0.3.0 are in the CHANGELOG's migration
-  table). Pipeline order by ``Stage``,
+  ``__all__`` (names that moved or left in 0.3.0 are in the CHANGELOG's
+  migration table). Pipeline order by ``Stage``,
   never a number. (Sizes are not checked: a long module is a smell to look
   at, not a number to squeeze under.)
 """
@@ -97,16 +100,12 @@ def test_package_imports_only_what_the_layering_allows(package: str) -> None:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_private_names_are_read_across_modules(package: str) -> None:
-    """``from .x import _name`` or ``other._attr``: a module reaching into another's privates."""
+    """``from .x import _name`` or ``other._attr``: a module reaching into another's privates
+    (a private module, ``from handlers._run import Run``, is the distribution's own: fine)."""
     offenders: list[str] = []
     for relative, tree in sources(package):
         here = module_of(relative)
         for module, names in absolute_imports(relative, tree):
-            top = module.split(".")[0]
-            if top in PACKAGES and top != package:
-                private = [p for p in module.split(".") if p.startswith("_")]
-                if private:
-                    offenders.append(f"{relative}: imports {module} (private to {top})")
             if module != here:
                 offenders.extend(
                     f"{relative}: imports {name} from {module}"
@@ -147,7 +146,10 @@ def test_every_public_name_has_one_home() -> None:
     homes: dict[int, str] = {}
     twice: list[str] = []
     for module_name in PUBLIC_MODULES:
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # an adapter whose library (its extra) is not installed
+            continue
         for name in module.__all__:
             value = getattr(module, name)
             if isinstance(value, (str, int, float, bytes, tuple, frozenset)):
@@ -181,27 +183,66 @@ PUBLIC_MODULES = [
     "eventbus.state",
     "eventbus.testing",
     "handlers",
-    "handlers.options",
-    "handlers.wiring",
     "adapters",
     "adapters.cli",
     "adapters.report",
     "adapters.transformers",
+    "adapters.lightning",
     "adapters.ray",
     "adapters.torchrun",
     "adapters.tensorboard",
     "adapters.mlflow",
     "adapters.otel",
 ]
+#: The most public names the packages may export, all ``__all__``s together: what a user
+#: needs, the rest in private modules (issue 39; 224 before 0.3.0).
+MOST_PUBLIC_NAMES = 100
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)
 def test_public_names_are_exported_and_exist(name: str) -> None:
-    module = importlib.import_module(name)
+    try:
+        module = importlib.import_module(name)
+    except ImportError as error:
+        pytest.skip(f"{name} needs its extra: {error}")
     exported = module.__all__
     assert len(exported) == len(set(exported))
     missing = [n for n in exported if not hasattr(module, n)]
     assert missing == []
+
+
+def declared_all(tree: ast.Module) -> list[str] | None:
+    """A module's ``__all__`` as its source declares it (read, not imported: an adapter's
+    module imports its library)."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+def test_the_public_surface_stays_small() -> None:
+    exported = {
+        module_of(relative): names
+        for package in PACKAGES
+        for relative, tree in sources(package)
+        if (names := declared_all(tree)) is not None
+    }
+    assert sum(len(exported[name]) for name in PUBLIC_MODULES) <= MOST_PUBLIC_NAMES
+
+
+def test_every_public_module_is_listed() -> None:
+    """A module no part of whose name is private and that has an ``__all__`` is public:
+    it is counted above (a module without one, such as ``adapters.cli.__main__``, is not)."""
+    found = set()
+    for package in PACKAGES:
+        for relative, tree in sources(package):
+            name = module_of(relative)
+            exports = declared_all(tree) is not None
+            if exports and not any(part.startswith("_") for part in name.split(".")):
+                found.add(name)
+    assert found == set(PUBLIC_MODULES)
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -263,16 +304,28 @@ def ancestor_of(a: str, b: str) -> bool:
 
 
 def test_examples_use_only_public_modules() -> None:
-    """Examples are what users copy: public API only, and no command-line internals."""
+    """Examples are what users copy: public modules and the names in their ``__all__``
+    only, and no command-line internals."""
+    exports = {
+        module_of(relative): declared_all(tree) or []
+        for package in PACKAGES
+        for relative, tree in sources(package)
+    }
     offenders = []
     for path in sorted((ROOT / "examples").glob("*.py")):
         tree = ast.parse(path.read_text())
         for module, names in absolute_imports(f"examples/{path.name}", tree):
             parts = module.split(".")
-            if parts[0] in PACKAGES and (
-                any(p.startswith("_") for p in parts) or any(n.startswith("_") for n in names)
-            ):
+            if parts[0] not in PACKAGES:
+                continue
+            if any(p.startswith("_") for p in parts) or module not in PUBLIC_MODULES:
                 offenders.append(f"{path.name}: {module}")
+                continue
+            offenders.extend(
+                f"{path.name}: {name} from {module}"
+                for name in names
+                if name not in exports[module]
+            )
             if module.startswith("adapters.cli"):
                 offenders.append(f"{path.name}: {module} (the command line's internals)")
     assert offenders == []

@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventbus import (
-    SCHEMA_VERSION,
     CheckpointSaved,
     Event,
     EventBus,
@@ -22,18 +21,12 @@ from eventbus import (
     RunStarted,
     VirtualClock,
     WorkerFailure,
-    event_types,
 )
-from eventbus.log import (
-    LOG_MAGIC,
-    CorruptLogError,
-    LogError,
-    LogFormatError,
-    LogReader,
-    LogRecorder,
-    read_log,
-)
-from eventbus.testing import report_rounds, sample_event, write_log
+from eventbus._events import SCHEMA_VERSION, event_types
+from eventbus.log import LogError, LogReader, LogRecorder, read_log
+from eventbus.log._format import LOG_MAGIC, CorruptLogError, LogFormatError
+from eventbus.testing import report_rounds, write_log
+from eventbus.testing._helpers import sample_event
 
 FORMATS = ["log.evlog", "log.jsonl"]
 

@@ -29,8 +29,10 @@ from eventbus import (
     Report,
     VirtualClock,
 )
-from eventbus.log import CorruptLogError, LogReader, LogRecorder, read_log, replay
-from eventbus.testing import EventCapture, sample_event, write_log
+from eventbus.log import LogReader, LogRecorder, read_log, replay
+from eventbus.log._format import CorruptLogError
+from eventbus.testing import write_log
+from eventbus.testing._helpers import EventCapture, sample_event
 
 
 def report(i: int, **fields: object) -> Report:

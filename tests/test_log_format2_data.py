@@ -16,15 +16,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from eventbus import (
-    EventPlaceholder,
-    Report,
-    RoundGathered,
-    RunStarted,
-    TrainRunContext,
-    encode_msgpack,
-)
-from eventbus.log import LogRecorder, read_log, rollbacks
+from eventbus import EventPlaceholder, Report, RoundGathered, RunStarted, TrainRunContext
+from eventbus._codec import encode_msgpack
+from eventbus.log import LogRecorder, read_log
+from eventbus.log._history import rollbacks
 
 DATA = Path(__file__).parent / "data"
 LOGS = [DATA / "format2-run.evlog", DATA / "format2-run.jsonl"]

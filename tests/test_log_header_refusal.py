@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eventbus.log import LOG_MAGIC
+from eventbus.log._format import LOG_MAGIC
 
 CLI = [sys.executable, "-m", "adapters.cli"]
 #: A reader that refuses at the header returns in well under a second; this only bounds
@@ -41,7 +41,8 @@ READER = [
     sys.executable,
     "-c",
     "import sys\n"
-    "from eventbus.log import LogFormatError, LogReader\n"
+    "from eventbus.log import LogReader\n"
+    "from eventbus.log._format import LogFormatError\n"
     "try:\n"
     "    LogReader(sys.argv[1])\n"
     "except LogFormatError as exc:\n"

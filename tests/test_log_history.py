@@ -26,23 +26,16 @@ from eventbus import (
     HealthCheckTick,
     Report,
     RunFinished,
-    RunPosition,
     RunResumed,
     RunStarted,
     WorkerFailure,
 )
-from eventbus.log import (
-    BUS_DIAGNOSTICS,
-    LogError,
-    LogFormatError,
-    LogRecorder,
-    LogTail,
-    RunIdMismatch,
-    _history,
-    read_log,
-    replay_file,
-    rollbacks,
-)
+from eventbus._events import RunPosition
+from eventbus.log import LogError, LogRecorder, _history, read_log, replay_file
+from eventbus.log._format import LogFormatError
+from eventbus.log._history import LogTail, rollbacks
+from eventbus.log._recorder import RunIdMismatch
+from eventbus.log._replay import BUS_DIAGNOSTICS
 
 RUN = "run-1"
 START = 100.0

@@ -31,7 +31,6 @@ import eventbus.log._format
 import eventbus.log._reader
 import eventbus.log._recorder
 from eventbus import (
-    SCHEMA_VERSION,
     Event,
     EventBus,
     EventPlaceholder,
@@ -39,20 +38,13 @@ from eventbus import (
     Report,
     RunFinished,
     VirtualClock,
-    decode_json,
-    decode_msgpack,
-    encode_json,
-    encode_msgpack,
 )
-from eventbus.log import (
-    LOG_MAGIC,
-    CorruptLogError,
-    LogFormatError,
-    LogReader,
-    LogRecorder,
-    read_log,
-)
-from eventbus.testing import EventCapture, replay_log, write_log
+from eventbus._codec import decode_json, decode_msgpack, encode_json, encode_msgpack
+from eventbus._events import SCHEMA_VERSION
+from eventbus.log import LogReader, LogRecorder, read_log
+from eventbus.log._format import LOG_MAGIC, CorruptLogError, LogFormatError
+from eventbus.testing import replay_log, write_log
+from eventbus.testing._helpers import EventCapture
 
 FORMATS = ["log.evlog", "log.jsonl"]
 
@@ -480,7 +472,7 @@ def test_a_record_nested_100000_deep_is_a_corrupt_record(tmp_path: Path, which: 
 
 
 def test_the_codecs_reject_deep_nesting_with_their_own_error() -> None:
-    from eventbus import EventDecodeError
+    from eventbus._codec import EventDecodeError
 
     with pytest.raises(EventDecodeError, match="too deep"):
         decode_json(DEEP_JSON)
@@ -776,7 +768,8 @@ def test_a_log_of_gathered_events_reads_without_importing_handlers(tmp_path: Pat
     written = run_python(
         f"""
         from eventbus import AfterRun, BeforeRun, FailuresGathered, RoundGathered
-        from eventbus.testing import sample_event, write_log
+        from eventbus.testing import write_log
+        from eventbus.testing._helpers import sample_event
         events = [sample_event(c) for c in (BeforeRun, RoundGathered, FailuresGathered, AfterRun)]
         write_log({str(log)!r}, events)
         write_log({str(log.with_suffix(".jsonl"))!r}, events)

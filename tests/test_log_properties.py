@@ -21,7 +21,8 @@ import pytest
 from _builders import record_spans
 from hypothesis import HealthCheck, given, settings
 
-from eventbus import Event, EventPlaceholder, Report, encode_json, encode_msgpack
+from eventbus import Event, EventPlaceholder, Report
+from eventbus._codec import encode_json, encode_msgpack
 from eventbus.log import LogReader, LogRecorder
 
 FORMATS = ["log.evlog", "log.jsonl"]

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from eventbus import Event, RunPosition, RunResumed, WorkerFailure
+from eventbus import Event, RunResumed, WorkerFailure
+from eventbus._events import RunPosition
 from eventbus.log import LogReader, read_log
-from eventbus.testing import report_rounds, sample_event, write_log
+from eventbus.testing import report_rounds, write_log
+from eventbus.testing._helpers import sample_event
 
 FORMATS = ["run.evlog", "run.jsonl"]
 CLI = [sys.executable, "-m", "adapters.cli"]

@@ -19,9 +19,10 @@ import pytest
 
 from adapters import AdapterOptions
 from adapters._bus_thread import BusThread
-from adapters.cli import Workload, run_bench, synthetic_events
+from adapters.cli._bench_runner import Workload, run_bench, synthetic_events
 from eventbus import BusOptions, EventBus, Report
-from eventbus.options import OptionError, OptionTypeError, range_of
+from eventbus._options import OptionTypeError, range_of
+from eventbus.options import OptionError
 from handlers import RunOptions, open_run
 
 HOSTILE_SECONDS = [math.nan, math.inf, -math.inf, 0.0, -0.0, -1.0, 1e308, "2", None, True, [1]]

@@ -21,17 +21,11 @@ import pytest
 
 from eventbus._public import is_private_module
 from eventbus.log import LogRecorder, read_log
-from eventbus.state import StateStore, state_key_of
+from eventbus.state import StateStore
+from eventbus.state._model import state_key_of
 from handlers import BestCheckpoints, EarlyStopping
 
 DATA = Path(__file__).parent / "data"
-
-
-def test_frozen_dict_which_every_callback_receives_is_public() -> None:
-    import handlers
-
-    assert "FrozenDict" in handlers.__all__
-    assert handlers.FrozenDict.__doc__
 
 
 # --- state keys ------------------------------------------------------------------------------

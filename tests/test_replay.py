@@ -19,16 +19,11 @@ from eventbus import (
     HealthCheckTick,
     Report,
     VirtualClock,
-    is_derived,
 )
+from eventbus._events import is_derived
 from eventbus.log import LogRecorder, read_log, replay
-from eventbus.testing import (
-    EventCapture,
-    assert_rounds,
-    replay_log,
-    report_rounds,
-    write_log,
-)
+from eventbus.testing import assert_rounds, replay_log, report_rounds, write_log
+from eventbus.testing._helpers import EventCapture
 
 pytest_plugins = ["pytester"]
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "test_replay_example.py"
@@ -236,7 +231,7 @@ def test_plugin_fixtures_fail_a_wrong_expectation(pytester: pytest.Pytester) -> 
     pytester.makepyfile(
         test_wrong="""
         import pytest
-        from eventbus.testing import EventCapture, assert_rounds, report_rounds
+        from eventbus.testing import assert_rounds, report_rounds
 
         @pytest.fixture
         def anyio_backend():
@@ -244,9 +239,9 @@ def test_plugin_fixtures_fail_a_wrong_expectation(pytester: pytest.Pytester) -> 
 
         @pytest.mark.anyio
         async def test_wrong(event_log_factory, replay_log):
-            capture = EventCapture()
-            await replay_log(event_log_factory(report_rounds(2)), capture)
-            assert_rounds(capture, range(3))
+            seen = []
+            await replay_log(event_log_factory(report_rounds(2)), seen.append)
+            assert_rounds(seen, range(3))
         """
     )
     result = pytester.runpytest_subprocess("-q")

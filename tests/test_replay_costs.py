@@ -26,15 +26,16 @@ from eventbus import (
     EventBus,
     HandlerStateChanged,
     HandlerTimedOut,
-    OverBudgetPolicy,
     Report,
     RoundGathered,
     RunStarted,
     TrainRunContext,
     VirtualClock,
 )
+from eventbus._options import OptionTypeError
+from eventbus._subscription import OverBudgetPolicy
 from eventbus.log import LogRecorder, replay_file
-from eventbus.options import OptionError, OptionTypeError
+from eventbus.options import OptionError
 from eventbus.testing import attach, replay_log, report_rounds, write_log
 from handlers import UserCallback
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 from _builders import eventbus
 
-from adapters.cli import CliError
+from adapters.cli._common import CliError
 from adapters.cli._log import _cost_flags
 from eventbus.testing import report_rounds, write_log
 from handlers import Reporter, UserCallback, open_run

@@ -28,12 +28,12 @@ from eventbus import (
     Event,
     EventBus,
     HandlerStateChanged,
-    OverBudgetPolicy,
     RoundGathered,
     RunStarted,
     TrainRunContext,
     VirtualClock,
 )
+from eventbus._subscription import OverBudgetPolicy
 from eventbus.log import LogRecorder, read_log
 from eventbus.testing import attach, replay_log, report_rounds
 from handlers import Reporter, UserCallback, open_run

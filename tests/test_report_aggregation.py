@@ -13,30 +13,24 @@ from typing import Any
 
 import pytest
 
-from adapters.report import (
-    RunDigest,
-    SeriesGroup,
-    align,
-    comparison_report,
-    digest_log,
-    run_report,
-)
+from adapters.report import comparison_report, run_report
+from adapters.report._digest import RunDigest, digest_log
+from adapters.report._series import SeriesGroup, align
 from eventbus import (
     BudgetReport,
     CheckpointSaved,
     Event,
     HandlerStateChanged,
-    HandlerUsage,
     Report,
     RoundGathered,
     RunFinished,
-    RunPosition,
     RunResumed,
     RunStarted,
     TrainRunContext,
     WorkerFailure,
     WorkerGroupRestarted,
 )
+from eventbus._events import HandlerUsage, RunPosition
 from eventbus.testing import write_log
 
 CONTEXT = TrainRunContext(run_id="r", name="known", world_size=2)

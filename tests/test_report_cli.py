@@ -35,13 +35,13 @@ from eventbus import (
     Event,
     HandlerFailed,
     HandlerStateChanged,
-    HandlerUsage,
     RoundGathered,
     RunFinished,
     RunStarted,
     TrainRunContext,
     WorkerFailure,
 )
+from eventbus._events import HandlerUsage
 from eventbus.log import LogRecorder
 
 #: What the page promises whatever the log (hostile ones included).

@@ -22,7 +22,8 @@ from _browser import nonblank_canvases_js, render_page, require_chromium
 from adapters.report._cost import CostDigest
 from adapters.report._page import Chart, Document
 from adapters.report._run_page import cost_chart
-from eventbus import BudgetReport, HandlerUsage
+from eventbus import BudgetReport
+from eventbus._events import HandlerUsage
 
 DECADES = range(-6, 3)  # 1e-6% ... 100%
 #: Each decade's power of ten and the values just under it (0.0099%, 0.095%...).

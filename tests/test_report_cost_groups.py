@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 
-from adapters.report import RunDigest, bench_report, run_report
+from adapters.report import bench_report, run_report
 from adapters.report._cost import is_library
+from adapters.report._digest import RunDigest
 from adapters.report._limits import COST_LINES, MAX_HANDLERS, MAX_RANK_LINES
 from adapters.report._page import Chart, series_style, with_unit
 from adapters.report._run_page import cost_chart
-from eventbus import BudgetReport, HandlerUsage
+from eventbus import BudgetReport
+from eventbus._events import HandlerUsage
 
 LIBRARY = [
     "eventbus.recorder.fsync",

@@ -146,7 +146,7 @@ async def test_the_ray_reporter_refuses_such_a_location_by_the_same_check(
     """The Ray engine's worker reporter makes the local reporter's check, before anything
     reaches Ray (outside a Ray Train worker, ``ray.train.report`` would fail otherwise)."""
     pytest.importorskip("ray.train", reason="Ray Train is not installed (pip install '.[ray]')")
-    from adapters.ray import RayReporter
+    from adapters._ray_engine import RayReporter
 
     # A worker's reporter as ``report`` needs it (no hub: a refusal asks the driver nothing).
     reporter = RayReporter.__new__(RayReporter)

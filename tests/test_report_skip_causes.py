@@ -8,20 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from adapters.report import RunDigest, digest_log, run_report
+from adapters.report import run_report
 from adapters.report._cost import COALESCED, DISABLED, FAULT_POLICY, UNKNOWN_CAUSE, skip_cause
+from adapters.report._digest import RunDigest, digest_log
 from adapters.report._run_page import cost_chart, skipped_text
 from eventbus import (
     BudgetReport,
     Event,
     EventBus,
     HandlerStateChanged,
-    HandlerUsage,
     HealthCheckTick,
     Report,
     RunStarted,
     VirtualClock,
 )
+from eventbus._events import HandlerUsage
 from eventbus.log import LogRecorder
 
 pytestmark = pytest.mark.anyio

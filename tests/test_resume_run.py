@@ -26,8 +26,11 @@ from eventbus import (
     StatefulCallback,
     TrainRunContext,
 )
-from eventbus.log import LogRecorder, RunIdMismatch, read_log, rollbacks
-from eventbus.state import StateFormatError, StateRestoreError
+from eventbus.log import LogRecorder, read_log
+from eventbus.log._history import rollbacks
+from eventbus.log._recorder import RunIdMismatch
+from eventbus.state import StateRestoreError
+from eventbus.state._model import StateFormatError
 from eventbus.testing import replay_log
 from handlers import Reporter, ReportError, UserCallback, WorkerError, open_run
 

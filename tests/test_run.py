@@ -21,7 +21,8 @@ from eventbus import (
     WorkerFailure,
 )
 from eventbus.log import read_log
-from eventbus.state import StateRestoreError, state_key_of
+from eventbus.state import StateRestoreError
+from eventbus.state._model import state_key_of
 from handlers import EarlyStopping, Reporter, UserCallback, WorkerGroupError, open_run
 
 pytestmark = pytest.mark.anyio

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from eventbus import StatefulCallback
-from eventbus.state import STATE_FILENAME
+from eventbus.state._files import STATE_FILENAME
 from handlers import EarlyStopping, Reporter, UserCallback, latest_checkpoint, open_run
 
 ROOT = Path(__file__).resolve().parent.parent

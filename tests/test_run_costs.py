@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from eventbus import AfterRun, CallbackCost, RunResult, TrainRunContext, VirtualClock
+from eventbus import AfterRun, RunResult, TrainRunContext, VirtualClock
+from eventbus._events import CallbackCost
 from eventbus.log import read_log
 from handlers import UserCallback, open_run
 

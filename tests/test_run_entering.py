@@ -11,9 +11,11 @@ import anyio
 import pytest
 
 from eventbus import EventBus, VirtualClock
-from eventbus.state import STATE_FILENAME, StateFormatError, StateRestoreError
+from eventbus.state import StateRestoreError
+from eventbus.state._files import STATE_FILENAME
+from eventbus.state._model import StateFormatError
 from handlers import EarlyStopping, Reporter, UserCallback, open_run
-from handlers.wiring import CallbackAttachment
+from handlers._attach import CallbackAttachment
 
 pytestmark = pytest.mark.anyio
 

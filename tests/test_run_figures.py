@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from eventbus import RunResult, VirtualClock
-from eventbus.state import STATE_FILENAME
+from eventbus.state._files import STATE_FILENAME
 from eventbus.testing import replay_log
 from handlers import Reporter, UserCallback, open_run
 

@@ -19,8 +19,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from eventbus import RankRecovered, RankStalled, TrainRunContext, VirtualClock
+from eventbus._options import OptionTypeError
 from eventbus.log import read_log
-from eventbus.options import OptionError, OptionTypeError
+from eventbus.options import OptionError
 from eventbus.testing import replay_log
 from handlers import RankStalledError, Reporter, Run, UserCallback, open_run
 

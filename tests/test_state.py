@@ -20,18 +20,17 @@ from eventbus import (
     CheckpointSaved,
     EventBus,
     HandlerFailed,
-    Stateful,
     StatefulCallback,
     StateRestored,
     StateSnapshotted,
 )
-from eventbus.state import (
+from eventbus.state import StateRestoreError, StateStore
+from eventbus.state._model import (
     CallbackState,
     Snapshot,
     StateFormatError,
+    Stateful,
     StateKeyConflict,
-    StateRestoreError,
-    StateStore,
     is_stateful,
     state_key_of,
 )

@@ -24,15 +24,10 @@ from typing import Any
 
 import pytest
 
-from adapters.transformers import read_hf_trainer_state
-from eventbus.state import (
-    STATE_FILENAME,
-    CallbackState,
-    StateFormatError,
-    StatePathError,
-    StateStore,
-)
-from eventbus.state._files import LEFTOVER_AGE, atomic_write
+from adapters._hf_state import read_hf_trainer_state
+from eventbus.state import StateStore
+from eventbus.state._files import LEFTOVER_AGE, STATE_FILENAME, StatePathError, atomic_write
+from eventbus.state._model import CallbackState, StateFormatError
 
 
 class Counter:
@@ -268,7 +263,7 @@ _READ_IN_A_CHILD = textwrap.dedent(
     import resource, sys
     # Bounded, so that a reader which reads without limit fails here instead of the host.
     resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
-    from adapters.transformers import read_hf_trainer_state
+    from adapters._hf_state import read_hf_trainer_state
     from eventbus.state import StateStore
     try:
         if sys.argv[1] == "hf":

@@ -15,7 +15,8 @@ from _builders import Custom
 from structlog.testing import capture_logs
 
 from eventbus import StatefulCallback
-from eventbus.state import CallbackState, StateRestoreError, StateStore
+from eventbus.state import StateRestoreError, StateStore
+from eventbus.state._model import CallbackState
 
 
 class EarlyStopping(StatefulCallback):

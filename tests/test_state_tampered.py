@@ -22,16 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from adapters.transformers import read_hf_trainer_state
+from adapters._hf_state import read_hf_trainer_state
 from eventbus import StatefulCallback
-from eventbus.state import (
-    STATE_FILENAME,
-    CallbackState,
-    Snapshot,
-    StateFormatError,
-    StateRestoreError,
-    StateStore,
-)
+from eventbus.state import StateRestoreError, StateStore
+from eventbus.state._files import STATE_FILENAME
+from eventbus.state._model import CallbackState, Snapshot, StateFormatError
 from handlers import EarlyStopping as BuiltinEarly
 
 

@@ -17,7 +17,6 @@ from eventbus import (
     Event,
     EventBus,
     EventPlaceholder,
-    FastForwardClock,
     HealthCheckTick,
     Report,
     RunFinished,
@@ -26,10 +25,11 @@ from eventbus import (
     VirtualClock,
     WorkerFailure,
 )
+from eventbus._clock import FastForwardClock
 from eventbus.log import LogRecorder, read_log, replay_file
 from eventbus.testing import replay_log
 from handlers import UserCallback
-from handlers.wiring import attach_user_callbacks
+from handlers._attach import attach_user_callbacks
 
 pytestmark = pytest.mark.anyio
 

@@ -29,7 +29,7 @@ from eventbus import (
 from eventbus.log import read_log
 from eventbus.testing import BusRecording, replay_log, report_rounds, write_log
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, Reporter, UserCallback, open_run
-from handlers.wiring import attach_user_callbacks
+from handlers._attach import attach_user_callbacks
 
 pytestmark = pytest.mark.anyio
 CTX = TrainRunContext(run_id="r", name="t", world_size=2)

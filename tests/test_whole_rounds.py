@@ -24,7 +24,8 @@ from eventbus import (
 )
 from eventbus.log import read_log
 from eventbus.testing import replay_log
-from handlers import EarlyStopping, ReportCallbackHandler, ReportError, UserCallback, open_run
+from handlers import EarlyStopping, ReportError, UserCallback, open_run
+from handlers._reports import ReportCallbackHandler
 
 
 def metrics_of(round_: int, world_size: int) -> list[dict[str, Any]]:

@@ -5,17 +5,13 @@ One module per command group (``_demo``, ``_bench``, ``_log``, ``_report``), eac
 ``register(subparsers)``, which adds its subcommands and sets ``func``
 (taking the parsed arguments, returning the exit code); what a command runs
 lives beside it (``_demo_trainer``, ``_bench_runner``). Errors meant for
-users are ``CliError``: printed as one line, exit 2.
+users are printed as one line, exit 2.
 
 Stdout carries a command's data and nothing else: logging is configured to
 stderr before any command runs, and every diagnostic goes there too, so
 ``eventbus bench --json - | jq`` and ``eventbus show --json LOG | ...`` work. A
 reader that goes away (``eventbus show LOG | head``) ends the command quietly
 with exit code 141 (128 + SIGPIPE), as Unix tools end.
-
-The bench is also a library, for measuring callbacks from code or tests:
-``run_bench`` on ``synthetic_events(Workload(...))`` or a recorded log's
-events gives a ``BenchResult`` (what ``eventbus bench --json`` writes).
 """
 
 from __future__ import annotations
@@ -29,23 +25,12 @@ from typing import Any
 
 import eventbus
 from eventbus import configure_logging
-from eventbus.options import OptionError, OptionTypeError
+from eventbus._options import OptionTypeError
+from eventbus.options import OptionError
 
-from ._bench_figures import BenchResult, CallbackFigures, Spread
-from ._bench_runner import Workload, run_bench, synthetic_events
 from ._common import STDOUT, CliError, as_cli_error
 
-__all__ = [
-    "BenchResult",
-    "CallbackFigures",
-    "CliError",
-    "Spread",
-    "Workload",
-    "build_parser",
-    "main",
-    "run_bench",
-    "synthetic_events",
-]
+__all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,8 +14,10 @@ from typing import Any
 import msgspec
 
 from adapters.report import bench_report
-from eventbus import BusOptions, Event, OverBudgetPolicy, configure_logging
-from eventbus.log import LogError, log_timing
+from eventbus import BusOptions, Event, configure_logging
+from eventbus._subscription import OverBudgetPolicy
+from eventbus.log import LogError
+from eventbus.log._replay import log_timing
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, UserCallback
 
 from ._bench_figures import BenchResult, CallbackFigures, Spread, state_spans, states_text

@@ -1,15 +1,10 @@
 """What a bench's passes add up to: the figures ``eventbus bench`` prints and writes.
 
-Two rules keep them honest. The periods are the workload's: the bus is
-closed at the workload's last event, so the last period is partial (it
-weighs by its length in the means, and says so) and no empty period after
-the workload is counted. The timings are taken several times, interleaved,
-and given as a median with its range; the ratio to the floor is withheld,
-with the reason, when the runs disagree or the callbacks' own time is too
-small to time.
-
-Every figure carries its unit in its name (``_us``, ``_ms``, ``_s``,
-``_pct``): JSON readers see no bare numbers.
+The bus is closed at the workload's last event, so the last period is partial (weighed by
+its length) and no empty period is counted. Timings are taken several times, interleaved,
+as a median with its range; the ratio to the floor is withheld, with the reason, when the
+runs disagree or the callbacks' time is too small to time. Every figure's name carries its
+unit (``_us``, ``_ms``, ``_s``, ``_pct``).
 """
 
 from __future__ import annotations
@@ -286,8 +281,8 @@ NAMED_AT_MOST = 3
 
 def not_measured(callbacks: Sequence[CallbackFigures], short: dict[str, str]) -> str:
     """Why the runtime's cost per event cannot be measured, or ``""``: the bus did not
-    make every call the floor makes (it disabled a callback, say), so the difference
-    of the two is not what the runtime adds (it went negative: -5658695 ns)."""
+    make every call the floor makes (it disabled a callback, say), so the difference of
+    the two is not what the runtime adds."""
     if not short:
         return ""
     made = {f.name: f for f in callbacks}

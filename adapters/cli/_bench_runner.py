@@ -1,18 +1,10 @@
 """What ``eventbus bench`` measures: a stack of callbacks' overhead, per health-check period.
 
-A workload (synthetic, or events read from a recorded log) is driven through
-a real bus with the callbacks attached as in a run, under a
-``FastForwardClock``: idle gaps between events are skipped, so periods follow
-the workload's timeline while every call costs what it really costs. The
-budget reports of that run give each callback's share of each period.
-The same rounds are then fed to the callbacks directly, in a plain loop,
-timing each call: that is the floor (what the callbacks cost with no runtime
-around them) and the source of the per-call distribution (mean, p50, p99).
-A call that raises is timed raising and counted as the callback's fault (the
-bus, too, goes on past it). Each callback instance is named as the bus named
-its subscriptions, so a second one of a class (``#2``) has its own figures.
-The timings (through the bus, with nothing attached, the floor) are taken
-``repeats`` times, interleaved, so that the figures say how sure they are;
+A workload (synthetic, or a recorded log's events) is driven through a real bus with the
+callbacks attached as in a run, under a ``FastForwardClock`` (idle gaps skipped, every call
+costing what it really costs); its budget reports give each callback's share of each period.
+The same rounds are then fed to the callbacks in a plain loop, timing each call: the floor
+and the per-call distribution. The timings are taken ``repeats`` times, interleaved;
 ``_bench_figures`` turns it all into a ``BenchResult``.
 """
 
@@ -36,25 +28,27 @@ from eventbus import (
     Event,
     EventBus,
     EventPlaceholder,
-    FastForwardClock,
     HandlerStateChanged,
     HealthCheckTick,
-    OverBudgetPolicy,
     Report,
     RoundGathered,
     RunFinished,
     RunStarted,
-    Stage,
     TrainRunContext,
     WorkerFailure,
-    describe_exception,
-    is_derived,
 )
-from eventbus.log import BUS_DIAGNOSTICS
-from eventbus.options import BusKeywords, OptionError, Options, Seconds, checked
+from eventbus._clock import FastForwardClock
+from eventbus._events import is_derived
+from eventbus._options import BusKeywords, Options, Seconds
+from eventbus._stages import Stage
+from eventbus._subscription import OverBudgetPolicy
+from eventbus._text import describe as describe_exception
+from eventbus.log._replay import BUS_DIAGNOSTICS
+from eventbus.options import OptionError, checked
 from handlers import WorkerError
-from handlers.options import WorldSize
-from handlers.wiring import attach_user_callbacks, implemented_hooks
+from handlers._attach import attach_user_callbacks
+from handlers._options import WorldSize
+from handlers._user import implemented_hooks
 
 from ._bench_figures import BenchResult, Timings, bench_result
 from ._common import callback_name, split_callbacks
@@ -288,13 +282,10 @@ def run_bench(
     ``repeats``: how many times each timing is taken, interleaved.
 
     Each callback instance has its own figures, named as a live run names its
-    subscriptions (``EarlyStopping.after_report``, then ``EarlyStopping.after_report#2``).
-    A callback that raises is timed raising: its faults and first error are in its
-    figures, and the other callbacks are measured as usual.
-    ``over_budget``: per callback of ``make_callbacks()`` (in order), the policy the
-    bus applies when it is over budget (``None``: its own, as its class says), set as
-    its ``over_budget`` attribute, so the bench compares policies without editing the
-    class; its figures say when the bus disabled or coalesced it (``state_changes``).
+    subscriptions (``...#2`` for a second); a callback that raises is timed raising.
+    ``over_budget``: per callback of ``make_callbacks()`` (in order), the policy the bus
+    applies when it is over budget (``None``: its class's), so the bench compares
+    policies without editing the class.
     """
     bus_options = BusOptions.build(options, **keywords)
     repeats = checked("repeats", repeats, Annotated[int, Meta(ge=1, le=1000)])

@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from eventbus._options import OptionTypeError
 from eventbus.log import LogError, LogReader
-from eventbus.options import OptionError, OptionTypeError
-from handlers.wiring import implemented_hooks
+from eventbus.options import OptionError
+from handlers._user import implemented_hooks
 
 __all__ = [
     "STDOUT",

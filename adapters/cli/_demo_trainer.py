@@ -30,16 +30,13 @@ from typing import Annotated, Any, TextIO
 import anyio
 from msgspec import Meta
 
-from eventbus import (
-    BudgetReport,
-    CallbackCost,
-    CheckpointSaved,
-    StatefulCallback,
-    TrainRunContext,
-    get_logger,
-)
-from eventbus.options import OptionError, Options, PeriodSeconds
-from eventbus.state import StateError, StateStore, is_stateful, state_key_of
+from eventbus import BudgetReport, CheckpointSaved, StatefulCallback, TrainRunContext
+from eventbus._events import CallbackCost
+from eventbus._logging import get_logger
+from eventbus._options import Options, PeriodSeconds
+from eventbus.options import OptionError
+from eventbus.state import StateError, StateStore
+from eventbus.state._model import is_stateful, state_key_of
 from handlers import (
     BestCheckpoints,
     EarlyStopping,

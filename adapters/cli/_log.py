@@ -31,7 +31,6 @@ import msgspec
 from eventbus import (
     BudgetReport,
     BusOptions,
-    CallbackCost,
     Event,
     EventBus,
     EventFilter,
@@ -40,20 +39,15 @@ from eventbus import (
     HandlerTimedOut,
     Report,
     WorkerFailure,
-    encode_json,
 )
-from eventbus.log import (
-    LogError,
-    LogReader,
-    LogRecorder,
-    ReplaySummary,
-    Rollbacks,
-    Speed,
-    replay_file,
-    rollbacks,
-)
-from eventbus.options import OptionError, OptionTypeError, WaitSeconds, checked
-from handlers.wiring import attach_user_callbacks
+from eventbus._codec import encode_json
+from eventbus._events import CallbackCost
+from eventbus._options import OptionTypeError, WaitSeconds
+from eventbus.log import LogError, LogReader, LogRecorder, ReplaySummary, replay_file
+from eventbus.log._history import Rollbacks, rollbacks
+from eventbus.log._replay import Speed
+from eventbus.options import OptionError, checked
+from handlers._attach import attach_user_callbacks
 
 from ._common import (
     STDOUT,

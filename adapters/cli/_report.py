@@ -21,9 +21,11 @@ from typing import Any
 
 import msgspec
 
-from adapters.report import RunDigest, comparison_report, digest_log, run_report
+from adapters.report import comparison_report, run_report
+from adapters.report._digest import RunDigest, digest_log
 from eventbus.log import LogError
-from eventbus.state import StateError, atomic_write
+from eventbus.state import StateError
+from eventbus.state._files import atomic_write
 
 from ._common import STDOUT, CliError, check_output, local_log, writing
 

@@ -1,25 +1,12 @@
 """What the callbacks cost over a run, from its budget reports, in bounded memory.
 
-The bus writes one ``BudgetReport`` per health-check period: for each
-handler its calls, total time, longest call, timeouts, faults and skipped
-deliveries. That is all a log keeps of the cost, so the per-call
-percentiles here are those of each period's mean call, weighted by its
-calls (on a log scale of 16 steps an octave, so within 4.5%); the longest
-call is exact. ``eventbus bench`` times every call and gives exact
-percentiles instead.
-
-A report counts skipped deliveries without their cause; the cause is the
-state the handler was in (``HandlerStateChanged``: coalescing, or disabled
-by the budget policy or by its fault policy). A state change logged between
-a period's ``HealthCheckTick`` and its ``BudgetReport`` is that period's
-budget verdict and holds from the next period; any other holds from the
-period it is logged in. A period's skips are put down to the one cause the
-handler was under during it; under none, or under two, the log cannot tell,
-and they are counted as skipped, with no cause.
-
-The library's own handlers (the event log's, the gathering's, the state
-store's) are told from the user's callbacks by name (``is_library``), so
-the page can keep them apart.
+A log keeps one ``BudgetReport`` per handler and period, so the per-call percentiles here are
+those of each period's mean call, weighted by its calls (on a log scale of 16 steps an
+octave); the longest call is exact (``eventbus bench`` times every call). A report counts
+skipped deliveries without their cause: a period's skips are put down to the one state the
+handler was in during it (``HandlerStateChanged``; a change logged between a period's tick
+and its report is that period's verdict and holds from the next); under none or two, no
+cause. The library's own handlers are told from the user's by name (``is_library``).
 """
 
 from __future__ import annotations

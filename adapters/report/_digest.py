@@ -39,7 +39,9 @@ from eventbus import (
     WorkerFailure,
     WorkerGroupRestarted,
 )
-from eventbus.log import LogReader, TruncatedTail, rollbacks
+from eventbus.log import LogReader
+from eventbus.log._format import TruncatedTail
+from eventbus.log._history import rollbacks
 
 from ._cost import CostDigest
 from ._limits import (

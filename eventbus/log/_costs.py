@@ -20,8 +20,9 @@ import anyio.from_thread
 
 from .._clock import VirtualClock
 from .._events import Event
+from .._options import MAX_SECONDS, OptionTypeError, WaitSeconds
 from .._subscription import Subscription
-from ..options import MAX_SECONDS, OptionError, OptionTypeError, WaitSeconds, checked
+from ..options import OptionError, checked
 
 __all__ = ["Charges", "Costs"]
 

@@ -1,17 +1,10 @@
 """The event-log file format: header, record framing, limits, errors.
 
-Two encodings of one log. *msgpack* (the default): a fixed binary header,
-then one framed msgpack record per event, so a reader can skip, stream and
-detect a torn tail without parsing. *JSON Lines* (``.jsonl``): a header
-object on the first line, then one event per line, for people and other
-tools. ``docs/log-format.md`` describes both byte by byte.
-
-Each msgpack record is framed with a sync marker, a check of its length and a
-CRC-32 of its payload, so that a damaged record is detected (not mistaken for
-a torn tail or silently decoded) and a reader finds the next intact record
-after it.
-
-Only this module knows the framing; the recorder and the reader share it.
+Two encodings of one log (``docs/log-format.md`` describes both byte by byte): *msgpack* (the
+default), a fixed binary header then one framed record per event, each with a sync marker, a
+length check and a CRC-32, so a damaged record is detected and the next intact one found;
+and *JSON Lines* (``.jsonl``), for people and other tools. Only this module knows the
+framing; the recorder and the reader share it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """One history per run across resumes: where a log ends, and what its resumes rolled back.
 
-A resumed run appends to the log it was recording, so the log holds the
-whole run, the events the crash undid included (the resumed run redid
-them). They stay in the file for diagnosis, and ``rollbacks`` marks them so
-that a replay or a tool can leave them out. Most logs never resumed, so
-finding that out costs a byte search, not a decoding.
+A resumed run appends to the log it was recording, so the log holds the events the crash
+undid too; ``rollbacks`` marks them so that a replay or a tool can leave them out. Most logs
+never resumed, so finding that out costs a byte search, not a decoding.
 """
 
 from __future__ import annotations
@@ -120,9 +118,8 @@ class Rollbacks:
     is rolled back if any resume says so; ``RunStarted`` and ``RunResumed``
     never are (they tell the history itself).
 
-    Asking every resume about every event would be quadratic, so the resumes
-    are folded on construction into sorted spans and suffix minimums that a
-    bisection answers: each event costs ``O(log R)`` for ``R`` resumes.
+    The resumes are folded on construction into sorted spans and suffix minimums, so
+    each event costs one bisection, not a question to every resume.
 
     Args:
         resumes: the log's ``RunResumed`` events, in log order.
@@ -216,10 +213,8 @@ class _LeastAfter:
 def _mentions_resumed(path: str | os.PathLike[str], offset: int) -> bool:
     """Whether the bytes of the file past ``offset`` (the header) hold the type tag.
 
-    Read a block at a time into one buffer (the tail of the last block kept, so
-    a tag across two blocks is found): memory stays one block whatever the
-    log's size. A mapping of the file would count every page in the process's
-    memory, gigabytes for a big log.
+    Read a block at a time, the tail of the last block kept so a tag across two blocks is
+    found (a mapping of the file would count every page in the process's memory).
     """
     overlap = len(RESUMED_TAG) - 1
     block = bytearray(SEARCH_BLOCK + overlap)

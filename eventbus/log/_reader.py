@@ -1,12 +1,10 @@
 """Reading event logs: streamed, validated, and honest about damage.
 
-A log may be longer than memory, so it is read in chunks and decoded a
-record at a time. A log may be damaged (a crash mid-write, a bad disk, a
-careless edit), so the reader says what it lost instead of failing or
-guessing: a torn last record is reported in ``truncated``, a damaged record
-raises ``CorruptLogError`` or, when skipping, costs only itself, and a
-record that is intact but not an event becomes an ``EventPlaceholder``. A
-pipe is read as a file is, so ``cat LOG | eventbus show /dev/stdin`` works.
+A log may be longer than memory, so it is read in chunks and decoded a record at a time. A
+log may be damaged, so the reader says what it lost instead of failing or guessing: a torn
+last record is ``truncated``, a damaged record raises ``CorruptLogError`` or, when
+skipping, costs only itself, and an intact record that is not an event becomes an
+``EventPlaceholder``.
 """
 
 from __future__ import annotations
@@ -99,15 +97,14 @@ def _file_kind(mode: int) -> str:
 class LogReader:
     """Iterates the events of a log, in either encoding (told apart by content).
 
-    The header is read when the reader is made, so that a file that is not a
-    log, or is of a format or schema this library cannot read, is a
-    ``LogFormatError`` before anything else. Iterate once; the file closes
-    when the events end.
+    The header is read when the reader is made, so a file that is not a log, or of a
+    format or schema this library cannot read, is a ``LogError`` at once. Iterate once;
+    the file closes when the events end.
 
     Args:
         path: the log; a pipe or FIFO is read as a file is.
         skip_corrupt: go on past a damaged record (counted in ``skipped``, the
-            first ones kept in ``errors``) instead of raising ``CorruptLogError``.
+            first ones kept in ``errors``) instead of raising a ``LogError``.
         chunk_size: bytes read at a time.
 
     After the iteration, ``count`` is the number of events yielded
@@ -505,10 +502,9 @@ class _Found(enum.Enum):
 class _Buffer:
     """The bytes of a msgpack log that its reader still needs, from file offset ``base``.
 
-    It reads on only when asked to hold more, and never more than the file still
-    holds (a stream: than a record may be), so that a damaged length never makes
-    it allocate what it claims. What lies before the bytes asked for is dropped
-    as it reads on, so it holds at most a record and a chunk.
+    It never reads more than the file still holds (a stream: than a record may be), so a
+    damaged length never makes it allocate what it claims; it holds at most a record and
+    a chunk.
     """
 
     __slots__ = ("base", "chunk_size", "data", "eof", "read", "remaining")

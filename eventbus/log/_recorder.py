@@ -29,8 +29,9 @@ from .._bus import EventBus
 from .._codec import encode_json, encode_json_nonfinite, event_modules, has_nonfinite
 from .._events import SCHEMA_VERSION, CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
 from .._logging import get_logger
+from .._options import Count, WaitSeconds
 from .._stages import Stage
-from ..options import Count, WaitSeconds, checked
+from ..options import checked
 from ._format import (
     LOG_FORMAT_VERSION,
     MAX_LINE,
@@ -105,13 +106,10 @@ def _open_locked(path: Path, *, new: bool) -> BinaryIO:
 class LogRecorder:
     """Writes a run's events to a log file, from a bus (``attach``) or directly (``write``).
 
-    Attached to a bus, the recorder is a tap: it gets every batch before any
-    handler does, so that the event a handler failed on is in the log. It
-    makes the log durable at every checkpoint by default, so that after a
-    crash the log reaches at least the checkpoint a resumed run starts from.
-    Nothing an event holds stops it: an event it cannot encode is recorded as
-    an ``EventPlaceholder`` (counted in ``placeholders``), and the next one as
-    usual.
+    Attached to a bus, it is a tap: it gets every batch before any handler does, so the
+    event a handler failed on is in the log. It makes the log durable at every checkpoint
+    by default. An event it cannot encode is recorded as an ``EventPlaceholder`` (counted
+    in ``placeholders``).
 
     Args:
         path: the log; a ``.jsonl`` name makes it JSON Lines, any other msgpack.
@@ -133,8 +131,8 @@ class LogRecorder:
             with a warning, new records follow the last intact one, and
             ``appended`` says what the log held. A missing or empty file makes a
             new log (``appended`` is ``None``). A log of another run raises
-            ``RunIdMismatch``, a file this library cannot continue (or a
-            ``format`` other than the log's) ``LogFormatError`` or
+            ``ValueError``, a file this library cannot continue (or a
+            ``format`` other than the log's) ``LogError`` or
             ``ValueError``; the file is then left as it was.
         overwrite: replace a file already at ``path`` (when not appending);
             with ``False``, a file there raises ``FileExistsError``.
@@ -256,9 +254,7 @@ class LogRecorder:
 
     # --- recording ------------------------------------------------------------
 
-    # Closures over locals: an attribute lookup saved on the hot path is a measurable part
-    # of a record. A batch at a time: the bus hands the recorder whole batches (it is a
-    # tap). An exception costs nothing until raised (3.11): the guard is free here.
+    # Closures over locals, a batch at a time (the recorder is a tap): the hot path.
 
     def _msgpack_recorder(self) -> Callable[[Iterable[Event]], None]:
         # Per record: one encode into a reused scratch buffer, one CRC-32 of it, one
@@ -376,11 +372,9 @@ class LogRecorder:
     def attach(self, bus: EventBus) -> Self:
         """Record every event ``bus`` carries from now on, in sequence order.
 
-        The recorder is a tap of the bus: it gets each batch before any
-        handler does, so every event is in the log before a handler acts on
-        it (the event that made a handler fail the run is recorded), and it
-        costs one call per batch, with no per-event timing. Attach before the
-        bus starts to record from its first event.
+        It gets each batch before any handler does (so the event that made a handler
+        fail the run is recorded), one call per batch. Attach before the bus starts to
+        record from its first event.
         """
         if self._file.closed:
             raise ValueError(f"{self.path}: the recorder is closed")

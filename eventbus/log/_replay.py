@@ -1,28 +1,12 @@
 """Replaying a recorded log into a bus: instantly on virtual time, or at recorded speed.
 
-A test replays a log to check what its callbacks did, so an instant replay
-is deterministic: on a ``VirtualClock``, each event is published at its
-recorded time, and the replay waits for the bus to be idle on both sides of
-every period's end, so that ticks and budget reports fall between the same
-events every time; only measured handler times differ.
-
-The bus's own diagnostics in the log (ticks, budget reports, handler faults)
-are left out by default: the replay bus produces its own. So are the derived
-events (those of the ``Event`` classes declared ``derived``: the gathering's
-rounds and the rest) when the replay bus has a gathering of its own
-(``EventBus.gathering``: training callbacks attached), which makes them again,
-so that each reaches a handler once; a bus without one gets the recorded ones.
-Placeholders are never delivered, since no handler can act on them, nor are
-the events a resume rolled back (the resumed run redid them: see
-``rollbacks``); both are counted in the ``ReplaySummary``.
-
-On virtual time a callback costs nothing, so nothing is ever over budget. To
-test a budget policy, ``costs=`` charges handlers a cost: the virtual clock
-advances by it during each call, so the bus's timing, deadlines, budgets and
-periods see a call of that length, and the replay goes as a live run with
-those costs would: an event whose recorded time the clock has passed waits
-for the handlers before it, as it would behind a slow callback. Still
-instant: nothing sleeps.
+An instant replay is deterministic: on a ``VirtualClock`` each event is published at its
+recorded time, and the replay waits for the bus to be idle on both sides of every period's
+end, so ticks and budget reports fall between the same events every time. The bus's own
+recorded diagnostics are left out by default (the replay bus makes its own), and so are the
+derived events when the replay bus has a gathering that makes them again; placeholders and
+events a resume rolled back are never delivered. ``costs=`` charges handlers virtual time,
+so a budget policy can be tested (docs/guides/testing.md).
 """
 
 from __future__ import annotations
@@ -49,11 +33,8 @@ from .._events import (
     HealthCheckTick,
     is_derived,
 )
-from ..options import (
-    BusOptions,
-    OptionError,
-    checked,
-)
+from .._options import BusOptions
+from ..options import OptionError, checked
 from ._costs import Charges, Costs
 from ._format import TruncatedTail
 from ._history import Rollbacks, rollbacks
@@ -255,16 +236,11 @@ async def _replay_instant(
 ) -> None:
     """Publish each event at its recorded time, moving the virtual clock to it.
 
-    With ``charges``, as a live run with those costs goes: before an event
-    later than the clock, the bus finishes what it has, whose charges move the
-    clock, maybe past that event's time; the event then joins those waiting
-    behind the slow handlers (the next batch) instead of moving the clock.
-    A charged plain sync inline handler blocks the loop live, and the trainer
-    with it: each event then waits for the inline handlers before it, so it is
-    published at its recorded time or once they are done, whichever is later;
-    but events recorded at one time, which the recorded bus took as one batch
-    (it stamps a batch once), are published together, to make one batch again.
-    Idle gaps are skipped either way.
+    With ``charges``, as a live run with those costs goes: before an event later than
+    the clock, the bus finishes what it has, whose charges may move the clock past
+    that event's time, which then waits behind the slow handlers. Events recorded at
+    one time (one batch on the recorded bus) are published together, to make one
+    batch again. Idle gaps are skipped either way.
     """
     now = clock.now
     publish = bus.publish
@@ -300,13 +276,9 @@ async def _replay_instant(
 
 
 class _Selection:
-    """The events to replay, in order, counting what the filters left out and
-    the placeholders passed over, and noting the recorded time span (of every
-    event, filtered or not; placeholders aside). Left out: the bus's own
-    diagnostics (unless included) and, when the replay bus makes them again
-    (``derived``), the derived events.
-    ``plan``: the log's rollbacks; the events they mark are passed over (and
-    counted) before anything else sees them, in a generator of their own, so
+    """The events to replay, in order, counting what the filters left out and the
+    placeholders passed over, and noting the recorded time span. ``plan``: the log's
+    rollbacks; the events they mark are passed over in a generator of their own, so
     that a log without any pays nothing per event."""
 
     def __init__(
@@ -423,7 +395,7 @@ async def replay_file(
         filter: only the events it keeps are published.
         include_diagnostics: as for ``replay``.
         skip_corrupt: go on past damaged records instead of raising.
-        real_time: time the handlers in real time (a ``FastForwardClock``: still
+        real_time: time the handlers in real time (on a clock that is still
             instant, idle gaps skipped), as the command line's replay reports them.
         costs: charge handlers' calls to the virtual clock, as for ``replay``
             (``{"Slow.after_report": 0.05}``, a function of the handler's name and

@@ -1,21 +1,11 @@
 """Snapshot files: confined, written atomically, read defensively, versioned.
 
-Two kinds of location reach the store. A checkpoint location reported by a
-worker is untrusted: it is resolved against the current working directory
-(symlinks included), like any other path, and must land strictly inside the
-configured root, or nothing is written. A checkpoint the operator resumes
-from is trusted and may lie anywhere, but the snapshot file inside it is
-not: it must not be a link out of the root (or, outside the root, out of
-that checkpoint's directory), must be a regular file and must fit a size
-limit, all checked on the open file before a byte is read, so a planted
-symlink, FIFO or device can neither leak a file nor hang the reader.
-
-Directories are walked one component at a time with ``O_NOFOLLOW``, from
-the root (or the confining directory), so a component swapped for a symlink
-between the check and the use is refused instead of followed. Writing goes
-to a temporary file in the same directory, which is fsynced, renamed over
-the target and followed by an fsync of the directory: a crash at any point
-leaves either the previous file or the new one, whole.
+A checkpoint location reported by a worker is untrusted and must resolve strictly inside the
+configured root. A checkpoint the operator resumes from may lie anywhere, but its snapshot
+file must not be a link out of its confinement, and must be a regular file within a size
+limit, checked on the open file before a byte is read. Directories are walked one component
+at a time with ``O_NOFOLLOW``, so a component swapped for a symlink after the check is
+refused. The rules are in docs/state.md.
 """
 
 from __future__ import annotations
@@ -208,13 +198,10 @@ def _path_error(path: Path, exc: OSError) -> StateError | OSError:
 def _open_directory(base: Path, parts: Sequence[str], *, create: bool, readable: bool) -> int:
     """An fd of ``base/parts...``, opened one component at a time below ``base``.
 
-    Every component below ``base`` is opened with ``O_NOFOLLOW``, so none
-    can be a symlink at the time of use (``base`` itself is trusted). The
-    walk uses ``O_PATH`` where there is one, which needs only search
-    permission, as a path lookup would; only the last directory is opened
-    for reading when ``readable`` (to fsync or list it). With ``create``
-    missing directories are made, iteratively (pathlib's recursive
-    ``mkdir`` fails on deep paths).
+    Every component below ``base`` (itself trusted) is opened with ``O_NOFOLLOW``, using
+    ``O_PATH`` where there is one (search permission only); only the last directory is
+    opened for reading when ``readable``. With ``create`` missing directories are made,
+    iteratively (pathlib's recursive ``mkdir`` fails on deep paths).
     """
     walk = _PATH_FLAG | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     last = (os.O_RDONLY if readable else _PATH_FLAG) | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -251,14 +238,11 @@ def read_regular_file(
 ) -> bytes:
     """The bytes of ``path``, refusing whatever a planted file could do to a reader.
 
-    With ``within``, ``path`` resolved must lie inside it, and it is opened
-    by walking down from ``within`` without following links: a link out is a
-    ``StatePathError``. The file is opened with ``O_NONBLOCK`` (a FIFO cannot
-    hang the open) and ``fstat``-ed: anything but a regular file (FIFO,
-    device, directory, socket) is a ``StateFormatError``, and so is a size
-    over ``max_bytes``, checked before reading and while reading (at most
-    ``max_bytes + 1`` bytes are read, should the file grow). A missing file
-    is ``FileNotFoundError``, as callers expect.
+    With ``within``, ``path`` is opened by walking down from ``within`` without following
+    links: a link out is a ``StatePathError``. It is opened with ``O_NONBLOCK`` (a FIFO
+    cannot hang the open) and ``fstat``-ed: anything but a regular file, or a size over
+    ``max_bytes`` (checked before and while reading), is a ``StateFormatError``. A
+    missing file is ``FileNotFoundError``.
     """
     try:
         if within is None:
@@ -317,14 +301,10 @@ def read_snapshot(
 ) -> Snapshot:
     """Read a snapshot file (see ``read_regular_file`` for what is refused before reading).
 
-    A malformed or newer-format file is a ``StateFormatError`` naming the
-    file and, from msgspec, the path inside it. One malformed state (not
-    shaped as a state, not strict JSON, a number out of range) does not cost
-    the others: each state is decoded on its own, a bad one is left out of
-    ``states`` and its key goes to ``errors`` with the reason, so restoring
-    reports that callback as starting fresh and restores the rest. Nesting
-    deeper than the decoder goes (which no saved state can have: it would
-    not have been saved) is the whole file's error.
+    A malformed or newer-format file is a ``StateFormatError`` naming the file and the
+    path inside it. One malformed state does not cost the others: each is decoded on its
+    own, and a bad one's key goes to ``errors`` with the reason (that callback starts
+    fresh).
     """
     if within is None:
         within = resolve_location(path.parent)
@@ -387,14 +367,11 @@ def atomic_write(
 ) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, whole.
 
-    With ``within`` (a resolved directory that ``path`` lies in), the
-    directories below it are opened without following links (made if
-    missing), so the write cannot be redirected out of it. Without it,
-    ``path`` is the caller's own and its directories are made as needed.
-    ``durable=False`` leaves out the two ``fsync`` calls (about 0.5 ms each on
-    a cloud disk): the file is still whole after a killed process, but a power
-    loss may lose it; for a file its owner writes without them (Hugging Face's
-    ``trainer_state.json``), which a checkpoint cannot outlive anyway.
+    With ``within`` (a resolved directory ``path`` lies in), the directories below it are
+    opened without following links, so the write cannot be redirected out of it.
+    ``durable=False`` leaves out the two ``fsync`` calls: the file is still whole after a
+    killed process, not after a power loss; for a file its owner writes without them
+    (Hugging Face's ``trainer_state.json``).
     """
     try:
         if within is None:
@@ -453,11 +430,9 @@ def _replace_in(directory: int, name: str, data: bytes, durable: bool) -> None:
 def _remove_leftovers(directory: int, name: str, now: float) -> None:
     """Delete temporary files of ``name`` left by writers that died mid-write.
 
-    A temporary file is in flight for a fraction of a second; one whose
-    mtime is more than ``LEFTOVER_AGE`` older than the file we just created
-    (both stamped by the same file system) belongs to a writer that is gone.
-    Pids decide nothing: on a shared file system or in another container a
-    live writer's pid is not ours to look up.
+    A temporary file is in flight for a fraction of a second; one whose mtime is more
+    than ``LEFTOVER_AGE`` older than the file we just created (same file system's clock)
+    belongs to a writer that is gone. Pids cannot tell across hosts or containers.
     """
     prefix = f".{name}."
     try:

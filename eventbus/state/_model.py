@@ -1,13 +1,9 @@
 """Stateful callbacks: the protocol, their keys, and taking their states.
 
-The format is Hugging Face's (``state()`` -> ``{"args": ..., "attributes": ...}``)
-so states move between the two, but the bookkeeping avoids the bugs HF and
-others shipped: every state has a unique key (two instances of one class are
-told apart by ``state_key``, and a duplicate is an error instead of a lost
-state); states are checked as strict JSON when they are taken, so a state
-that would not round-trip is reported then, naming the callback and the path
-inside its state, rather than discovered at resume. Putting states back is
-``_restore``'s job; files are ``_files``'. No I/O here.
+The format is Hugging Face's (``state()`` -> ``{"args": ..., "attributes": ...}``) so states
+move between the two, but every state has a unique key (a duplicate is an error, not a lost
+state), and states are checked as strict JSON when taken, so one that would not round-trip
+is reported then, naming the callback and the path, not discovered at resume. No I/O here.
 """
 
 from __future__ import annotations
@@ -87,14 +83,11 @@ class StatefulCallback:
     hook. Override ``state``/``from_state`` for anything else; an overridden
     ``from_state`` gets the saved state unfiltered and must validate it.
 
-    At a restore the saved args win over the ones the live callback was given
-    (a resume continues the saved run, as Hugging Face and Lightning restore
-    it), with a warning naming each that differs from one given now (an arg
-    left at its default asked for nothing and is not warned about).
-    ``state_live_args`` names the exceptions, whose live value always wins:
-    options a snapshot, which anyone who can write the checkpoint can edit,
-    must not switch on (``BestCheckpoints``' ``delete_worse``). They are
-    still saved, so the snapshot format does not depend on them.
+    At a restore the saved args win over the ones the live callback was given (a resume
+    continues the saved run), with a warning naming each that differs.
+    ``state_live_args`` names the exceptions, whose live value always wins: options a
+    snapshot, which anyone who can write the checkpoint can edit, must not switch on
+    (``BestCheckpoints``' ``delete_worse``).
     """
 
     state_args: tuple[str, ...] = ()

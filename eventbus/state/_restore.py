@@ -80,10 +80,9 @@ def _match_moved(
     on the other: same qualname, same ``[state_key]``, module differing only by being
     ``__main__``. Returns live key -> saved key, and a warning per ambiguous key.
 
-    A script's class is keyed ``__main__.Name`` and the module's ``pkg.mod.Name``: without
-    this, moving a class into a module (or running its module as a script) would drop
-    every state of it. Only unique pairs match: a guess among several could hand one
-    callback another's state.
+    Without this, moving a class into a module (or running its module as a script) would
+    drop every state of it. Only unique pairs match: a guess could hand one callback
+    another's state.
     """
     by_tail: dict[tuple[str, str], list[str]] = {}
     for key in saved:
@@ -150,12 +149,10 @@ class RestorePlan(msgspec.Struct, frozen=True, kw_only=True):
 def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan:
     """Match live stateful callbacks to saved states by key, never by position alone.
 
-    For a Hugging Face snapshot (keyed by class name) the live instances of a
-    class take the saved states of that class name by position. HF appends
-    every save's states to its list form, so when more are saved than live
-    the *last* ones are taken (the latest save) and the earlier ones are
-    reported as stale, with their count; fewer saved than live is reported
-    as a count mismatch, never truncated silently.
+    For a Hugging Face snapshot (keyed by class name) the live instances of a class take
+    that class name's saved states by position; HF appends every save's states to its
+    list form, so the *last* ones are taken and the earlier reported as stale. Fewer
+    saved than live is a count mismatch, never truncated silently.
     """
     live = stateful_keys(callbacks)
     positions = {id(cb): i for i, cb in enumerate(callbacks)}
@@ -442,12 +439,9 @@ def move_state(live: object, rebuilt: object) -> str | None:
     """Move ``rebuilt``'s state onto ``live`` (``vars(live).update(vars(rebuilt))``), so
     the object the user built, and may still hold, is the restored one.
 
-    The rebuilt instance's attributes (from ``__init__(**args)`` and the
-    restored attributes) win; those only the live object has are kept. Returns
-    why it cannot be done (nothing changed then), for the caller to keep
-    ``rebuilt`` instead: an object without a ``__dict__`` or with state in
-    slots (copying ``vars()`` would lose it), or a ``from_state`` that returned
-    a subclass (its class, not only its state, would be lost).
+    The rebuilt instance's attributes win; those only the live object has are kept.
+    Returns why it cannot be done (nothing changed then): no ``__dict__``, state in slots,
+    or a ``from_state`` that returned a subclass.
     """
     if type(rebuilt) is not type(live):
         return (

@@ -1,14 +1,9 @@
 """The state store: snapshot every stateful callback at every checkpoint, restore on resume.
 
-It ties the pieces together: keys and checks (``_model``), confined atomic
-files (``_files``) and the bus. Attached to a bus, it snapshots on each
-``CheckpointSaved`` after the other handlers of that event (a high ``order``),
-so the states include what those handlers did with the checkpoint.
-
-Locations are of two kinds (see ``_files``): a checkpoint reported by
-a worker (``snapshot``, ``path_of``) must lie inside the root; the one the
-operator resumes from (``load``, ``restore``) may lie anywhere, only its
-snapshot file is confined.
+Attached to a bus, it snapshots on each ``CheckpointSaved`` after the other handlers of that
+event (a high ``order``), so the states include what those handlers did with the checkpoint.
+A checkpoint reported by a worker (``snapshot``, ``path_of``) must lie inside the root; the
+one the operator resumes from (``load``, ``restore``) may lie anywhere (``_files``).
 """
 
 from __future__ import annotations
@@ -90,14 +85,14 @@ class StateStore:
     def register(self, callbacks: Sequence[object]) -> None:
         """Track the stateful ones of ``callbacks`` (replacing any earlier registration).
 
-        Two callbacks with one key are a ``StateKeyConflict`` naming both, and
+        Two callbacks with one key are a ``StateError`` naming both, and
         nothing is registered.
         """
         self._callbacks = stateful_keys(callbacks)
 
     def path_of(self, checkpoint: str | os.PathLike[str]) -> Path:
         """The snapshot file of a worker-reported ``checkpoint`` (relative to the cwd);
-        ``StatePathError`` unless it lies inside the root."""
+        ``StateError`` unless it lies inside the root."""
         return state_path(self.root, checkpoint)
 
     def resume_path_of(self, checkpoint: str | os.PathLike[str]) -> Path:
@@ -113,7 +108,7 @@ class StateStore:
         A callback whose state fails (``state()`` raised, not strict JSON, or
         so big the file would exceed ``max_bytes``) is listed in ``errors``
         with the reason; the others are written. A bad location raises
-        ``StatePathError`` and an I/O failure ``OSError``; nothing is written then.
+        ``StateError`` and an I/O failure ``OSError``; nothing is written then.
         """
         path = self.path_of(checkpoint)
         snapshot = self.capture(checkpoint, run_id=run_id, position=position)
@@ -179,10 +174,10 @@ class StateStore:
     def load(self, checkpoint: str | os.PathLike[str]) -> Snapshot:
         """The snapshot of the checkpoint the operator names (relative to the cwd, anywhere).
 
-        ``FileNotFoundError`` if it has none; ``StatePathError`` if the
+        ``FileNotFoundError`` if it has none; ``StateError`` if the
         location is unusable or its snapshot file links out of the root (out
         of the checkpoint's directory, for one outside the root);
-        ``StateFormatError`` if the file is malformed, too big or not a
+        ``StateError`` if the file is malformed, too big or not a
         regular file. A malformed state inside a good file is not an error
         here: it is left out, its key in ``errors``.
         """
@@ -201,33 +196,24 @@ class StateStore:
         (an instance of the given one's class, so the list has the given one's type).
 
         ``checkpoint`` is the operator's (see ``load``), which the returned
-        event names, or a ``Snapshot``.
-        Only the names each callback declares as its state are restored;
-        others in the saved state are ignored and warned about. The new list
-        becomes the registered one (later snapshots must read the new
-        instances, not the replaced ones). Saved states with no live
-        callback, live callbacks with no saved state, differing instance
-        counts, stale HF entries, undeclared names, values of another JSON
-        kind than the live one and failed rebuilds are warned about through
-        structlog and listed in the returned ``StateRestored``; with
-        ``strict`` they raise ``StateRestoreError`` and nothing changes.
+        event names, or a snapshot (``load``'s).
+        Only the names each callback declares as its state are restored; others are
+        warned about. The new list becomes the registered one. Every mismatch (saved
+        states with no live callback and the reverse, differing instance counts, stale HF
+        entries, undeclared names, values of another JSON kind, failed rebuilds) is warned
+        about and listed in the returned ``StateRestored``; with ``strict`` they raise
+        ``StateRestoreError`` and nothing changes.
 
         ``in_place=True``: each rebuilt state is moved onto the given object
-        (``move_state``), so references the caller kept see it, and the list
-        holds the very objects given; one that cannot take it (slots, no
-        ``__dict__``) is replaced as by default, with a warning (not an error,
-        even when strict). ``require_snapshot=True``: a checkpoint without a
-        snapshot is a ``StateRestoreError`` instead of every callback starting
-        fresh. ``restored`` lists live keys: a state saved under
-        ``__main__.Name`` restored into ``pkg.mod.Name`` (or the reverse) is
-        listed under the live key, and logged at info level.
+        (``move_state``), so references the caller kept see it; one that cannot take it
+        (slots, no ``__dict__``) is replaced, with a warning. ``require_snapshot=True``: a
+        checkpoint without a snapshot is a ``StateRestoreError`` instead of every callback
+        starting fresh. ``restored`` lists live keys (a state saved under ``__main__.Name``
+        restores into ``pkg.mod.Name``).
 
-        The saved args win over those the live callbacks were given (a resume
-        continues the saved run), except a ``StatefulCallback``'s
-        ``state_live_args``, whose live value wins (options a snapshot must
-        not switch on). Each callback whose saved and live args differ gets one
-        warning naming it and each such arg with both values and the one used;
-        it is not a strict error, since which one wins is the rule.
+        The saved args win over the live ones, except a ``StatefulCallback``'s
+        ``state_live_args``; each callback whose saved and live args differ gets one
+        warning naming each arg with both values (never a strict error: it is the rule).
         """
         notes: tuple[str, ...] = ()
         if isinstance(checkpoint, Snapshot):

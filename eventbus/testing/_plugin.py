@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from .._events import Event
-from . import BusRecording, write_log
-from . import replay_log as _replay_log
+from ._helpers import BusRecording, write_log
+from ._helpers import replay_log as _replay_log
 
 __all__ = ["event_log_factory", "recorded_bus", "replay_log"]
 

@@ -8,8 +8,10 @@ import stat
 from pathlib import Path
 from typing import Any, Literal
 
-from eventbus import StatefulCallback, TrainRunContext, get_logger
-from eventbus.options import Count, checked
+from eventbus import StatefulCallback, TrainRunContext
+from eventbus._logging import get_logger
+from eventbus._options import Count
+from eventbus.options import checked
 
 from .._callback import UserCallback
 from .._metrics import mean_of, note_missing_metric

@@ -6,8 +6,10 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
-from eventbus import StatefulCallback, TrainRunContext, get_logger
-from eventbus.options import Count, checked
+from eventbus import StatefulCallback, TrainRunContext
+from eventbus._logging import get_logger
+from eventbus._options import Count
+from eventbus.options import checked
 
 from .._callback import UserCallback
 from .._metrics import mean_of, note_missing_metric

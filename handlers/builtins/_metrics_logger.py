@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventbus import RunResult, TrainRunContext, get_logger
-from eventbus.options import Count, checked
+from eventbus import RunResult, TrainRunContext
+from eventbus._logging import get_logger
+from eventbus._options import Count
+from eventbus.options import checked
 
 from .._callback import UserCallback
 from .._metrics import mean_metrics

@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 import anyio
 
-from eventbus import ErrorPolicy, RunResult, StatefulCallback, TrainRunContext
+from eventbus import RunResult, StatefulCallback, TrainRunContext
+from eventbus._subscription import ErrorPolicy
 from handlers import UserCallback
 
 

@@ -46,7 +46,7 @@ from eventbus import (  # noqa: E402  #noqa: E402
     RunStarted,
 )
 from eventbus.log import read_log  # noqa: E402
-from eventbus.state import STATE_FILENAME  # noqa: E402
+from eventbus.state._files import STATE_FILENAME  # noqa: E402
 
 MAX_STEPS = 10
 

@@ -20,26 +20,27 @@ from structlog.testing import capture_logs
 
 from adapters import AdapterOptions
 from adapters._bus_thread import BusThread
+from adapters._hf_state import merge_stateful_callbacks
 from adapters._options import Backend
 from adapters._threaded_run import ThreadedRun
-from adapters.transformers import merge_stateful_callbacks
 from eventbus import (
     BusClosed,
     CheckpointSaved,
-    ErrorPolicy,
     Event,
     EventBus,
     Report,
     RunFinished,
     RunResult,
     RunStarted,
-    Stage,
     TrainRunContext,
 )
+from eventbus._stages import Stage
+from eventbus._subscription import ErrorPolicy
 from eventbus.log import read_log
-from eventbus.state import CallbackState, Snapshot, StateFormatError
+from eventbus.state._model import CallbackState, Snapshot, StateFormatError
 from handlers import UserCallback
-from handlers.wiring import RunCore, attach_user_callbacks
+from handlers._attach import attach_user_callbacks
+from handlers._core import RunCore
 
 BACKENDS: list[Backend] = ["asyncio", "trio"]
 

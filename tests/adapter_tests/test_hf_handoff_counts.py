@@ -27,17 +27,18 @@ from adapters._options import Backend
 from adapters._threaded_run import ThreadedRun
 from eventbus import (
     CheckpointSaved,
-    ErrorPolicy,
     Event,
     EventBus,
     Report,
     RunResult,
     RunStarted,
-    Stage,
     TrainRunContext,
 )
+from eventbus._stages import Stage
+from eventbus._subscription import ErrorPolicy
 from handlers import UserCallback
-from handlers.wiring import RunCore, attach_user_callbacks
+from handlers._attach import attach_user_callbacks
+from handlers._core import RunCore
 
 #: Longer than any test here: a wake-up by the poll timer would not happen in time.
 NEVER = 600.0

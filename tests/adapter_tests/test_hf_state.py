@@ -14,20 +14,12 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from adapters._hf_state import read_hf_trainer_state, write_hf_trainer_state
+
 # The format needs no transformers: importing it from the adapter does not import them.
-from adapters.transformers import (
-    from_hf_callbacks,
-    read_hf_trainer_state,
-    to_hf_callbacks,
-    write_hf_trainer_state,
-)
-from eventbus.state import (
-    CallbackState,
-    Snapshot,
-    StateFormatError,
-    StateRestoreError,
-    StateStore,
-)
+from adapters.transformers import from_hf_callbacks, to_hf_callbacks
+from eventbus.state import StateRestoreError, StateStore
+from eventbus.state._model import CallbackState, Snapshot, StateFormatError
 
 
 class EarlyStoppingCallback:

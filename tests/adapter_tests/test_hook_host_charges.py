@@ -40,14 +40,9 @@ from adapters._bus_thread import BusThread  # noqa: E402
 from adapters._options import BusRuns  # noqa: E402
 from adapters._stepped_bus import SteppedBus  # noqa: E402
 from adapters.transformers import EventBusCallback  # noqa: E402
-from eventbus import (  # noqa: E402
-    CallbackCost,
-    HandlerStateChanged,
-    HandlerTimedOut,
-    OverBudgetPolicy,
-    RunResult,
-    TrainRunContext,
-)
+from eventbus import HandlerStateChanged, HandlerTimedOut, RunResult, TrainRunContext  # noqa: E402
+from eventbus._events import CallbackCost  # noqa: E402
+from eventbus._subscription import OverBudgetPolicy  # noqa: E402
 from eventbus.log import read_log  # noqa: E402
 from handlers import Reporter, UserCallback, open_run  # noqa: E402
 

@@ -33,9 +33,9 @@ from eventbus import (
     TrainRunContext,
 )
 from eventbus.log import read_log, replay_file
-from eventbus.state import STATE_FILENAME
+from eventbus.state._files import STATE_FILENAME
 from handlers import BestCheckpoints, UserCallback
-from handlers.wiring import attach_user_callbacks
+from handlers._attach import attach_user_callbacks
 
 
 @pytest.fixture(scope="module", autouse=True, params=["in_hooks", "in_thread"])

@@ -16,7 +16,7 @@ from _lightning_model import NthRoundCounter, Regression, make_trainer
 from adapters.lightning import EventBusCallback
 from eventbus import CheckpointSaved, Report, RunFinished, RunStarted
 from eventbus.log import read_log
-from eventbus.state import STATE_FILENAME
+from eventbus.state._files import STATE_FILENAME
 
 
 def test_two_ranks_report_to_rank_0_which_runs_the_callbacks(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ from eventbus import (
 from eventbus.log import replay_file
 from eventbus.testing import replay_log, report_rounds, write_log
 from handlers import Reporter, UserCallback, open_run
-from handlers.wiring import attach_user_callbacks
+from handlers._attach import attach_user_callbacks
 
 HANDLER = "messaging.destination.subscription.name"
 DURATION = "messaging.process.duration"

@@ -37,10 +37,11 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: 
 import adapters.ray as ray_adapter  # noqa: E402
 from adapters._bus_thread import BusThread  # noqa: E402
 from adapters.ray import EventBusUserCallback, recorded_logs  # noqa: E402
-from eventbus import ErrorPolicy, RoundGathered, RunFinished, RunResult, RunStarted, TrainRunContext  # noqa: E402  #noqa: E402
+from eventbus import RoundGathered, RunFinished, RunResult, RunStarted, TrainRunContext  # noqa: E402
+from eventbus._subscription import ErrorPolicy  # noqa: E402
 from eventbus.log import read_log, replay_file  # noqa: E402
 from handlers import UserCallback  # noqa: E402
-from handlers.wiring import attach_user_callbacks  # noqa: E402
+from handlers._attach import attach_user_callbacks  # noqa: E402
 
 # The controller cannot import this test module: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

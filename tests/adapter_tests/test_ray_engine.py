@@ -31,7 +31,7 @@ import ray.cloudpickle  # noqa: E402
 from adapters.ray import RayEngine  # noqa: E402
 from eventbus import RunResult, StatefulCallback, TrainRunContext  # noqa: E402
 from eventbus.log import read_log  # noqa: E402
-from eventbus.state import STATE_FILENAME  # noqa: E402
+from eventbus.state._files import STATE_FILENAME  # noqa: E402
 from handlers import EarlyStopping, Reporter, UserCallback, WorkerGroupError, open_run  # noqa: E402
 
 # Ray's workers cannot import this test module: ship the worker function by value.

@@ -21,18 +21,12 @@ from adapters import AdapterOptions
 from adapters._bus_thread import BusThread
 from adapters._stepped_bus import SteppedBus
 from adapters._threaded_run import ThreadedRun
-from eventbus import (
-    CheckpointSaved,
-    ErrorPolicy,
-    EventBus,
-    Report,
-    RunResult,
-    RunStarted,
-    Stage,
-    TrainRunContext,
-)
+from eventbus import CheckpointSaved, EventBus, Report, RunResult, RunStarted, TrainRunContext
+from eventbus._stages import Stage
+from eventbus._subscription import ErrorPolicy
 from handlers import UserCallback
-from handlers.wiring import RunCore, attach_user_callbacks
+from handlers._attach import attach_user_callbacks
+from handlers._core import RunCore
 
 #: Longer than any test here: a step by the poll timer would not come in time.
 NEVER = 600.0

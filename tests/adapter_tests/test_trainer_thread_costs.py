@@ -37,7 +37,7 @@ import adapters._stepped_bus as stepped_bus  # noqa: E402
 from adapters._bus_thread import BusThread  # noqa: E402
 from adapters._stepped_bus import SteppedBus  # noqa: E402
 from adapters.transformers import EventBusCallback  # noqa: E402
-from eventbus.state import STATE_FILENAME  # noqa: E402
+from eventbus.state._files import STATE_FILENAME  # noqa: E402
 from handlers import BestCheckpoints  # noqa: E402
 
 HOOKS = ("on_step_begin", "on_step_end", "on_log", "on_save")

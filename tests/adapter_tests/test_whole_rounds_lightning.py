@@ -23,8 +23,8 @@ from adapters._threaded_run import ThreadedRun
 from adapters.lightning import EventBusCallback
 from eventbus import Report
 from eventbus.log import read_log, replay_file
-from handlers import ReportCallbackHandler
-from handlers.wiring import attach_user_callbacks
+from handlers._attach import attach_user_callbacks
+from handlers._reports import ReportCallbackHandler
 
 
 @pytest.fixture(params=["in_hooks", "in_thread"])

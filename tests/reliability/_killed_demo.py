@@ -21,7 +21,8 @@ from typing import Any
 
 import adapters.cli._demo_trainer as trainer
 from adapters.cli import main
-from eventbus import Event, Stage
+from eventbus import Event
+from eventbus._stages import Stage
 
 
 def _die() -> None:

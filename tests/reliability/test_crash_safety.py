@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eventbus import EventPlaceholder, encode_msgpack
+from eventbus import EventPlaceholder
+from eventbus._codec import encode_msgpack
 from eventbus.log import LogReader
 from eventbus.state import StateStore
 

@@ -28,19 +28,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import eventbus
-from eventbus import (
-    CheckpointSaved,
+from eventbus import CheckpointSaved, EventPlaceholder, Report, WorkerFailure
+from eventbus._codec import (
     EventDecodeError,
-    EventPlaceholder,
-    Report,
-    WorkerFailure,
     decode_json,
     decode_msgpack,
     encode_json,
     encode_msgpack,
 )
 from eventbus.log import LogError, LogReader, LogRecorder
-from eventbus.state import StateFormatError, StateStore
+from eventbus.state import StateStore
+from eventbus.state._model import StateFormatError
 
 from ._crash_writer import expected_event
 from ._figures import FIGURES

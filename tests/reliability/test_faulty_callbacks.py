@@ -23,14 +23,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from eventbus import (
-    BusFull,
-    BusStats,
-    Event,
-    EventBus,
-    HandlerFailed,
-    HandlerTimedOut,
-)
+from eventbus import BusFull, Event, EventBus, HandlerFailed, HandlerTimedOut
+from eventbus._bus import BusStats
 
 from ._figures import FIGURES
 

@@ -27,8 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventbus import EventBus, Report, RunFinished, RunResult, TrainRunContext
+from eventbus._options import OptionTypeError
 from eventbus.log import read_log
-from eventbus.options import OptionError, OptionTypeError
+from eventbus.options import OptionError
 from handlers import UserCallback, open_run
 
 from ._figures import FIGURES

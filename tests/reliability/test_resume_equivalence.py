@@ -41,7 +41,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventbus import TrainRunContext
-from eventbus.log import LogReader, rollbacks
+from eventbus.log import LogReader
+from eventbus.log._history import rollbacks
 from eventbus.testing import replay_log
 from handlers import UserCallback
 

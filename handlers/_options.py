@@ -12,16 +12,8 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from eventbus import BusOptions
-from eventbus.options import MAX_SECONDS, BusKeywords, OptionError
-
-__all__ = [
-    "MAX_WORLD_SIZE",
-    "EndSeconds",
-    "Rank",
-    "Restarts",
-    "RunKeywords",
-    "WorldSize",
-]
+from eventbus._options import MAX_SECONDS, BusKeywords
+from eventbus.options import OptionError
 
 #: Largest world size a run may have: the gathering keeps a slot per rank, and a
 #: report claiming a billion ranks must not make it allocate a billion.
