@@ -396,9 +396,10 @@ def test_the_hf_format_needs_no_transformers_the_callback_names_the_extra(
     for name in ("adapters.transformers", "adapters._hf_callback", "adapters._hf_state"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     adapter = importlib.import_module("adapters.transformers")
+    hf_state = importlib.import_module("adapters._hf_state")
     state = {"args": {}, "attributes": {"rounds": 2}}
     path = hf_trainer_state(tmp_path / "trainer_state.json", {"Counter": state})
-    assert adapter.read_hf_trainer_state(path).states == {"Counter": state}
+    assert hf_state.read_hf_trainer_state(path).states == {"Counter": state}
     for name in ("EventBusCallback", "run_with_failures"):
         with pytest.raises(ImportError, match=r"pip install 'train-eventbus\[transformers\]'"):
             getattr(adapter, name)
