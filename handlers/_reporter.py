@@ -159,6 +159,8 @@ def values_for_workers(callbacks: Iterable[object], unsendable: set[str]) -> dic
     another machine); one that is not JSON is left out, and said once (its key
     then joins ``unsendable``)."""
     giving = [cb for cb in callbacks if getattr(cb, "for_workers", None) is not None]
+    if not giving:  # most runs: asked every round (torchrun's rank 0), so said at once
+        return {}
     names = collections.Counter(type(cb).__name__ for cb in giving)
     values: dict[str, Any] = {}
     for callback in giving:

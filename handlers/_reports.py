@@ -610,8 +610,11 @@ class ReportCallbackHandler:
 
     def waiting_from(self, rank: int) -> bool:
         """Whether a report of ``rank`` waits for its round."""
-        queued = (self._slots[rank], self._following[rank]) if rank < len(self._slots) else ()
-        return any(slot is not None for slot in queued) or rank in self._ahead
+        if rank < len(self._slots) and (
+            self._slots[rank] is not None or self._following[rank] is not None
+        ):
+            return True
+        return rank in self._ahead
 
     def _mismatch(self, run_id: str, named: dict[int, str]) -> CheckpointMismatch:
         """Loud, because the round loses its checkpoint: no snapshot, no best checkpoint."""

@@ -260,11 +260,17 @@ class Run(anyio.AsyncContextManagerMixin):
 
     @property
     def should_stop(self) -> bool:
-        return (
-            self._stop_requested
-            or self._rounds_since_preempted() > 1
-            or any(getattr(cb, "should_stop", False) is True for cb in self.callbacks)
-        )
+        """Whether the run was asked to stop, was preempted a round ago, or a callback's
+        ``should_stop`` is true. Each callback's is read every time (a worker reads this
+        every step): a callback may set it at any time, from anywhere."""
+        if self._stop_requested or (
+            self._preempted_by is not None and self._rounds_since_preempted() > 1
+        ):
+            return True
+        for callback in self.core.callbacks:  # a loop: any() over a generator costs 2x
+            if getattr(callback, "should_stop", False) is True:
+                return True
+        return False
 
     @property
     def should_checkpoint(self) -> bool:
