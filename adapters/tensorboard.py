@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from pathlib import Path
 from typing import Any
 
 from eventbus import RunResult, TrainRunContext
@@ -25,6 +27,21 @@ __all__ = ["TensorBoardLogger", "summary_writer_class"]
 _CELL_LIMIT = 1000
 #: What UTF-8 cannot hold: a surrogate code point alone.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _begin_after_the_newest_file(log_dir: str) -> None:
+    """Wait, if need be, for a second later than the one the directory's newest event file
+    was begun in (at most 1 s, once per resume). TensorBoard reads a directory's event files
+    in name order: the second each was begun in, then host, process id and a counter
+    compared as text (``.10`` before ``.9``), so a resume begun by the same process in the
+    same second could be read before the attempt it redoes, and show its steps twice."""
+    begun = []
+    for path in Path(log_dir).glob("events.out.tfevents.*"):
+        second = path.name.split(".")[3]
+        if second.isdigit():
+            begun.append(int(second))
+    if begun:
+        time.sleep(min(1.0, max(0.0, max(begun) + 1 - time.time())))
 
 
 def _cell(value: object) -> str:
@@ -92,6 +109,8 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
 
     def _open(self, run_context: TrainRunContext, resumed_after: int | None) -> None:
         purge_step = None if resumed_after is None else resumed_after + 1
+        if purge_step is not None:
+            _begin_after_the_newest_file(self.log_dir)
         self._summary = self._writer_class(
             self.log_dir, purge_step=purge_step, flush_secs=self.flush_secs
         )

@@ -191,7 +191,6 @@ RAY_FILES = (
     "adapter_tests/test_ray_engine.py",
     "adapter_tests/test_ray_lifecycle_order.py",
     "adapter_tests/test_ray_stalls.py",
-    "adapter_tests/test_trackers_frameworks.py",
 )
 
 #: The groups of files (a file, or ``ray`` for RAY_FILES; one xdist worker runs a group) that
@@ -199,7 +198,7 @@ RAY_FILES = (
 #: (2026-12-06, --durations): the workers take the groups in this order, then the others in
 #: the order collected, so that no long group starts last.
 LONGEST = (
-    "ray",  # 260: six Ray jobs and more
+    "ray",  # 200: eight Ray jobs and more
     "test_examples.py",  # 141: Ray's examples start their own clusters, twice
     "reliability/test_resume_equivalence.py",  # 125: 60 demos killed and resumed
     "test_docs.py",  # 76

@@ -1,20 +1,26 @@
-"""``open_run(engine=RayEngine())`` against a real local Ray cluster (2 CPU workers).
+"""``open_run(engine=RayEngine())`` against a real local Ray cluster (2 CPU workers), with
+TensorBoard and MLflow in the driver.
 
-One worker function and one set of callbacks, run on both engines: the
-rounds, the stop, the values handed to workers, the final callback states
-and the run's counts must be the same. Then what only a cluster has to get
-right: Ray's restart inside a job, and a job that failed for good resumed
-from its ``state_dir``. One cluster for the module; each Ray job costs
-10-30 s here, so the module runs four.
+One worker function and one set of callbacks (and both trackers), run on both engines: the
+rounds, the stop EarlyStopping decides, the values handed to workers, the final callback
+states, the run's counts and what the trackers hold must be the same. Then what only a
+cluster has to get right: Ray's restart inside a job, and a job that failed for good
+resumed from its ``state_dir``: the callbacks go on as in the uninterrupted job, and the
+trackers hold one MLflow run and one TensorBoard directory with its data (the checks
+tests/adapter_tests/test_trackers_frameworks.py makes through Lightning and Hugging Face).
+Each Ray job costs 10-30 s here: the module runs four, each once (module fixtures),
+and several tests read each one's outcome.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import shutil
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +30,24 @@ from _ray_env import quiet_ray
 quiet_ray()  # before ray is imported
 
 pytest.importorskip("ray.train", reason="Ray Train is not installed (pip install '.[ray]')")
+pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard)")
+pytest.importorskip("mlflow", reason="MLflow is not installed (pip install '.[mlflow]')")
 
 import ray  # noqa: E402
 import ray.cloudpickle  # noqa: E402
+from _tracker_resume import (  # noqa: E402
+    Trackers,
+    check_failed_attempt,
+    check_resumed_as_uninterrupted,
+)
+from _trackers_readback import (  # noqa: E402
+    each_by_step,
+    event_files,
+    mlflow_metrics,
+    mlflow_only_run,
+    rounds_only,
+    tensorboard_scalars,
+)
 
 from adapters.ray import RayEngine  # noqa: E402
 from eventbus import RunResult, StatefulCallback, TrainRunContext  # noqa: E402
@@ -42,7 +63,13 @@ pytestmark = pytest.mark.anyio
 STEPS = 8
 #: A loss that plateaus from step 2: EarlyStopping(patience=2) stops after step 4.
 LOSSES = [1.0, 0.8, 0.6, 0.6, 0.6, 0.6, 0.5, 0.4]
-FAIL_RANK, FAIL_AT = 1, 4
+FAIL_RANK = 1
+#: A restart's failure: after step 3's checkpoint, which covers every round before it.
+RESTART_AT = 4
+#: A failure that ends the job: after step 2's round, which step 1's checkpoint does not
+#: cover; the resume redoes steps 2 to 4, and TensorBoard purges from step 2 (the round's
+#: index, the trackers' step here).
+FAIL_AT, PURGE_STEP = 3, 2
 
 TrainFn = Callable[[Reporter], Awaitable[None]]
 
@@ -120,19 +147,22 @@ class Faulty(UserCallback):
             await anyio.sleep(5)
 
 
-def make_train(fail: bool = False) -> TrainFn:
+def make_train(fail_at: int | None = None) -> TrainFn:
     """A deterministic worker: resumes from its checkpoint, checkpoints at odd steps,
-    syncs after every report, reads the learning rate and the stop from callbacks."""
+    syncs after every report, reads the learning rate and the stop from callbacks; a
+    rank's loss is its own (the trackers write each rank's); rank 1 fails at step
+    ``fail_at`` of an attempt that did not start from a checkpoint."""
 
     async def train(reporter: Reporter) -> None:
         start = 0
         if reporter.latest_checkpoint is not None:
             start = saved_step(reporter.latest_checkpoint, reporter.rank) + 1
         for step in range(start, STEPS):
-            if fail and start == 0 and reporter.rank == FAIL_RANK and step == FAIL_AT:
+            if start == 0 and reporter.rank == FAIL_RANK and step == fail_at:
                 raise ValueError(f"boom at step {step}")
             lr = reporter.from_callbacks.get("PlateauLR", {}).get("lr")
-            metrics = {"step": step, "loss": LOSSES[step], "lr": lr, "rank": reporter.rank}
+            loss = LOSSES[step] + 0.125 * reporter.rank
+            metrics = {"step": step, "loss": loss, "lr": lr, "rank": reporter.rank}
             if step % 2 == 1:
                 with tempfile.TemporaryDirectory() as directory:
                     save_step(directory, reporter.rank, step)
@@ -177,68 +207,89 @@ def outcome(result: RunResult | None) -> dict[str, Any]:
     return {name: getattr(result, name) for name in keep}
 
 
+@dataclass
+class Job:
+    """One Ray (or local) job: where it runs, its callbacks (``Seen`` first), its
+    trackers and their loggers in its driver (fresh for each attempt), its ended ``Run``."""
+
+    where: Path
+    cbs: list[Any]
+    trackers: Trackers
+    loggers: list[Any] = field(init=False)
+    run: Any = None
+
+    def __post_init__(self) -> None:
+        self.loggers = self.trackers.loggers()
+
+
+def tracked(where: Path, name: str) -> Trackers:
+    """A job's trackers: a TensorBoard directory and an MLflow database in ``where``."""
+    return Trackers(where, f"sqlite:///{where}/mlflow.db", name)
+
+
 async def run_job(
-    where: Path,
+    job: Job,
     engine: RayEngine | None,
-    cbs: list[Any],
     *,
-    fail: bool = False,
+    fail_at: int | None = None,
     max_restarts: int = 0,
     resume: bool = False,
     folder: str = "run",
 ) -> Any:
+    where = job.where
     async with open_run(
         world_size=2,
-        callbacks=cbs,
+        callbacks=[*job.cbs, *job.loggers],
         state_dir=where / folder,
         log=where / "events.jsonl",
         resume_from=where / folder if resume else None,
         engine=engine,
         period=0.5,
     ) as run:
-        await run.workers(make_train(fail), max_restarts=max_restarts)
+        await run.workers(make_train(fail_at), max_restarts=max_restarts)
+    job.run = run
     return run
 
 
 @pytest.fixture(scope="module")
-def both(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The same job run locally and on Ray, uninterrupted."""
+def both(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
+    """The same job run locally and on Ray, uninterrupted: EarlyStopping ends it after
+    step 4. The local one's trackers hold what the restarted and resumed jobs' must."""
     import anyio
 
-    out: dict[str, Any] = {}
+    out: dict[str, Job] = {}
     for name, engine in (("local", None), ("ray", RayEngine())):
         where = tmp_path_factory.mktemp(name)
-        cbs = [*callbacks(), Faulty()]
-        run = anyio.run(run_job, where, engine, cbs)
-        out[name] = {"where": where, "cbs": cbs, "run": run}
+        out[name] = Job(where, [*callbacks(), Faulty()], tracked(where, name))
+        anyio.run(run_job, out[name], engine)
     return out
 
 
-def test_the_same_rounds_stop_values_and_states_on_both_engines(both: dict[str, Any]) -> None:
+def test_the_same_rounds_stop_values_and_states_on_both_engines(both: dict[str, Job]) -> None:
     local, on_ray = both["local"], both["ray"]
-    seen: Seen = on_ray["cbs"][0]
-    assert seen.rounds == local["cbs"][0].rounds
+    seen: Seen = on_ray.cbs[0]
+    assert seen.rounds == local.cbs[0].rounds
     assert [m[0]["step"] for m in seen.rounds] == [0, 1, 2, 3, 4]  # stopped after step 4
     assert [m[0]["lr"] for m in seen.rounds] == [1.0, 1.0, 1.0, 1.0, 0.5]  # the plateau's lr
-    assert seen.checkpoints == local["cbs"][0].checkpoints
+    assert seen.checkpoints == local.cbs[0].checkpoints
     assert seen.checkpoints == [None, "checkpoint_000001", None, "checkpoint_000003", None]
-    assert states(on_ray["cbs"]) == states(local["cbs"])
-    assert outcome(on_ray["run"].result) == outcome(local["run"].result)
-    assert on_ray["run"].result.stopped_by == "EarlyStopping(metric='loss', mode='min')"
+    assert states(on_ray.cbs) == states(local.cbs)
+    assert outcome(on_ray.run.result) == outcome(local.run.result)
+    assert on_ray.run.result.stopped_by == "EarlyStopping(metric='loss', mode='min')"
 
 
-def test_the_same_events_are_logged_on_both_engines(both: dict[str, Any]) -> None:
-    ray_counts = counts(both["ray"]["where"] / "events.jsonl")
-    assert ray_counts == counts(both["local"]["where"] / "events.jsonl")
+def test_the_same_events_are_logged_on_both_engines(both: dict[str, Job]) -> None:
+    ray_counts = counts(both["ray"].where / "events.jsonl")
+    assert ray_counts == counts(both["local"].where / "events.jsonl")
     assert ray_counts["Report"] == 10 and ray_counts["RoundGathered"] == 5
     assert ray_counts["StateSnapshotted"] == 2 and ray_counts["RunFinished"] == 1
     assert ray_counts["HandlerFailed"] == 1 and ray_counts["HandlerTimedOut"] == 1
-    ray_log = read_log(both["ray"]["where"] / "events.jsonl").events
+    ray_log = read_log(both["ray"].where / "events.jsonl").events
     assert any(type(e).__name__ == "BudgetReport" for e in ray_log)  # periods, as locally
 
 
-def test_states_are_saved_inside_rays_checkpoints(both: dict[str, Any]) -> None:
-    run_dir = both["ray"]["where"] / "run"
+def test_states_are_saved_inside_rays_checkpoints(both: dict[str, Job]) -> None:
+    run_dir = both["ray"].where / "run"
     for name in ("checkpoint_000001", "checkpoint_000003"):
         checkpoint = run_dir / name
         assert sorted(p.name for p in checkpoint.iterdir()) == [
@@ -247,51 +298,136 @@ def test_states_are_saved_inside_rays_checkpoints(both: dict[str, Any]) -> None:
             "rank1.json",
         ]
         saved = json.loads((checkpoint / STATE_FILENAME).read_text())
-        assert saved["run_id"] == both["ray"]["run"].run_id
+        assert saved["run_id"] == both["ray"].run.run_id
+
+
+def test_a_stop_on_ray_ends_both_ranks_at_the_deciding_round_with_both_trackers(
+    both: dict[str, Job],
+) -> None:
+    """Trackers never change training, on Ray too (issue 41, item 3; the other ways in:
+    tests/adapter_tests/test_stops_with_trackers.py): ``EarlyStopping`` decides at round
+    4 (the loss plateaus from round 2, patience 2), and with TensorBoard and MLflow in
+    the driver both ranks report rounds 0 to 4 and no more; the trackers hold those, as
+    the local job's do."""
+    result = both["ray"].run.result
+    assert (result.stopped_by or "").startswith("EarlyStopping")
+    assert (result.rounds, result.reports) == (5, 10)
+    on_ray, local = both["ray"].trackers, both["local"].trackers
+    written = each_by_step(rounds_only(tensorboard_scalars(on_ray.log_dir)))
+    assert sorted(written["loss"]) == [0, 1, 2, 3, 4]
+    assert written == each_by_step(rounds_only(tensorboard_scalars(local.log_dir)))
+    assert mlflow_rounds(on_ray) == mlflow_rounds(local)  # float64 there, float32 here
+    assert sorted(mlflow_rounds(on_ray)["loss"]) == [0, 1, 2, 3, 4]
+
+
+def mlflow_rounds(trackers: Trackers) -> dict[str, dict[int, float]]:
+    """The round scalars of the trackers' one MLflow run, each step once."""
+    run = mlflow_only_run(trackers.uri, trackers.name)
+    return each_by_step(rounds_only(mlflow_metrics(trackers.uri, run.info.run_id)))
+
+
+@pytest.fixture(scope="module")
+def restarted(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """A Ray job whose rank 1 fails once, at step 4 (its round incomplete, discarded):
+    Ray restarts the group, which goes on from step 3's checkpoint."""
+    import anyio
+
+    where = tmp_path_factory.mktemp("restarted")
+    job = Job(where, callbacks(), tracked(where, "restarted"))
+    anyio.run(lambda: run_job(job, RayEngine(), fail_at=RESTART_AT, max_restarts=1))
+    return job
 
 
 def test_a_restart_inside_the_job_keeps_the_callbacks_going(
-    ray_cluster: None, tmp_path: Path, both: dict[str, Any]
+    restarted: Job, both: dict[str, Job]
 ) -> None:
-    import anyio
-
-    cbs = callbacks()
-    run = anyio.run(lambda: run_job(tmp_path, RayEngine(), cbs, fail=True, max_restarts=1))
-    seen: Seen = cbs[0]
+    seen: Seen = restarted.cbs[0]
     assert seen.failures == [{"1": seen.failures[0]["1"]}]
     assert seen.failures[0]["1"] == "ValueError: boom at step 4"  # itself: it travels
     # Not rolled back: the failed attempt's rounds stay; the restart resumed at step 4.
     assert [m[0]["step"] for m in seen.rounds] == [0, 1, 2, 3, 4]
-    assert states(cbs)[1:] == states(both["ray"]["cbs"])[1:]
-    result = run.result
+    assert states(restarted.cbs)[1:] == states(both["ray"].cbs)[1:]
+    result = restarted.run.result
     assert (result.status, result.restarts, result.failures) == ("finished", 1, 1)
-    logged = counts(tmp_path / "events.jsonl")
+    logged = counts(restarted.where / "events.jsonl")
     assert logged["WorkerGroupRestarted"] == 1 and logged["WorkerFailure"] == 1
 
 
-def test_a_failed_job_resumed_from_its_state_dir_ends_as_an_uninterrupted_one(
-    ray_cluster: None, tmp_path: Path, both: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+def test_a_worker_group_restart_inside_a_ray_job_keeps_one_mlflow_run(
+    restarted: Job, both: dict[str, Job]
 ) -> None:
+    """One MLflow run, one TensorBoard file, the uninterrupted job's data."""
+    whole, trackers = both["local"].trackers, restarted.trackers
+    expected = each_by_step(rounds_only(tensorboard_scalars(whole.log_dir)))
+    assert each_by_step(rounds_only(tensorboard_scalars(trackers.log_dir))) == expected
+    (only,) = event_files(trackers.log_dir)
+    assert only.purge_step is None
+
+    mlflow_run = mlflow_only_run(trackers.uri, trackers.name)
+    assert mlflow_run.info.status == "FINISHED"
+    assert mlflow_run.info.run_id == restarted.loggers[1].mlflow_run_id
+    assert mlflow_rounds(trackers) == mlflow_rounds(whole)
+
+
+@dataclass
+class Resumed:
+    """A Ray job that failed for good (``first``, its ``failure``; ``after_failure``: a
+    copy of its trackers as it left them), then resumed from its state_dir (``second``),
+    with relative paths."""
+
+    first: Job
+    failure: WorkerGroupError
+    after_failure: Trackers
+    second: Job
+
+
+@pytest.fixture(scope="module")
+def resumed(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Resumed:
     """With relative paths, as the README types them: Ray's workers run in folders of
-    their own, so the checkpoint they resume from must reach them absolute."""
+    their own, so the checkpoint they resume from must reach them absolute. Rank 1
+    fails at step 3, after step 2's round, which step 1's checkpoint does not cover."""
     import anyio
 
-    monkeypatch.chdir(tmp_path)
-    where = Path("runs")
-    first = callbacks()
-    with pytest.raises(WorkerGroupError) as failed:
-        anyio.run(lambda: run_job(where, RayEngine(), first, fail=True, folder="job"))
-    assert list(failed.value.failures) == [FAIL_RANK]
-    assert first[0].results == ["failed"]
+    root = tmp_path_factory.mktemp("resumed")
+    trackers = tracked(root, "resumed")
+    first = Job(Path("runs"), callbacks(), trackers)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        with pytest.raises(WorkerGroupError) as failed:
+            anyio.run(lambda: run_job(first, RayEngine(), fail_at=FAIL_AT, folder="job"))
+        # The resume writes on: keep what the failed attempt left, to read it back.
+        after_failure = tracked(root / "after_failure", trackers.name)
+        shutil.copytree(trackers.root / trackers.name, after_failure.root / trackers.name)
+        shutil.copy(root / "mlflow.db", after_failure.root / "mlflow.db")
+        second = Job(Path("runs"), callbacks(), trackers)  # fresh loggers, as a new process
+        anyio.run(lambda: run_job(second, RayEngine(), resume=True, folder="job"))
+    first.where = second.where = root / "runs"
+    return Resumed(first, failed.value, after_failure, second)
 
-    resumed = callbacks()
-    run = anyio.run(lambda: run_job(where, RayEngine(), resumed, resume=True, folder="job"))
-    uninterrupted = both["ray"]
-    assert run.run_id == first_run_id(where)
-    seen: Seen = resumed[0]
-    assert seen.rounds == uninterrupted["cbs"][0].rounds
-    assert states(resumed)[1:] == states(uninterrupted["cbs"])[1:]
+
+def test_a_failed_job_resumed_from_its_state_dir_ends_as_an_uninterrupted_one(
+    resumed: Resumed, both: dict[str, Job]
+) -> None:
+    assert list(resumed.failure.failures) == [FAIL_RANK]
+    assert resumed.first.cbs[0].results == ["failed"]
+    run = resumed.second.run
+    assert run.run_id == first_run_id(resumed.first.where)
+    seen: Seen = resumed.second.cbs[0]
+    assert seen.rounds == both["ray"].cbs[0].rounds
+    assert states(resumed.second.cbs)[1:] == states(both["ray"].cbs)[1:]
     assert run.result.rounds == 5 and run.result.stopped_by is not None
+
+
+def test_ray_job_resumed_from_its_state_dir_continues_the_tensorboard_dir_and_mlflow_run(
+    resumed: Resumed, both: dict[str, Job]
+) -> None:
+    """The failed attempt's MLflow run holds the rounds to step 1's checkpoint only;
+    the resume redoes steps 2 to 4 into the same directory and run."""
+    first, second = resumed.first.loggers, resumed.second.loggers
+    check_failed_attempt(resumed.after_failure, first, purge_step=PURGE_STEP)
+    assert resumed.second.run.result.status == "finished"
+    whole, trackers = both["local"].trackers, resumed.second.trackers
+    check_resumed_as_uninterrupted(whole, trackers, first, second, PURGE_STEP)
 
 
 def first_run_id(where: Path) -> str:

@@ -7,7 +7,7 @@ far longer than a step: before the hooks waited for the callbacks that can stop 
 (``ThreadedRun.wait_for_stoppers``), where training stopped depended on both (HF with
 ``EarlyStopping`` deciding at step 70 of 80 ran to 71 to 80, MLflow a step or two later
 than no tracker). Ray's engine syncs as ``open_run`` does (``Reporter.sync``); its
-test is in test_trackers_frameworks.py, beside the Ray files' one shared cluster.
+test is in test_ray_engine.py, beside the Ray files' one shared cluster.
 """
 
 from __future__ import annotations
