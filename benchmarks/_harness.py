@@ -6,16 +6,19 @@ directory first on ``sys.path``).
 
 from __future__ import annotations
 
+import logging
 import resource
 import selectors
 import statistics
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TextIO
+
+import structlog
 
 from eventbus import Event, EventBus, TrainRunContext
-from handlers import UserCallback
+from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, UserCallback
 
 __all__ = [
     "CountRounds",
@@ -121,3 +124,16 @@ def peak_rss_mb() -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def engine_callbacks(metrics: TextIO) -> list[Any]:
+    """The callbacks an engine's benchmark runs: ``EarlyStopping`` that never stops, the 3
+    best checkpoints, and ``MetricsLogger`` writing each round as a JSON line to
+    ``metrics`` (what the plain loops beside them write by hand)."""
+    wrapper: Any = structlog.make_filtering_bound_logger(logging.INFO)
+    lines = wrapper(structlog.WriteLogger(metrics), [structlog.processors.JSONRenderer()], {})
+    return [
+        EarlyStopping("loss", patience=10**9),
+        BestCheckpoints("loss", k=3),
+        MetricsLogger(logger=lines),
+    ]

@@ -35,14 +35,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.lowlevel
-import structlog
+from _harness import engine_callbacks
 
 from eventbus import configure_logging
-from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, Reporter, open_run
+from handlers import Reporter, open_run
 
 WORKERS = 2
 CONDITIONS = ("plain", "run", "run-sync", "run-ckpt")
@@ -84,14 +83,8 @@ async def through_run(steps: int, out: Path, save_every: int, sync: bool = False
                 return
             await anyio.lowlevel.checkpoint()
 
-    wrapper: Any = structlog.make_filtering_bound_logger(logging.INFO)
     with (out / "metrics.jsonl").open("a") as stream:
-        lines = wrapper(structlog.WriteLogger(stream), [structlog.processors.JSONRenderer()], {})
-        callbacks = [
-            EarlyStopping("loss", patience=10**9),
-            BestCheckpoints("loss", k=3),
-            MetricsLogger(logger=lines),
-        ]
+        callbacks = engine_callbacks(stream)
         async with open_run(
             world_size=WORKERS,
             callbacks=callbacks,

@@ -147,13 +147,11 @@ def plain(config: dict[str, Any]) -> None:
 
 
 def ours(config: dict[str, Any]) -> None:
-    import logging
-
     import anyio
-    import structlog
+    from _harness import engine_callbacks
 
     from adapters.torchrun import TorchrunEngine
-    from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, Reporter, open_run
+    from handlers import Reporter, open_run
 
     steps = Steps(config)
 
@@ -172,13 +170,7 @@ def ours(config: dict[str, Any]) -> None:
     async def main() -> None:
         out = Path(config["out"])
         stream = (out / "metrics.jsonl").open("a")
-        wrapper: Any = structlog.make_filtering_bound_logger(logging.INFO)
-        lines = wrapper(structlog.WriteLogger(stream), [structlog.processors.JSONRenderer()], {})
-        callbacks = [
-            EarlyStopping("loss", patience=10**6),
-            BestCheckpoints("loss", k=3),
-            MetricsLogger(logger=lines),
-        ]
+        callbacks = engine_callbacks(stream)
         async with open_run(
             world_size=WORKERS,
             callbacks=callbacks,
