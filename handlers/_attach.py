@@ -47,15 +47,7 @@ class CallbackAttachment:
     turn raw events into derived ones carrying the run's context, and every hook of every
     training callback subscribes to its derived event. The report gatherer becomes the
     bus's gathering (``EventBus.gathering``). Made unattached: ``attach`` subscribes.
-
-    Args:
-        callbacks: the training callbacks (``UserCallback``s, or objects with
-            its hooks).
-        world_size: the run's ranks; by default the run context's.
-        required_ranks: the ranks a round waits for; by default all of them.
-        announce_checkpoints: emit a ``CheckpointSaved`` for each round's
-            checkpoint, for the state store. A live run does; a replay has the
-            recorded ones.
+    Its arguments are ``attach_user_callbacks``'s.
     """
 
     def __init__(
