@@ -23,6 +23,8 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
+import anyio
+import anyio.to_thread
 import msgspec
 
 from .._bus import EventBus
@@ -398,8 +400,12 @@ class LogRecorder:
             undo()
         self._detach.clear()
 
-    def _on_checkpoint(self, event: CheckpointSaved) -> None:
-        self.flush(fsync=True)
+    async def _on_checkpoint(self, event: CheckpointSaved) -> None:
+        # The fsync (a millisecond or more) in a thread: a worker in this loop trains on
+        # meanwhile. The snapshot of this checkpoint is written after it (a later stage).
+        self.flush()
+        if not self._file.closed:
+            await anyio.to_thread.run_sync(os.fsync, self._file.fileno())
 
     def _on_period(self, event: HealthCheckTick) -> None:
         if time.monotonic() - self._last_flush >= self.flush_interval:

@@ -8,11 +8,14 @@ one the operator resumes from (``load``, ``restore``) may lie anywhere (``_files
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, TypeVar, cast
 
+import anyio
+import anyio.to_thread
 import msgspec
 from msgspec import Meta
 
@@ -110,17 +113,30 @@ class StateStore:
         with the reason; the others are written. A bad location raises
         ``StateError`` and an I/O failure ``OSError``; nothing is written then.
         """
+        path, snapshot, data = self._encode(checkpoint, run_id, position)
+        atomic_write(path, data, within=self.root)
+        return self._written(path, snapshot)
+
+    def _encode(
+        self, checkpoint: str, run_id: str, position: RunPosition | None
+    ) -> tuple[Path, Snapshot, bytes]:
+        """The file, the snapshot of the states now and its bytes: what ``snapshot``
+        writes."""
         path = self.path_of(checkpoint)
         snapshot = self.capture(checkpoint, run_id=run_id, position=position)
         data = encode_snapshot(snapshot)
         if len(data) > self.max_bytes:
             snapshot, data = self._fit(snapshot, data, path)
-        atomic_write(path, data, within=self.root)
+        return path, snapshot, data
+
+    def _written(self, path: Path, snapshot: Snapshot) -> StateSnapshotted:
         if snapshot.errors:
-            _log.warning("callback states not saved", checkpoint=checkpoint, errors=snapshot.errors)
+            _log.warning(
+                "callback states not saved", checkpoint=snapshot.checkpoint, errors=snapshot.errors
+            )
         return StateSnapshotted(
-            run_id=run_id,
-            checkpoint=checkpoint,
+            run_id=snapshot.run_id,
+            checkpoint=snapshot.checkpoint,
             path=str(path),
             keys=tuple(snapshot.states),
             errors=snapshot.errors,
@@ -333,10 +349,15 @@ class StateStore:
         ``error`` and logged.
         """
 
-        def on_checkpoint(event: CheckpointSaved) -> None:
+        async def on_checkpoint(event: CheckpointSaved) -> None:
             try:
                 position = position_of(event) if position_of is not None else None
-                report = self.snapshot(event.checkpoint, run_id=event.run_id, position=position)
+                path, snapshot, data = self._encode(event.checkpoint, event.run_id, position)
+                # The states are taken here; the write and its fsyncs (milliseconds) go to
+                # a thread, so a worker in this loop trains on meanwhile. Later events wait.
+                write = functools.partial(atomic_write, path, data, within=self.root)
+                await anyio.to_thread.run_sync(write)
+                report = self._written(path, snapshot)
             except Exception as exc:
                 _log.error(
                     "callback states not written",

@@ -114,8 +114,10 @@ def living_tasks(backend: str) -> int:
 
 
 def run_threads() -> set[threading.Thread]:
-    """Threads other than anyio's idle worker pool (which outlives any one run by design)."""
-    return {t for t in threading.enumerate() if not t.name.startswith("AnyIO worker")}
+    """Threads other than anyio's and trio's idle worker pools (which outlive any one run
+    by design)."""
+    pools = ("AnyIO worker", "Trio thread")
+    return {t for t in threading.enumerate() if not t.name.startswith(pools)}
 
 
 async def cancelled_run(tmp_path: Path, point: str, seed: int, backend: str) -> dict[str, int]:
@@ -137,7 +139,9 @@ async def cancelled_run(tmp_path: Path, point: str, seed: int, backend: str) -> 
         for i in range(ROUNDS):
             checkpoint = str(store.root / f"ckpt-{i}") if i % CHECKPOINT_EVERY == 0 else None
             await reporter.report({"loss": 1.0 / (i + 1)}, checkpoint=checkpoint)
-            await anyio.lowlevel.checkpoint()
+            # Waits for the callbacks (a snapshot is written in a thread meanwhile): the
+            # trap then fires while the workers still run, not in the run's final drain.
+            await reporter.sync()
 
     tasks_before = living_tasks(backend)
     threads_before = run_threads()
