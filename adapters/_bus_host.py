@@ -1,10 +1,5 @@
-"""What every host of an adapter's bus shares: the hand-off deque and the bus's life.
-
-The host (``adapters._bus_thread.BusThread``: a thread of its own;
-``adapters._stepped_bus.SteppedBus``: the trainer's own thread, at its hooks) takes what the
-trainer's hooks append to a deque (``offer``) and publishes it, in order. How and when the
-deque is looked at is the host's; what an item means, and the bus's life, are here.
-"""
+"""What every host of an adapter's bus (a thread of its own, or stepped in the trainer's
+hooks) shares: the hand-off deque the hooks append to, and the bus's life."""
 
 from __future__ import annotations
 
@@ -31,15 +26,13 @@ __all__ = [
 
 _log = get_logger("adapters.bus_host")
 
-#: An event to make in the bus's loop: ``(make, a, b)`` is published as ``make(a, b)``,
-#: so the trainer's hook only builds a tuple, cheaper than the event itself; or a list
-#: of events (a whole round: the gathering takes it in the bus's loop, in order).
+#: ``(make, a, b)``, published as ``make(a, b)`` in the bus's loop: a tuple is cheaper
+#: for the trainer's hook to build than the event.
 DeferredEvent = tuple[Callable[[Any, Any], Event | list[Event]], Any, Any]
 
 
 def kind_of(item: Event | DeferredEvent) -> str:
-    """What a handed-off item is, for a warning: its event's class; for a deferred, the
-    class its maker names (an ``event_type`` attribute), else the maker's name."""
+    """What a handed-off item is, for a warning."""
     if isinstance(item, tuple):
         maker = item[0]
         made = getattr(maker, "event_type", None)
@@ -63,19 +56,16 @@ class Stop:
 
 
 STOP = Stop()
-#: What ``handed_off`` counts in the deque: not the markers (a barrier, the stop).
+#: What ``handed_off`` counts in the deque (not the markers).
 _HANDED_OFF = (Event, tuple, AfterIdle)
 
 
 class BusHost(ABC):
-    """An ``EventBus`` fed through a deque by one producer (a trainer's hooks come from
-    one thread): the deque is thread-safe, the figures are not meant for several.
+    """An ``EventBus`` fed through a deque by one producer (the trainer's thread).
 
-    ``setup(bus)`` runs before the bus starts (subscribe handlers there); its
-    return value is ``setup_result``. ``log``: record the bus's events to this
-    file (closed, so flushed, when the bus closes). ``options``: the bus's, and
-    the hand-off's (``buffer``: the deque's capacity; ``poll_interval``: how
-    often the host looks at the deque, so how long a handed-off event may wait).
+    ``setup(bus)`` runs before the bus starts; its return value is ``setup_result``.
+    ``log``: record the bus's events to this file. ``options``: the bus's and the
+    hand-off's (``poll_interval``: how long a handed-off event may wait).
     """
 
     def __init__(
@@ -89,7 +79,7 @@ class BusHost(ABC):
         **keywords: Unpack[AdapterKeywords],
     ) -> None:
         self.options = options = AdapterOptions.build(options, **keywords)
-        #: How many events the deque holds: the bus's ``buffer``.
+
         self.capacity = options.buffer
         self.handoff_timeout = options.handoff_timeout
         self.poll_interval = options.poll_interval
@@ -101,16 +91,14 @@ class BusHost(ABC):
         self.bus: EventBus | None = None
         self.setup_result: Any = None
         self.close_report: CloseReport | None = None
-        #: Events dropped because the bus stayed full (``handed_off`` counts the accepted).
+        #: Events dropped because the bus stayed full.
         self.dropped = 0
-        #: Times the host woke to look at the deque (a thread: from its sleep; the
-        #: trainer's thread: a step of the bus's loop in a hook).
+        #: Times the host woke to look at the deque.
         self.wakeups = 0
         #: Whether the bus accepts events. An attribute, not a property: every hook reads it.
         self.running = False
-        #: What failed the run in the bus's loop: a callback's ``on_error="raise"``
-        #: failure or interrupt (the bus went on), else why the bus ended early.
-        #: An attribute, not a property: the trainer's every hand-off reads it.
+        #: What failed the run in the bus's loop, else why the bus ended early (an
+        #: attribute: every hand-off reads it).
         self.failure: BaseException | None = None
         self._error: BaseException | None = None
         self._queue: deque[object] = deque()
@@ -125,15 +113,13 @@ class BusHost(ABC):
 
     @abstractmethod
     def close(self, final: Iterable[Event] = (), *, timeout: float = 30.0) -> CloseReport | None:
-        """Hand off ``final`` events, drain the bus and end it; None if it had to be
-        abandoned (still busy after ``timeout``) or never ran."""
+        """Hand off ``final`` events, drain the bus and end it; None if abandoned or never ran."""
 
     @abstractmethod
     def wait_idle(
         self, timeout: float = 30.0, *, lanes: tuple[Subscription, ...] | None = None
     ) -> bool:
-        """Block until everything handed off so far was handled; False on timeout.
-        ``lanes``: of the lane handlers, only these are waited for (``EventBus.wait_idle``)."""
+        """Block until everything handed off so far was handled; False on timeout."""
 
     @property
     def error(self) -> BaseException | None:
@@ -142,23 +128,15 @@ class BusHost(ABC):
 
     @property
     def handed_off(self) -> int:
-        """Events accepted so far: taken by the bus, or waiting in the deque.
-
-        Counted on the bus's side, not per hand-off: the trainer's path stays
-        one append. Exact once the bus is idle or ended.
-        """
+        """Events accepted so far (counted on the bus's side: exact once it is idle)."""
         waiting = sum(1 for item in list(self._queue) if isinstance(item, _HANDED_OFF))
         return self._taken + waiting
 
     # --- hand-off (the trainer's thread) --------------------------------------------
 
     def offer(self, item: Event | DeferredEvent) -> bool:
-        """The trainer's fast path: append ``item`` if that needs no wait, else False.
-
-        False (and nothing done) when the deque is full, the bus is not
-        running, or a failure is waiting for the caller: then ``handoff``
-        (or the caller's failure handling) decides. Never wakes the bus.
-        """
+        """The trainer's fast path: append ``item`` if that needs no wait, else False
+        (full, not running, or a failure waiting). Never wakes the bus."""
         queue = self._queue
         if self._open and len(queue) < self.capacity:
             queue.append(item)
@@ -166,16 +144,12 @@ class BusHost(ABC):
         return False
 
     def handoff(self, item: Event | DeferredEvent) -> bool:
-        """Give ``item`` to the bus without waiting for it to be handled.
-
-        False when it was dropped (the bus stayed full past ``handoff_timeout``;
-        counted and warned about). ``BusClosed`` when the bus is not running.
-        """
+        """Give ``item`` to the bus without waiting for it to be handled; False when it
+        was dropped (full past ``handoff_timeout``). ``BusClosed`` when not running."""
         return self.offer(item) or self._handoff(item)
 
     def handoff_after_idle(self, event: Event) -> bool:
-        """Like ``handoff``, but ``event`` is published only once everything handed off
-        before it was handled (a checkpoint's state snapshot must see every report)."""
+        """Like ``handoff``, but publish ``event`` only once everything before it was handled."""
         return self._handoff(AfterIdle(event))
 
     def _handoff(self, item: Event | DeferredEvent | AfterIdle) -> bool:
@@ -188,8 +162,7 @@ class BusHost(ABC):
         return True
 
     def poll(self, handed_off: bool = False) -> None:  # noqa: B027  # a no-op unless stepped
-        """A hook's chance to let the bus look at the deque (the stepped host takes it);
-        ``handed_off``: the hook has just handed off a report."""
+        """A hook's chance to let the bus look at the deque (the stepped host takes it)."""
 
     @abstractmethod
     def _make_room(self) -> bool:
@@ -210,8 +183,7 @@ class BusHost(ABC):
     # --- the bus's loop --------------------------------------------------------------
 
     def _failed_by(self, exc: BaseException) -> None:
-        """The bus's ``on_failure`` (called once, in its loop): keep ``exc`` for the
-        trainer's thread; the bus goes on, so the run's end is still delivered."""
+        """Keep ``exc`` for the trainer's thread; the bus goes on to deliver the run's end."""
         self.failure = exc
         self._open = False  # the trainer's next hand-off takes the slow path and sees it
         _log.error("a callback failed the run", thread=self.name, error=describe_exception(exc))
@@ -251,8 +223,7 @@ class BusHost(ABC):
         """Take the deque's items and ``_deliver`` them until the stop."""
 
     async def _deliver(self, bus: EventBus, item: object) -> bool:
-        """Publish what ``item`` (just taken off the deque) stands for, with the events
-        right after it; False at the stop, or when the bus stopped on its own."""
+        """Publish what ``item`` stands for, with the events right after it; False at the stop."""
         queue = self._queue
         try:
             if isinstance(item, Event | tuple):
@@ -286,9 +257,8 @@ _RUN = 256
 
 
 def _taken_events(first: Event | DeferredEvent, queue: deque[object]) -> tuple[int, list[Event]]:
-    """``first`` and the events (or recipes) right after it in ``queue``, taken off it,
-    made into events: up to ``_RUN``, stopping at anything else (a marker, a stop).
-    Returns how many were taken, and the events (a deferred that fails makes none)."""
+    """Take ``first`` and up to ``_RUN`` events right after it off ``queue``; returns how
+    many were taken, and the events made."""
     items: list[Any] = [first]
     while queue and len(items) < _RUN and isinstance(queue[0], Event | tuple):
         items.append(queue.popleft())
@@ -306,7 +276,7 @@ def _taken_events(first: Event | DeferredEvent, queue: deque[object]) -> tuple[i
 
 
 def _made(deferred: DeferredEvent) -> Event | list[Event] | None:
-    """The event a deferred stands for; a maker that fails is our bug: logged, skipped."""
+    """The event a deferred stands for; a maker that fails is logged and skipped."""
     try:
         return deferred[0](deferred[1], deferred[2])
     except Exception as exc:

@@ -1,15 +1,8 @@
 """A bus in its own thread, fed from the trainer's thread through a bounded hand-off.
 
-For a trainer that must never wait for our callbacks, even for a moment (Ray's
-controller runs its own loop; a trio bus cannot be stepped from a hook): the
-bus runs in a daemon thread with its own loop. A hand-off only appends to a
-deque: waking the bus's thread would cost the trainer a syscall and the GIL in
-the middle of its hook, so that thread polls instead (``poll_interval``,
-backing off while idle). Its price is the GIL: each look takes it from the
-trainer (``adapters._stepped_bus`` says how much, and avoids it). A full
-deque makes the caller wait up to ``handoff_timeout``, then drops the event
-loudly. Our own daemon thread, not anyio's blocking portal, lets ``close``
-abandon a callback stuck in a sync call rather than hang the trainer.
+For a trainer that must never wait for our callbacks (Ray's controller loop, a trio bus).
+The thread polls the deque rather than be woken, which would cost the trainer a syscall
+mid-hook; each look takes the GIL (``adapters._stepped_bus`` avoids that).
 """
 
 from __future__ import annotations
@@ -39,8 +32,7 @@ __all__ = [
 
 _log = get_logger("adapters.bus_thread")
 
-#: How seldom an idle bus thread looks: each look that finds nothing doubles the
-#: pause, up to this; the first look that finds events brings it back to the interval.
+#: How seldom an idle bus thread looks (each empty look doubles the pause, up to this).
 IDLE_POLL_INTERVAL = 0.1
 
 
@@ -85,8 +77,7 @@ class BusThread(BusHost):
             raise RuntimeError(f"{self.name}: the bus failed to start") from self._error
 
     def close(self, final: Iterable[Event] = (), *, timeout: float = 30.0) -> CloseReport | None:
-        """Hand off ``final`` events, drain the bus, stop the thread; None if it had to be
-        abandoned (still busy after ``timeout``) or never ran."""
+        """Hand off ``final`` events, drain the bus, stop the thread; None if abandoned."""
         if self._thread is None:
             return None
         if not self._done.is_set():
@@ -112,10 +103,8 @@ class BusThread(BusHost):
     def wait_idle(
         self, timeout: float = 30.0, *, lanes: tuple[Subscription, ...] | None = None
     ) -> bool:
-        """Block until nothing handed off so far is pending (handled, or the bus ended;
-        once closing: until the thread ended); False on timeout. Wakes the bus at
-        once: its caller is waiting, so there is no hook to interrupt. ``lanes``: of
-        the lane handlers, only these are waited for."""
+        """Block until nothing handed off so far is pending; False on timeout. Wakes the bus
+        at once: its caller is waiting."""
         if self._thread is None:
             return True
         if not self.running:
@@ -137,8 +126,7 @@ class BusThread(BusHost):
                 call_soon(self._wake_in_loop)
 
     def _make_room(self) -> bool:
-        """Wait for the bus's next look to make room (it is not woken: a burst that
-        fills the deque must not wake it more than once per poll interval)."""
+        """Wait for the bus's next look to make room (it is not woken)."""
         queue = self._queue
         if self._stalled:
             if len(queue) < self.capacity:

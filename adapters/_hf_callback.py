@@ -1,8 +1,4 @@
-"""The Hugging Face ``TrainerCallback`` (``adapters.transformers`` says what it does).
-
-Its own module because it is the part that needs ``transformers``: it is
-imported when ``EventBusCallback`` or ``run_with_failures`` is first used.
-"""
+"""The Hugging Face ``TrainerCallback``: the part that imports ``transformers``, on first use."""
 
 from __future__ import annotations
 
@@ -48,22 +44,14 @@ _SUMMARY_KEY = "train_runtime"
 class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc]  # untyped to mypy
     """Runs ``callbacks`` (``handlers.UserCallback``s) on a bus fed by the Trainer's hooks.
 
-    ``state_root``: where callback states are kept (default: the Trainer's
-    ``output_dir``); the checkpoints the Trainer saves must lie inside it, the one
-    resumed from may be anywhere. ``state=False``
-    turns the state store off. ``log``: record the run's events, to that
-    path, or with ``True`` to ``<output_dir>/eventbus-<run_id>.msgpack``.
-    ``options`` (an ``adapters.AdapterOptions``), or the same as keywords
-    (``period``, ``timeout``, ``budget``, ``buffer``, ``handoff_timeout``,
-    ``drain_timeout``, ``backend``, ``poll_interval``: how often the bus takes
-    the reports, so the most a report waits; ``bus_runs``: in the Trainer's
-    hooks or in a thread, see ``AdapterOptions``), configure the bus and its
-    hand-off, each checked against its range here.
+    ``state_root``: where callback states are kept (default: the Trainer's ``output_dir``;
+    saved checkpoints must lie inside it); ``state=False`` turns the store off. ``log``:
+    record the run's events to that path, or with ``True`` to
+    ``<output_dir>/eventbus-<run_id>.msgpack``. ``options`` (``adapters.AdapterOptions``)
+    or its keywords configure the bus and its hand-off.
 
-    A resume restores the callbacks you passed in place, as ``open_run`` does:
-    references you kept see their saved state. One that cannot take it (slots,
-    no ``__dict__``) is replaced by a rebuilt instance, with a warning; read the
-    run's callbacks from ``callbacks``.
+    A resume restores the callbacks in place, as ``open_run`` does; one that cannot take
+    its state is replaced by a rebuilt instance, with a warning (read ``callbacks``).
     """
 
     def __init__(
@@ -87,17 +75,16 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self.strict_state = strict_state
         self.log = log
         self._run = ThreadedRun("eventbus-hf", AdapterOptions.build(options, **keywords))
-        #: Checkpoint the next ``train()`` resumes from, when it cannot be inferred
-        #: (``run_with_failures`` sets it from ``resume_from_checkpoint``).
+        #: Checkpoint the next ``train()`` resumes from, when it cannot be inferred.
         self.resume_from: str | None = None
-        #: What the last resume restored (None if nothing was restored).
+
         self.restored: StateRestored | None = None
         self.log_path: Path | None = None
         self._store: StateStore | None = None
         self._rank = 0
         self._world_size = 1
         self._index = 0
-        #: This step's reports, held back in ``on_log`` because a save follows (``on_save``).
+        #: This step's reports, held back in ``on_log`` because a save follows.
         self._held: list[tuple[int, dict[str, Any]]] = []
         #: HF's end-of-training figures (its last ``on_log``), for ``RunFinished.summary``.
         self._summary: dict[str, Any] = {}
@@ -124,9 +111,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         root = Path(self.state_root if self.state_root is not None else args.output_dir)
         self._store = StateStore(root, strict=self.strict_state) if self.state_enabled else None
         checkpoint = self._resume_checkpoint(args, state)
-        # Where the run stood first, as open_run reads it: then the callbacks' states.
-        # Only the process that saves continues the run its snapshot names: another
-        # rank's bus and log are its own.
+        # Only the process that saves continues the run its snapshot names.
         writes = bool(args.should_save)
         resume = self._resume_of(self._store if writes else None, checkpoint)
         self.restored = (
@@ -172,13 +157,9 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     ) -> None:
         """The hot hook: a copy of ``logs`` into a ``Report``, appended to the hand-off.
 
-        HF's end-of-training log describes the whole run: it becomes
-        ``RunFinished.summary``. A log followed by a save in the same step
-        (``control.should_save``, set before ``on_log``) is held until ``on_save``, which
-        makes the saved checkpoint its round's. With a callback that can stop the run,
-        the hook then waits until such callbacks handled the report
-        (``ThreadedRun.wait_for_stoppers``), so a stop it decides ends training at this
-        step; without one, no lock and no wake-up of another thread.
+        A log followed by a save in the same step is held until ``on_save``, so the saved
+        checkpoint is its round's. With a callback that can stop the run, the hook waits
+        for it, so a stop it decides ends training at this step.
         """
         run = self._run
         thread = run.thread
@@ -218,11 +199,8 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._check(control)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The checkpoint HF just wrote: the round of this step's last report names it
-        (so ``after_report`` sees it, as with ``open_run``; a step that saved without
-        logging gets a round of ``{"step": N}``). Gathering that round announces its
-        ``CheckpointSaved``, as in ``open_run``: the state store snapshots our
-        callbacks into it, with where the run stood, once the round was handled."""
+        """The round of this step's last report names the checkpoint HF just wrote (a step
+        without a log gets a round of ``{"step": N}``); the store snapshots into it."""
         if not self._run.running:
             return
         checkpoint = Path(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
@@ -240,18 +218,14 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
     # --- failures -----------------------------------------------------------------------
 
     def fail(self, exc: BaseException) -> None:
-        """End the current run because ``exc`` escaped ``train()``.
-
-        An ``Exception`` becomes a ``WorkerFailure`` of this rank and a failed
-        run; an interrupt a cancelled one. A callback's failure that the
-        adapter raised into the Trainer has already ended the run.
-        """
+        """End the current run because ``exc`` escaped ``train()``: failed, or cancelled
+        for an interrupt."""
         self._fail(exc, self._rank)
 
     @contextlib.contextmanager
     def failures(self) -> Iterator[None]:
         """``with callback.failures(): trainer.train()``: an escaping exception ends the run
-        as failed (see ``fail``) and propagates."""
+        (``fail``) and propagates."""
         try:
             yield
         except BaseException as exc:
@@ -270,9 +244,7 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             self._run.handoff(report)
 
     def _check(self, control: Any, handed_off: bool = False) -> None:
-        """Every few hooks: a callback's failure ends training now (raised: the Trainer
-        stops at once); a callback's wish to stop, at the end of this step
-        (``handed_off``: this hook gave the bus a report, see ``_looked``)."""
+        """Raise a callback's failure now; a callback's wish to stop ends this step."""
         if self._looked(handed_off):
             control.should_training_stop = True
 
@@ -296,13 +268,8 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         self._start_run(core, setup, log=self.log_path, name=f"eventbus-hf-rank{self._rank}")
 
     def _resume_checkpoint(self, args: Any, state: Any) -> str | None:
-        """The checkpoint this ``train()`` resumed from, or None for a fresh run.
-
-        The Trainer does not pass it to callbacks. ``resume_from`` (set by
-        ``run_with_failures``) names it exactly; otherwise a run that starts
-        past step 0 resumed from ``<output_dir>/checkpoint-<global_step>``,
-        the Trainer's own naming.
-        """
+        """The checkpoint this ``train()`` resumed from, or None: ``resume_from``, else
+        ``<output_dir>/checkpoint-<global_step>`` past step 0 (the Trainer does not say)."""
         explicit, self.resume_from = self.resume_from, None
         if explicit is not None:
             return str(Path(explicit).resolve())
@@ -349,10 +316,8 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
 
 def _training_args(args: Any) -> dict[str, Any]:
     """``{"training_args": ...}``: the ``TrainingArguments`` that differ from their fields'
-    defaults (the trackers' params), as JSON values (``to_dict`` hides tokens), those the
-    class works out when not given (``accelerator_config``) included; nothing when none do.
-    Not a default instance to compare with: making one resets accelerate's state, which
-    the running Trainer uses."""
+    defaults, as JSON values. Compared with field defaults, not a default instance:
+    making one resets accelerate's state, which the running Trainer uses."""
     given = args.to_dict()
     changed: dict[str, Any] = {}
     for field in dataclasses.fields(args):
@@ -374,10 +339,7 @@ def _training_args(args: Any) -> dict[str, Any]:
 
 
 class _ReportMaker:
-    """Makes ``on_log``'s reports in the bus's loop (see ``on_log``), for one run.
-
-    A class, not a closure: the callback stays picklable during a run.
-    """
+    """Makes ``on_log``'s reports in the bus's loop (a class: it stays picklable)."""
 
     __slots__ = ("rank", "run_id", "world_size")
     event_type = Report  # what warnings call a report still in the hand-off
@@ -398,10 +360,8 @@ class _ReportMaker:
 def run_with_failures(trainer: Any, **train_kwargs: Any) -> Any:
     """``trainer.train(**train_kwargs)`` with our ``EventBusCallback`` told about failures.
 
-    An exception escaping ``train()`` becomes a ``WorkerFailure`` and a
-    failed ``RunFinished`` (then propagates). ``resume_from_checkpoint`` is
-    passed on to the callback, so the exact checkpoint's callback states are
-    restored even when it is not ``<output_dir>/checkpoint-<step>``.
+    An escaping exception ends the run failed, then propagates. ``resume_from_checkpoint``
+    is passed to the callback, so the exact checkpoint's states are restored.
     """
     matches = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, EventBusCallback)]
     if len(matches) != 1:

@@ -1,11 +1,8 @@
 """Hugging Face's ``trainer_state.json``: its ``stateful_callbacks`` section, both ways.
 
-HF stores ``{ClassName: state}``, or ``{ClassName: [state, ...]}`` when several callbacks share
-a class, and restores by class name with ``zip``: module and ``state_key`` are lost. A
-snapshot read from HF is keyed by class name (``Name``, ``Name[i]``) and restored by class
-name and position, mismatches reported; two different classes with one name are an error
-when writing. The file is read as defensively as our snapshots and written back atomically
-as HF formats it, so fields we do not own (NaN in ``log_history`` included) stay as they are.
+HF stores ``{ClassName: state}``, or a list when several callbacks share a class, so a
+snapshot read from HF is keyed by class name (``Name``, ``Name[i]``). The file is written
+back as HF formats it, so fields we do not own stay as they are.
 """
 
 from __future__ import annotations
@@ -29,9 +26,9 @@ __all__ = [
     "write_hf_trainer_state",
 ]
 
-#: The Trainer's state file in a checkpoint directory (transformers' ``TRAINER_STATE_NAME``).
+
 TRAINER_STATE_NAME = "trainer_state.json"
-#: The key of the callbacks' section in HF's ``trainer_state.json``.
+
 HF_SECTION = "stateful_callbacks"
 
 HFCallbacks = dict[str, CallbackState | list[CallbackState]]
@@ -44,13 +41,7 @@ def _class_name(key: str, keyed_by: str) -> tuple[str, str]:
 
 
 def to_hf_callbacks(snapshot: Snapshot) -> HFCallbacks:
-    """The snapshot as HF's ``stateful_callbacks`` mapping.
-
-    A class with one state maps to that state; several map to a list in
-    callback order (a snapshot read from HF's list form keeps its list form).
-    States that could not be saved (``snapshot.errors``) have no place in HF's
-    format and are left out.
-    """
+    """The snapshot as HF's ``stateful_callbacks`` mapping (states not saved left out)."""
     groups: dict[str, list[CallbackState]] = {}
     owners: dict[str, str] = {}
     listed: set[str] = set()
@@ -73,11 +64,8 @@ def to_hf_callbacks(snapshot: Snapshot) -> HFCallbacks:
 def from_hf_callbacks(section: Any, *, checkpoint: str = "", where: str = HF_SECTION) -> Snapshot:
     """A snapshot (keyed by class name) from HF's ``stateful_callbacks`` mapping.
 
-    Every state is checked as strict JSON. A bad one costs only itself: it
-    is left out of ``states`` and its key goes to ``errors`` with the path
-    of the problem (``malformed in stateful_callbacks.EarlyStoppingCallback[1].args:
-    ...``), so a restore reports that callback and restores the others. A
-    section that is not a mapping at all is a ``StateError``.
+    A state that is not strict JSON costs only itself (its key goes to ``errors``); a
+    section that is not a mapping is a ``StateError``.
     """
     if not isinstance(section, dict):
         raise StateFormatError(f"{where}: expected a mapping of class name to state")
@@ -95,8 +83,7 @@ def from_hf_callbacks(section: Any, *, checkpoint: str = "", where: str = HF_SEC
 
 
 def _read_json(path: Path, max_bytes: int) -> dict[str, Any]:
-    """HF's file, read as defensively as our own (regular file, size bound), except
-    that links are followed: Hub downloads are symlinks into a blob cache."""
+    """HF's file, read as defensively as our own, but following links (Hub downloads)."""
     return _parse(path, read_regular_file(path, max_bytes=max_bytes))
 
 
@@ -117,8 +104,7 @@ def _rewrite_section(
     max_bytes: int,
     create: bool,
 ) -> None:
-    """Set ``stateful_callbacks`` to ``section(old section)``, keeping every other field,
-    atomically and formatted as HF formats the file."""
+    """Set ``stateful_callbacks`` to ``section(old section)``, atomically, as HF formats it."""
     try:
         data = read_regular_file(path, max_bytes=max_bytes)
     except FileNotFoundError:
@@ -134,19 +120,14 @@ def _rewrite_section(
     atomic_write(path, text.encode("utf-8"), durable=False)
 
 
-#: Where HF's formatting (``indent=2``) puts the section's value: a top-level key is the
-#: only one indented by two spaces, and JSON strings hold no raw newline.
+#: Where HF's ``indent=2`` puts the section's value (only top-level keys are at two spaces).
 _SECTION_AT = f'\n  "{HF_SECTION}": '
 _DECODER = json.JSONDecoder()
 
 
 def _spliced(data: bytes, section: Callable[[Any], HFCallbacks]) -> str | None:
-    """HF's text with only the section's value replaced, or None where the file is not
-    laid out as HF lays it out (then the whole document is re-encoded).
-
-    Why: re-encoding HF's whole file at every save costs time per entry of its
-    ``log_history`` (one per log), in the trainer's thread. The bytes are the same.
-    """
+    """HF's text with only the section's value replaced (re-encoding the whole file costs
+    time per ``log_history`` entry); None where it is not laid out as HF lays it out."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -167,11 +148,8 @@ def _spliced(data: bytes, section: Callable[[Any], HFCallbacks]) -> str | None:
 def read_hf_trainer_state(
     path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> Snapshot:
-    """The callback states of an HF ``trainer_state.json`` (none if it has no section).
-
-    A FIFO, device or directory in its place, or a file over ``max_bytes``,
-    is a ``StateFormatError`` before anything is read.
-    """
+    """The callback states of an HF ``trainer_state.json`` (none if it has no section);
+    ``StateFormatError`` for a non-regular file or one over ``max_bytes``."""
     path = Path(path)
     document = _read_json(path, max_bytes)
     return from_hf_callbacks(
@@ -182,10 +160,7 @@ def read_hf_trainer_state(
 def write_hf_trainer_state(
     path: str | os.PathLike[str], snapshot: Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> None:
-    """Replace the ``stateful_callbacks`` section of ``path`` with ``snapshot``'s states.
-
-    Creates the file (with only that section) if it does not exist.
-    """
+    """Replace the ``stateful_callbacks`` section of ``path`` (made if missing)."""
     states = to_hf_callbacks(snapshot)
     _rewrite_section(Path(path), lambda _: states, max_bytes=max_bytes, create=True)
 
@@ -193,12 +168,8 @@ def write_hf_trainer_state(
 def merge_stateful_callbacks(
     path: str | os.PathLike[str], snapshot: Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> None:
-    """Put ``snapshot``'s states in the ``stateful_callbacks`` of an existing HF
-    ``trainer_state.json``, next to HF's own entries.
-
-    HF's entries are kept; an entry named like one of our classes is replaced (after a
-    resume HF carries ours along from the resumed checkpoint, stale).
-    """
+    """Put ``snapshot``'s states in an existing ``trainer_state.json``, next to HF's own;
+    an entry named like one of our classes is replaced (HF carries ours along, stale)."""
     path = Path(path)
     states = to_hf_callbacks(snapshot)
 

@@ -1,12 +1,7 @@
-"""``RayEngine``: ``open_run``'s workers as a Ray Train v2 job, with every promise kept.
+"""``RayEngine``: ``open_run``'s workers as a Ray Train v2 job; the run stays in the driver.
 
-The run stays in the driver: its bus, callbacks, state store and log are a local run's, so
-the objects the user passed are the ones that change. Only the workers move: they report
-through ``ray.train.report`` (Ray persists their checkpoints and gathers the rounds); Ray's
-controller forwards each round and failure to a hub actor, which the driver drains into the
-run (each round whole: ``Run.report_round``). Workers read what flows back from the hub.
-A round of Ray's is never partial, so with ``stall_periods`` each worker tells the hub its
-progress (``Run.heard``), by which a rank that hangs is seen.
+Ray's controller forwards each gathered round and failure to a hub actor, which the driver
+drains into the run (``Run.report_round``); workers read what flows back from the hub.
 """
 
 from __future__ import annotations
@@ -45,9 +40,7 @@ _log = get_logger("adapters.ray")
 
 #: How long the driver's drain of the hub waits for news at a time, seconds.
 _TAKE_WAIT_S = 0.5
-#: Rounds leave Ray's controller at most once per this many seconds: a round that
-#: follows a send by less waits to go with the others (one Ray call for several, at
-#: most this late to the callbacks); one after a quiet spell goes at once.
+#: Rounds leave Ray's controller at most once per this many seconds (one Ray call for several).
 _BATCH_S = 0.05
 #: How long the driver waits for the controller's last words once ``fit()`` ended.
 _LAST_WORDS_S = 10.0
@@ -58,14 +51,7 @@ _Status = tuple[_Stops, dict[str, Any], str | None]
 
 
 class _Hub:
-    """The meeting point of the controller, the driver and the workers (an async actor).
-
-    The controller puts rounds, failures and failure decisions; the driver
-    takes them in order and says which rounds its callbacks handled; workers
-    wait for their rounds and read ``should_stop``, ``for_workers`` and the
-    checkpoint to resume from, and tell their progress (``progress``), which
-    the driver takes with the news, after them.
-    """
+    """The meeting point of the controller, the driver and the workers (an async actor)."""
 
     def __init__(self, status: _Status, first_index: list[int]) -> None:
         self._news: list[tuple[str, Any]] = []
@@ -90,8 +76,7 @@ class _Hub:
     # --- the controller ----------------------------------------------------------------
 
     async def put(self, number: int, batch: list[tuple[str, Any]]) -> None:
-        """The controller's ``number``-th batch of news, taken in the controller's order
-        (an async actor may start calls out of order)."""
+        """The controller's ``number``-th batch (an async actor may start calls out of order)."""
         self._batches[number] = batch
         while self._next_batch in self._batches:
             for kind, payload in self._batches.pop(self._next_batch):
@@ -123,9 +108,8 @@ class _Hub:
     async def take(
         self, wait_s: float, handled: tuple[int, _Stops, dict[str, Any]] | None = None
     ) -> tuple[list[tuple[str, Any]], bool]:
-        """Say what the driver's callbacks handled (``(rounds, (should_stop,
-        should_checkpoint), values)``), then take what came since the last take,
-        waiting up to ``wait_s`` for news."""
+        """Record what the driver's callbacks handled, then take the news since the last
+        take, waiting up to ``wait_s`` seconds."""
         if handled is not None:
             rounds, stops, values = handled
             self._handled = rounds
@@ -149,29 +133,25 @@ class _Hub:
     # --- the workers -------------------------------------------------------------------
 
     async def progress(self, attempt: int, rank: int, index: int, ago: float) -> None:
-        """Rank ``rank`` of ``attempt`` entered its report ``index`` ``ago`` seconds
-        ago (its worker's clock measures the seconds, so no two clocks are compared)."""
+        """Rank ``rank`` entered report ``index`` ``ago`` seconds ago (no clocks compared)."""
         if attempt == self._attempt:  # else a failed group's, late
             self._progress[rank] = (index, ago, time.monotonic())
             await self._notify()
 
     def worker_started(self, rank: int) -> tuple[int, int, int, _Status]:
-        """A worker's attempt, the rounds of the job so far, its first report index
-        and the run's status."""
+
         first = self._first_index[rank] if rank < len(self._first_index) else 0
         return self._attempt, self._received, first + self._received, self._status
 
     async def wait_handled(self, rounds: int, attempt: int) -> _Status:
-        """Return once the driver handled ``rounds`` rounds of this job, or the
-        attempt's group failed (those rounds will not come), or the job is over."""
+        """Return once the driver handled ``rounds`` rounds, the attempt failed or the job ended."""
         async with self._changed:
             while not (self._handled >= rounds or self._failing >= attempt or self._closed):
                 await self._changed.wait()
         return self._status
 
     async def status_after(self, seen: _Status) -> _Status:
-        """The run's status once it differs from ``seen`` (or the job is over): a
-        worker keeps one of these pending and looks, without waiting, whether it came."""
+        """The run's status once it differs from ``seen`` (or the job is over)."""
         async with self._changed:
             while self._status == seen and not self._closed:
                 await self._changed.wait()
@@ -181,20 +161,13 @@ class _Hub:
 class RayReporter(Reporter):
     """A rank's ``Reporter`` on a Ray worker: the same interface, backed by Ray Train.
 
-    ``report`` checks and copies the metrics as locally, then calls
-    ``ray.train.report`` (Ray persists a checkpoint directory into the run's
-    storage as ``checkpoint_<index>``, the name a local run copies one to).
-    ``sync`` waits, in a thread, until the driver's callbacks handled this
-    rank's latest round; ``should_stop``, ``from_callbacks`` and
-    ``latest_checkpoint`` are as of then (``should_stop`` also looks, without
-    waiting, for newer news each time it is read).
-
-    Its progress (the latest report it entered, and when) it keeps in one
-    attribute; a thread of its own (``tell_progress``) tells the hub.
+    ``report`` calls ``ray.train.report`` (a checkpoint is persisted as
+    ``checkpoint_<index>``, as locally); ``sync`` waits until the driver's
+    callbacks handled this rank's latest round.
     """
 
     def __init__(self, hub: Any, rank: int, world_size: int) -> None:
-        # Not the run's reporter: the run is in the driver. Same attributes, though.
+        # The run is in the driver: the same attributes, but not the run's reporter.
         self.rank = rank
         self.world_size = world_size
         self.ended = False
@@ -203,8 +176,7 @@ class RayReporter(Reporter):
         self.attempt, self._first_round, self._index, self._status = started
         self._rounds = 0  # reports of this attempt
         self._looking: Any = None
-        #: The latest report entered (its index, ``time.monotonic()`` then), and what
-        #: ``tell_progress`` needs: when it last told, how often it may, its wake-up.
+        #: The latest report entered: ``(index, time.monotonic())``.
         self._entered: tuple[int, float] | None = None
         self._told_at, self._every = 0.0, math.inf  # never, until it is started
         self._wake = threading.Event()
@@ -230,16 +202,9 @@ class RayReporter(Reporter):
         ray.train.report(dict(frozen), checkpoint=saved, checkpoint_dir_name=_dir_name(index))
 
     def tell_progress(self, every: float) -> Callable[[], None]:
-        """Tell the hub this rank's progress from a thread, when it moved, at most once
-        per ``every`` seconds and without waiting for an answer: a report after a
-        quiet spell at once (so ranks that end a pause together are told together),
-        the others at the interval's end. Returns the function that tells the last
-        and stops it.
-
-        A thread, because ``ray.train.report`` blocks the rank (and its loop) until
-        every rank made that report (a barrier on Ray's synchronization actor), and
-        a rank waiting there for one that hangs must show as ahead of it; and the
-        report path then pays a tuple and a comparison, not a Ray call."""
+        """Tell the hub this rank's progress from a thread, at most once per ``every``
+        seconds; returns the function that tells the last and stops it. A thread,
+        because ``ray.train.report`` blocks the rank at Ray's barrier."""
         stop = threading.Event()
 
         def tell() -> None:
@@ -273,8 +238,7 @@ class RayReporter(Reporter):
             self._status, self._looking = status, None  # it returns at once, unread
 
     def _look(self) -> None:
-        """Take the hub's new status if it came (never waits): one call to the hub
-        per change of status, and a look costs a ``Future.done()``, not a Ray call."""
+        """Take the hub's new status if it came, without waiting."""
         if self._looking is not None:
             if not self._looking.done():
                 return
@@ -311,7 +275,7 @@ def _dir_name(index: int) -> str:
 
 
 def _directory(rank: int, location: str) -> str:
-    """``location`` (already a path the OS takes: ``Reporter``'s check), if a directory."""
+
     if not os.path.isdir(location):
         raise ReportError(
             rank,
@@ -323,12 +287,8 @@ def _directory(rank: int, location: str) -> str:
 
 
 def _worker_main(config: dict[str, Any]) -> None:
-    """A Ray Train worker: the user's ``async def train(reporter)``, on its own loop.
-
-    Its exception is made sendable here, where it still exists: one Ray
-    cannot pickle would be lost in transit (the controller would hear only
-    that the worker's health check failed).
-    """
+    """A Ray Train worker: the user's ``train(reporter)`` on its own loop; its exception
+    is made sendable here (one Ray cannot pickle would be lost in transit)."""
     context = ray.train.get_context()
     reporter = RayReporter(config["hub"], context.get_world_rank(), context.get_world_size())
     fn: WorkerFn = config["fn"]
@@ -347,8 +307,7 @@ def _worker_main(config: dict[str, Any]) -> None:
 
 
 def _travels(exc: BaseException) -> bool:
-    """Whether ``exc`` survives Ray's trip (pickled and rebuilt: an exception whose
-    ``__init__`` needs more than its ``args`` pickles but cannot be rebuilt)."""
+    """Whether ``exc`` survives being pickled and rebuilt."""
     try:
         ray.cloudpickle.loads(ray.cloudpickle.dumps(exc))
     except Exception:
@@ -357,13 +316,8 @@ def _travels(exc: BaseException) -> bool:
 
 
 class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untyped to mypy
-    """In Ray's controller: the gathered rounds and failures, and (through
-    ``_ControllerHooks``) Ray's decisions and the job's end, to the hub, in order.
-
-    A Ray call costs the controller and the hub CPU taken from the workers on a small
-    node (docs/trainers/ray.md), so news go in numbered batches: a round after a quiet
-    spell of ``_BATCH_S`` at once, rounds that follow it together at the window's end.
-    """
+    """In Ray's controller: rounds, failures and decisions to the hub, in numbered batches
+    (a Ray call costs CPU taken from the workers: docs/trainers/ray.md)."""
 
     def __init__(self, hub: Any) -> None:
         self.hub = hub
@@ -404,11 +358,8 @@ class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untype
 
 
 class _ControllerHooks(ControllerCallback):  # type: ignore[misc]  # ray is untyped to mypy
-    """In Ray's controller: its handle, Ray's restart decisions and its end, to the hub.
-
-    A decision or the end goes in the forwarder's next batch, after the rounds
-    it holds, and the controller waits for the hub to have it before it goes on.
-    """
+    """In Ray's controller: Ray's restart decisions and the job's end, to the hub, after
+    the rounds the forwarder holds."""
 
     def __init__(self, forwarder: _Forwarder) -> None:
         self.forwarder = forwarder  # the same object in the controller: Ray pickles both
@@ -432,12 +383,9 @@ class _ControllerHooks(ControllerCallback):  # type: ignore[misc]  # ray is unty
 class RayEngine:
     """Runs ``open_run``'s workers as a Ray Train v2 job (``open_run(engine=RayEngine())``).
 
-    The worker function and the callbacks stay as they are: ``world_size``
-    is the number of Ray workers, ``run.workers(train, max_restarts=N)`` is
-    Ray's ``FailureConfig(max_failures=N)``, and ``state_dir`` (required) is
-    the run's storage: Ray's checkpoints, their callback states and Ray's
-    records land there (Ray's run name is its folder's name). The job is a
-    ``TorchTrainer``, so ``torch.distributed`` is set up on the workers.
+    ``world_size`` is the number of Ray workers, ``max_restarts=N`` is Ray's
+    ``FailureConfig(max_failures=N)``, and ``state_dir`` (required) is the run's storage.
+    The job is a ``TorchTrainer``, so ``torch.distributed`` is set up on the workers.
 
     Args:
         use_gpu: give each worker a GPU (``ScalingConfig(use_gpu=...)``).
@@ -525,14 +473,12 @@ class RayEngine:
 
 
 def _absolute(path: str | os.PathLike[str]) -> Path:
-    """``path`` from the driver's folder, links resolved (as the run resolves its
-    ``state_dir``): Ray's workers run in folders of their own."""
+    """``path`` resolved in the driver's folder: Ray's workers run in folders of their own."""
     return Path(os.path.realpath(path))
 
 
 def _check_sendable(fn: WorkerFn) -> None:
-    """Refuse in one line, before a job starts, a worker function Ray cannot send to
-    its workers (Ray would say so after starting the job, in a page of text)."""
+    """Refuse, before the job starts, a worker function Ray cannot send."""
     try:
         ray.cloudpickle.dumps(fn)
     except Exception as exc:
@@ -600,7 +546,7 @@ class _Pump:
     async def _handle(
         self, news: list[tuple[str, Any]]
     ) -> tuple[int, _Stops, dict[str, Any]] | None:
-        """Feed ``news`` into the run; what its callbacks handled, if rounds came."""
+        """Feed ``news`` into the run; returns what its callbacks handled, if rounds came."""
         run = self.run
         rounds = 0
         for kind, payload in news:

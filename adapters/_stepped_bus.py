@@ -1,13 +1,6 @@
-"""A bus stepped in the trainer's own thread, at its hooks: no second thread.
-
-A bus in a thread of its own takes the GIL from the trainer at each look (docs/performance.md),
-so by default the bus's asyncio loop runs only inside the trainer's hooks: ``poll`` (at most
-once per ``poll_interval``), a checkpoint, or, with a callback that can stop the run, the hook
-that handed off a report steps the bus until the handlers have finished what it was given,
-lanes included. So a call never spans two hooks: a callback is charged the time it ran, never
-the trainer's compute between hooks, and the bus's watchdog enforces its deadline inside the
-step. A step gives up after ``handoff_timeout``; what is left goes on at the next steps.
-asyncio only: trio's loop cannot be run a step at a time from outside it.
+"""A bus stepped in the trainer's own thread, at its hooks: no second thread to take the GIL
+(docs/performance.md). A call never spans two hooks, so a callback is charged only the time
+it ran. asyncio only: trio's loop cannot be run a step at a time from outside it.
 """
 
 from __future__ import annotations
@@ -47,8 +40,8 @@ def _settle(future: asyncio.Future[bool], value: bool) -> None:
 
 
 class SteppedBus(BusHost):
-    """An ``EventBus`` whose loop runs in the caller's thread, a step at a time (see the
-    module docstring; ``BusHost`` for the arguments). ``setup`` runs at ``start``."""
+    """An ``EventBus`` whose loop runs in the caller's thread, a step at a time (arguments:
+    ``BusHost``'s)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -91,8 +84,7 @@ class SteppedBus(BusHost):
             raise TimeoutError(f"{self.name}: the bus did not start within {timeout}s")
 
     def close(self, final: Iterable[Event] = (), *, timeout: float = 30.0) -> CloseReport | None:
-        """Hand off ``final`` events, drain the bus, close the loop; None if the bus had
-        to be abandoned (still busy after ``timeout``) or never ran."""
+        """Hand off ``final`` events, drain the bus, close the loop; None if abandoned."""
         task = self._main_task
         if task is None or self._loop is None or self._loop.is_closed():
             return self.close_report
@@ -132,13 +124,8 @@ class SteppedBus(BusHost):
     # --- steps (the trainer's thread) ------------------------------------------------
 
     def poll(self, handed_off: bool = False) -> None:
-        """A hook's chance to step the bus: at most once per poll interval for the hooks
-        that hand off reports (``handed_off``), and for the others only for what those
-        left behind a whole interval ago, or, with nothing handed off, for its timers.
-
-        So a step another hook takes never holds a report back: when a step's end took
-        what came before it and reset the one clock, each report waited for the next
-        step's end, step after step, once one had (a stop a step late, for the run)."""
+        """A hook's chance to step the bus: at most once per poll interval for hooks that
+        hand off reports; others only for what waited a whole interval, or for timers."""
         now = time.monotonic()
         waiting = self._waiting_since
         if waiting is None and self._queue:
@@ -153,8 +140,7 @@ class SteppedBus(BusHost):
             self._step(takes=handed_off)
 
     def handoff_after_idle(self, event: Event) -> bool:
-        """Like ``BusHost``'s, and stepped now: a checkpoint's states are taken in the
-        hook that saved it (unless the bus still waits for what came before)."""
+        """Like ``BusHost``'s, stepped now: a checkpoint's states are taken in its hook."""
         accepted = super().handoff_after_idle(event)
         self._step()
         return accepted
@@ -162,9 +148,8 @@ class SteppedBus(BusHost):
     def wait_idle(
         self, timeout: float = 30.0, *, lanes: tuple[Subscription, ...] | None = None
     ) -> bool:
-        """Run the bus until everything handed off was handled, lanes included (True),
-        or ``timeout`` passed (False). ``lanes`` changes nothing here: a step always
-        lets the calls it started end (see the module docstring)."""
+        """Run the bus until everything handed off was handled, lanes included (True), or
+        ``timeout`` passed (False)."""
         task = self._main_task
         if task is None or task.done():
             return True
@@ -176,19 +161,13 @@ class SteppedBus(BusHost):
         return len(self._queue) < self.capacity
 
     def _step(self, limit: float | None = None, *, takes: bool = False) -> bool:
-        """A hook's step: run the loop until the bus handled what the deque holds and
-        every call that started (True), or ``limit`` seconds passed (default
-        ``handoff_timeout``; False). ``takes``: a hook's hand-off asked for it (its
-        clock, see ``poll``)."""
+        """Run the loop until the bus handled what the deque holds (True) or ``limit``
+        seconds passed (default ``handoff_timeout``; False)."""
         return self._wait(self.handoff_timeout if limit is None else limit, takes=takes)
 
     def _wait(self, limit: float, *, takes: bool = True) -> bool:
-        """Run the loop until the bus handled everything, lanes included (True), the bus
-        ended (True), or ``limit`` seconds passed (False).
-
-        Never stopped while a call is under way (unless ``limit`` passed): a call that
-        started here ends here, so its time is its own, and the watchdog, which runs
-        in this loop, holds its deadline. ``takes``: restart the hand-off's poll clock."""
+        """Run the loop until the bus handled everything or ended (True), or ``limit``
+        seconds passed (False); never stopped mid-call, so the watchdog holds deadlines."""
         loop, task = self._loop, self._main_task
         if self._stepping or loop is None or task is None or task.done():
             return task is not None and task.done()
@@ -210,8 +189,7 @@ class SteppedBus(BusHost):
         return bool(self._step_idle)
 
     def _end_step(self, idle: bool) -> None:
-        """End the step under way (in the loop): the bus is idle, or the limit came. Not
-        outside a step: a stop asked for then would end the next step at once."""
+        """End the step under way (never outside one: it would end the next at once)."""
         loop = self._loop
         if self._stepping and self._step_idle is None and loop is not None:
             self._step_idle = idle
@@ -229,8 +207,7 @@ class SteppedBus(BusHost):
         self._end_step(True)
 
     async def _pump(self, bus: EventBus) -> None:
-        """At each step: publish what the deque holds, wait until the bus handled it
-        (lanes included), say so, sleep until the next step."""
+        """At each step: publish what the deque holds, wait until handled, sleep."""
         queue = self._queue
         loop = asyncio.get_running_loop()
         while True:

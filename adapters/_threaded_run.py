@@ -1,11 +1,6 @@
-"""What the trainer adapters share: one run at a time on a bus host.
-
-The adapters hand a trainer's hooks' events to a bus, stepped in the hooks or in a thread of
-its own (``AdapterOptions.bus_runs``), and end a run the same way: ``ThreadedRun`` (the run,
-driven from the trainer's thread) and ``ThreadedAdapter`` (what users read of it). A callback
-that fails the run does so in the bus's loop; the next hand-off ends the run, ``after_run``
-included, then raises that exception in the trainer's thread, as ``open_run`` raises it.
-"""
+"""What the trainer adapters share: one run at a time on a bus host, driven from the
+trainer's thread. A callback's failure of the run is raised at the next hand-off, after
+``after_run``, as ``open_run`` raises it."""
 
 from __future__ import annotations
 
@@ -51,7 +46,7 @@ def log_path(
     setting: bool | str | os.PathLike[str], directory: str | os.PathLike[str], run_id: str
 ) -> Path | None:
     """Where a run's events are recorded: nowhere (``False``), the given file, or
-    for ``True`` ``<directory>/eventbus-<run_id>.msgpack``, one file per run."""
+    for ``True`` ``<directory>/eventbus-<run_id>.msgpack``."""
     if setting is False:
         return None
     if setting is True:
@@ -62,9 +57,6 @@ def log_path(
 class ThreadedRun:
     """One run at a time on a bus host, driven from the trainer's thread.
 
-    A callback that failed the run ends it at the next ``handoff`` (or ``check``):
-    ``after_run`` runs once (``failed``; ``cancelled`` for an interrupt), then the
-    exception is raised, once; one that fails while the run ends is raised by ``finish``.
     ``steps_in_hooks``: whether ``bus_runs="auto"`` steps the bus in the trainer's hooks.
     Pickles as its options only (Ray ships adapters to another process).
     """
@@ -82,14 +74,12 @@ class ThreadedRun:
 
     def _reset(self) -> None:
         self.thread: BusHost | None = None
-        #: The current (or last) run: its id, wiring, log and first and last events.
         self.core: RunCore | None = None
-        #: The last run's close report (None while running, or if the bus was abandoned).
         self.close_report: CloseReport | None = None
         #: The bus's failure once it was raised in the trainer's thread.
         self.raised: BaseException | None = None
         self._dropped_before = 0
-        #: The lanes ``wait_for_stoppers`` waits for (known once the run's bus is wired).
+
         self._stopping: tuple[Subscription, ...] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -136,10 +126,8 @@ class ThreadedRun:
     ) -> None:
         """Start a bus for the run ``core`` describes, and hand it the run's first events.
 
-        The log is opened here, in the trainer's thread, so one that cannot be refuses
-        the run before its bus starts. Then ``RunStarted``; once ``before_run`` returned
-        (at most ``drain_timeout`` later) a resume's own events. ``before_run_first=False``:
-        the caller must not wait (Ray's controller loop).
+        The log is opened here, so one that cannot be refuses the run before its bus
+        starts. ``before_run_first=False``: the caller must not wait (Ray's controller).
         """
         if self.running:
             raise RuntimeError(f"{self.name}: run {self.run_id} has not ended")
@@ -182,13 +170,9 @@ class ThreadedRun:
         return SteppedBus if where == "in_hooks" else BusThread
 
     def handoff(self, event: Event | DeferredEvent, *, after_idle: bool = False) -> None:
-        """Give ``event`` (or a ``DeferredEvent`` for it) to the bus; ``after_idle``: publish it
-        only once everything handed off before it was handled (an ``Event`` then: see
-        ``BusThread.handoff_after_idle``).
-
-        Raises the bus's failure, once (see the class docstring). Nothing is
-        handed off once the run ended; a late event is logged, not delivered.
-        """
+        """Give ``event`` (or a ``DeferredEvent``) to the bus; ``after_idle``: only once
+        everything handed off before it was handled. Raises the bus's failure, once;
+        after the run ended an event is logged, not delivered."""
         thread = self.thread
         if thread is not None and (after_idle or not thread.offer(event)):
             self._handoff(thread, event, after_idle)
@@ -215,9 +199,8 @@ class ThreadedRun:
                 )
 
     def wait_for_stoppers(self) -> None:
-        """Block until the callbacks that can stop the run handled everything handed off
-        so far (at most ``handoff_timeout``), as ``Reporter.sync`` does, so the trainer
-        reads ``should_stop`` as of its latest report, however long a tracker takes."""
+        """Block (at most ``handoff_timeout``) until the callbacks that can stop the run
+        handled everything so far, as ``Reporter.sync`` does."""
         thread, attachment = self.thread, self.attachment
         if thread is None or attachment is None:
             return
@@ -240,14 +223,9 @@ class ThreadedRun:
         reraise: bool = True,
         summary: dict[str, Any] | None = None,
     ) -> CloseReport | None:
-        """End the run: ``before``, then ``RunFinished`` (with the trainer's ``summary``),
-        drain, close.
-
-        A failure of the bus decides the status, and is raised here if the
-        trainer has not seen it yet; with ``reraise=False`` (the trainer has an
-        exception of its own to raise, or nobody is there to catch it) it was
-        only logged, by the bus's thread.
-        """
+        """End the run: ``before``, then ``RunFinished``, drain, close. A failure of the
+        bus decides the status and is raised here if not yet seen (unless ``reraise=False``:
+        the trainer has its own exception, or nobody would catch it)."""
         thread = self.thread
         if thread is None:
             return None
@@ -297,16 +275,16 @@ class ThreadedRun:
 
 
 class ThreadedAdapter:
-    """What users read of an adapter's run, the same for every adapter (a mixin), and how
-    a trainer's adapter starts, ends and asks to stop it."""
+    """What users read of an adapter's run (a mixin), and how an adapter starts, ends
+    and asks to stop it."""
 
     _run: ThreadedRun
     _callbacks: list[Any]
     strict_state = False
     _stop = False
-    #: The callbacks that can ask to stop (a ``should_stop`` attribute), see ``_watch_stops``.
+    #: The callbacks that can ask to stop (a ``should_stop`` attribute).
     _stoppers: tuple[Any, ...] = ()
-    #: The preemption signal the run received (``None``: none), see ``_take_signals``.
+    #: The preemption signal the run received (``None``: none).
     _signalled: int | None = None
     _handler_before: Any = None
 
@@ -316,8 +294,7 @@ class ThreadedAdapter:
 
     @property
     def stop_requested(self) -> bool:
-        """Whether ``request_stop`` was called, a preemption signal came, or a callback's
-        ``should_stop`` is true."""
+        """Whether ``request_stop``, a preemption signal or a callback asked to stop."""
         if self._stop or self._signalled is not None:
             return True
         for callback in self._stoppers:  # noqa: SIM110  # a loop: any() costs 3x, every hook asks
@@ -326,15 +303,13 @@ class ThreadedAdapter:
         return False
 
     def _watch_stops(self, callbacks: Iterable[Any]) -> None:
-        """A new run's stop requests: none yet, from ``callbacks`` (the restored ones)."""
+
         self._stop = False
         self._stoppers = tuple(cb for cb in callbacks if hasattr(cb, "should_stop"))
 
     def _take_signals(self) -> None:
-        """At a run's start, take SIGTERM where nobody else has (``handlers``' rule: the
-        main thread, no handler of the user's or the trainer's own): it then stops
-        training at the next step and ends the run ``preempted``, instead of killing
-        the process with the run's end unsaid."""
+        """Take SIGTERM where nobody else has, so it ends the run ``preempted`` at the next
+        step instead of killing the process with the run's end unsaid."""
         self._signalled = None
         if self._handler_before is None and takes_signals():
             self._handler_before = signal.signal(signal.SIGTERM, self._on_signal)
@@ -353,9 +328,8 @@ class ThreadedAdapter:
             signal.signal(signal.SIGTERM, before)
 
     def _end_training(self, summary: dict[str, Any] | None = None) -> None:
-        """The trainer's end of training: the run finishes, or, told to stop by a signal,
-        ends ``preempted`` and raises ``Preempted`` into the trainer (uncaught, the
-        process exits 143 as schedulers expect of a preempted job)."""
+        """Finish the run; after a signal, end it ``preempted`` and raise ``Preempted``
+        (uncaught, the process exits 143 as schedulers expect)."""
         self._release(None)
         signalled = self._signalled
         if signalled is None:
@@ -371,10 +345,8 @@ class ThreadedAdapter:
         """Hand off the reports the adapter holds back for a save, naming ``checkpoint``."""
 
     def _looked(self, handed_off: bool = False) -> bool:
-        """Let a bus stepped in the hooks take what it was given (``handed_off``: this
-        hook gave it a report: with callbacks that can stop the run, they handle it
-        before the hook returns), raise a callback's failure of the run now, and say
-        whether our callbacks ask to stop."""
+        """Step a bus stepped in the hooks, raise a callback's failure of the run now,
+        and say whether our callbacks ask to stop."""
         run = self._run
         thread = run.thread
         if thread is not None:
@@ -386,9 +358,8 @@ class ThreadedAdapter:
         return self.stop_requested
 
     def _fail(self, exc: BaseException, rank: int) -> None:
-        """The trainer failed with ``exc``: a ``WorkerFailure`` of ``rank`` (for an
-        ``Exception``) and a failed run (an interrupt: cancelled). A callback's failure
-        that the adapter raised into the trainer has already ended the run."""
+        """The trainer failed with ``exc``: a ``WorkerFailure`` of ``rank`` and a failed
+        run (an interrupt: cancelled)."""
         if exc is self._run.raised:
             return
         if not self._run.running:
@@ -411,10 +382,8 @@ class ThreadedAdapter:
         checkpoint: str,
         saved: Callable[[StateStore, str], Snapshot | None],
     ) -> StateRestored | None:
-        """Our callbacks (``_callbacks``) restored in place, as ``open_run`` restores them,
-        from the states ``saved(store, checkpoint)`` found (None: there are none,
-        and a warning says so). A state that cannot be restored is a warning, or with
-        ``strict_state`` the error."""
+        """Restore our callbacks in place, as ``open_run`` does; a state that cannot be
+        restored is a warning (with ``strict_state``, the error)."""
         if store is None:
             return None
         try:
@@ -431,10 +400,8 @@ class ThreadedAdapter:
         return restored
 
     def _resume_of(self, store: StateStore | None, checkpoint: str | None) -> Resume | None:
-        """What the fit resumes from ``checkpoint``, read from our snapshot there as
-        ``open_run`` reads it (``Resume.load``): the run's id and where it stood.
-        ``None`` for a fresh fit, or without a state store; a position that cannot be
-        read is a warning (with ``strict_state``, the error), and the fit a new run."""
+        """What the fit resumes from ``checkpoint`` (``Resume.load``); ``None`` for a new
+        run. An unreadable position is a warning (with ``strict_state``, the error)."""
         if store is None or checkpoint is None:
             return None
         try:
@@ -458,8 +425,7 @@ class ThreadedAdapter:
         name: str,
     ) -> None:
         """Start the run (``ThreadedRun.start``): its first events, ``before_run`` first."""
-        # A process that exits without the trainer's end hook still ends the run and
-        # closes the log.
+        # A process that exits without the trainer's end hook still ends the run.
         atexit.register(self._close_at_exit)
         self._take_signals()
         self._run.start(core, setup, log=log, name=name)
@@ -477,9 +443,7 @@ class ThreadedAdapter:
         reraise: bool = False,
         summary: dict[str, Any] | None = None,
     ) -> None:
-        """End the run. A callback's failure not raised yet is raised only at the end of
-        training (``reraise``): elsewhere the trainer has its own exception, or there
-        is nobody to catch it."""
+        """End the run; ``reraise`` a callback's failure only at the end of training."""
         atexit.unregister(self._close_at_exit)
         try:
             self._run.finish(status, error, before=before, reraise=reraise, summary=summary)

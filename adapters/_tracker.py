@@ -1,18 +1,9 @@
-"""What the trackers (TensorBoard, MLflow) share: rounds and callback costs as scalars, a
-writer thread of their own, and the state that lets a resumed run continue the same tracker run.
+"""What the trackers (TensorBoard, MLflow) share: rounds and costs as scalars, a writer
+thread (writes cost milliseconds a step must not wait for), and the state a resume continues
+(docs/operations/trackers.md).
 
-A tracker's writes cost milliseconds a training step must not wait for, so the hooks hand
-values to the tracker's thread and return. At each checkpoint the hook waits until the thread
-has written and flushed everything up to it, so the state snapshotted says what the tracker
-holds; that wait counts in the callback's deadline and budget.
-
-``last_step`` is the step of the last round given when the checkpoint was snapshotted: every
-later step is one a resume redoes. A round's default step is the tracker's own count
-(``rounds``, saved too), since a framework adapter's resumed bus numbers rounds from 0 again.
-
-A failure is marked at the step of the last round before it, once that is known: at the
-group's restart or the run's end, since rounds reported ahead of a ``WorkerFailure`` are
-gathered after it.
+A failure is marked at the step of the last round before it, once that is known (the
+group's restart or the run's end): rounds reported ahead of it are gathered after it.
 """
 
 from __future__ import annotations
@@ -60,10 +51,9 @@ __all__ = [
 
 _log = get_logger("adapters.trackers")
 
-#: The run's config key naming the metric that is the trackers' step (see the module).
+#: The run's config key naming the metric that is the trackers' step.
 STEP_METRIC = "step_metric"
-#: The longest exception message a failure's entry keeps, in characters.
-_MESSAGE_LIMIT = 4096
+_MESSAGE_LIMIT = 4096  # characters
 
 
 class TrackerError(RuntimeError):
@@ -73,10 +63,8 @@ class TrackerError(RuntimeError):
 def round_scalars(
     metrics: Sequence[dict[str, Any]], ranks: Sequence[int], *, per_rank: bool
 ) -> dict[str, float]:
-    """A round as scalars: ``<metric>``, the mean over ranks (``handlers._metrics.mean_metrics``:
-    finite values only, one rank's values as reported), and, with ``per_rank`` and more than
-    one rank, ``<metric>/rank_<i>``, each rank's as reported. Only numbers a float holds
-    count (not booleans, strings or nested values)."""
+    """A round as scalars: ``<metric>``, the mean over ranks, and with ``per_rank`` and
+    several ranks ``<metric>/rank_<i>``. Only numbers a float holds count."""
     if len(metrics) == 1:
         alone = metrics[0].items()
         return {key: float(v) for key, v in alone if _is_number(v) and _fits(v)}
@@ -94,11 +82,8 @@ def round_scalars(
 
 
 def cost_scalars(reports: Sequence[BudgetReport]) -> dict[str, float]:
-    """The cost of the health-check periods that ended at one step (a step longer than
-    a period ends several): ``callbacks/<handler>/share`` of their time each handler
-    took (``callbacks/share`` all of them together), and its timeouts, faults and
-    skipped events in them when there were any (the last period, cut short when the
-    bus closed, has only those)."""
+    """The cost of the periods that ended at one step: ``callbacks/<handler>/share``,
+    ``callbacks/share``, and timeouts, faults and skipped events when there were any."""
     # The last period, cut short at close, has counts but no meaningful shares.
     whole = [r for r in reports if not r.partial and r.end > r.start]
     judged = {id(r) for r in whole}
@@ -121,8 +106,7 @@ def cost_scalars(reports: Sequence[BudgetReport]) -> dict[str, float]:
 
 
 def safe_text(text: str) -> str:
-    """``text`` as UTF-8 can hold it: a lone surrogate (an undecodable file name's byte, a
-    broken string from a user) as its escape, ``\\udcff``, which every backend takes."""
+    """``text`` with lone surrogates as their escapes (``\\udcff``), which UTF-8 can hold."""
     try:
         text.encode()
     except UnicodeEncodeError:
@@ -131,10 +115,8 @@ def safe_text(text: str) -> str:
 
 
 def backend_name(name: str, rule: Callable[[str], str], limit: int | None) -> str:
-    """``name`` as a backend takes it: itself when ``rule`` leaves it so and it is at most
-    ``limit`` characters; otherwise the rule's name, cut, and ``-`` with 8 hex digits of a
-    hash of the whole name, which keeps apart names the rule or the cut would merge
-    (``acc@1`` and ``acc#1``) and is the same in every process and resume."""
+    """``name`` as a backend takes it: itself if ``rule`` leaves it so within ``limit``;
+    else the rule's name, cut, plus ``-`` and a stable hash, so merged names stay apart."""
     fixed = rule(name)
     if fixed == name and (limit is None or len(name) <= limit):
         return name
@@ -144,14 +126,12 @@ def backend_name(name: str, rule: Callable[[str], str], limit: int | None) -> st
     return rule(cut + suffix)
 
 
-#: Names a ``BackendNames`` remembers: past it, it starts afresh (a run reporting a new name
-#: each round must not grow it without bound), and says again a renamed name it meets again.
+#: Names a ``BackendNames`` remembers before it starts afresh (a bound on memory).
 _NAMES_KEPT = 65_536
 
 
 class BackendNames:
-    """``backend_name`` of each name, worked out once per name, with one warning for each
-    name the backend does not take as it is (in the writer thread: never on the step)."""
+    """``backend_name`` of each name, cached, with one warning per name renamed."""
 
     def __init__(self, owner: str, rule: Callable[[str], str], limit: int | None, why: str) -> None:
         self._owner = owner
@@ -177,15 +157,14 @@ class BackendNames:
 
 
 def _shown(name: str) -> str:
-    """``name`` quoted for a message, a long one cut."""
+
     if len(name) <= 80:
         return repr(name)
     return f"{name[:40]!r}...{name[-20:]!r} ({len(name):,} characters)"
 
 
-#: The longest a worker thread waits for a tracker's thread, seconds: past the hook's
-#: deadline (which abandons the wait) the waiting thread must still end, or a writer
-#: stuck for good would keep the process from exiting.
+#: The longest a worker thread waits for a tracker's thread, seconds, so a stuck writer
+#: cannot keep the process from exiting.
 _WAIT_LIMIT = 120.0
 
 #: A step the trackers can store: TensorBoard's and MLflow's are 64-bit integers.
@@ -199,8 +178,7 @@ class _WriterThread:
     for the bus side to raise (a write that raises never stops the thread)."""
 
     def __init__(self, name: str) -> None:
-        #: Writes (skipped once ``broken``), marks (``threading.Event``s set when
-        #: reached) and ``None``, the end.
+        #: Writes, marks (``threading.Event``s set when reached) and ``None``, the end.
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
@@ -208,14 +186,13 @@ class _WriterThread:
         self.done_count = 0
         self.broken = False
         self.closed = False
-        #: The CPU time the thread used, seconds: known once it ended (for benchmarks).
+        #: The thread's CPU seconds, once it ended (for benchmarks).
         self.cpu_seconds: float | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def put(self, write: Callable[..., Any], *args: Any) -> None:
-        """Hand ``write(*args)`` over; after ``close`` (the end of the run: the last,
-        partial period's report comes after it) nothing is written."""
+        """Hand ``write(*args)`` over; after ``close`` nothing is written."""
         if self.closed:
             return
         self.put_count += 1
@@ -223,12 +200,11 @@ class _WriterThread:
 
     @property
     def lag(self) -> int:
-        """Writes handed over and not yet done."""
+
         return self.put_count - self.done_count
 
     def keep_error(self, exc: BaseException) -> None:
-        """Have the bus side raise ``exc`` as a write that failed (a write that went on:
-        its tracker keeps what it could not write, and says so once)."""
+        """Have the bus side raise ``exc`` as a failed write."""
         with self._lock:
             self._errors.append(exc)
 
@@ -238,8 +214,7 @@ class _WriterThread:
         return errors
 
     async def settle(self) -> None:
-        """Wait until every write handed over so far is done (at once after ``close``:
-        a checkpoint saved after the run has nothing of this tracker's to wait for)."""
+        """Wait until every write handed over so far is done (at once after ``close``)."""
         if self.closed:
             return
         done = threading.Event()
@@ -270,20 +245,15 @@ class _WriterThread:
 
 
 class TrackerCallback(UserCallback, StatefulCallback):
-    """Base of the trackers: a stateful training callback that hands each round, each
-    period's callback costs, checkpoints and failures to its own writer thread.
+    """Base of the trackers: hands rounds, costs, checkpoints and failures to a writer thread.
 
-    Subclasses write, in that thread: ``_open`` (once, first), ``_scalars``, ``_text``,
-    ``_checkpoint``, ``_flush`` (at each checkpoint) and ``_end`` (once, last). A round's step
-    is the number of rounds before it in the run, across resumes, or the value of
-    ``step_metric`` (given, or the run's ``config["step_metric"]``; a round without it is
-    not written, with one warning).
+    Subclasses write, in that thread: ``_open``, ``_scalars``, ``_text``, ``_checkpoint``,
+    ``_flush`` (at each checkpoint) and ``_end``. A round's step is its number in the run,
+    across resumes, or its ``step_metric`` value (a round without one is not written).
 
     Attributes:
-        rounds: the rounds of the run given to the tracker, across resumes
-            (saved with each checkpoint).
-        last_step: the step of the last round given to the tracker (saved with
-            each checkpoint; a resume knows from it what the crash rolled back).
+        rounds: the rounds given to the tracker, across resumes (saved).
+        last_step: the step of the last round given (saved: a resume redoes later ones).
     """
 
     event_types: ClassVar[tuple[type[Event], ...]] = (
@@ -293,7 +263,7 @@ class TrackerCallback(UserCallback, StatefulCallback):
         WorkerFailure,
         WorkerGroupRestarted,
     )
-    #: A flush at a checkpoint, and the end, may take a while on a slow store.
+    #: A flush at a checkpoint may take a while on a slow store.
     timeout: ClassVar[float | None] = 60.0
     #: Every round, always: coalescing would leave rounds out of the tracker.
     over_budget: ClassVar[OverBudgetPolicy | None] = "warn"
@@ -302,8 +272,7 @@ class TrackerCallback(UserCallback, StatefulCallback):
     #: Writes the thread may fall behind by before the hooks wait for it.
     max_lag: ClassVar[int] = 10_000
 
-    #: The backend's names: at most ``name_limit`` characters, and ``_backend_rule``, which
-    #: makes any text a name the backend takes; ``name_rule`` says it in words.
+    #: The backend's longest name; ``name_rule`` says ``_backend_rule`` in words.
     name_limit: ClassVar[int | None] = None
     name_rule: ClassVar[str] = ""
 
@@ -313,24 +282,24 @@ class TrackerCallback(UserCallback, StatefulCallback):
         self, *, step_metric: str | None = None, per_rank: bool = True, costs: bool = True
     ) -> None:
         self.step_metric = step_metric
-        #: The step metric of the run being written (``step_metric``, or the run's config's).
+
         self._step_key: str | None = step_metric
         self.per_rank = per_rank
         self.costs = costs
         self.rounds = 0
         self.last_step: int | None = None
-        #: Rounds not written for want of ``step_metric`` (this process only).
+
         self.rounds_without_step = 0
         self._thread: _WriterThread | None = None
         self._names = self._new_names()
-        #: Metrics said to be no numbers, once each (in the writer thread).
+
         self._not_numbers: set[str] = set()
-        #: Error descriptions said, and how many failed writes were not said again.
+
         self._said: set[str] = set()
         self.failed_writes = 0
-        #: Failures not marked yet (see the module), as their entries' lines.
+        #: Failures not marked yet, as their entries' lines.
         self._failures: list[str] = []
-        #: The periods that ended at step ``_costs_step``, not handed over yet.
+
         self._costs: list[BudgetReport] = []
         self._costs_step = 0
 
@@ -404,8 +373,7 @@ class TrackerCallback(UserCallback, StatefulCallback):
         return self._thread
 
     def _put_costs(self, thread: _WriterThread) -> None:
-        """Hand over the periods' costs held for their step: one point a step, however
-        many periods ended in it (written at the step's end, a checkpoint or the run's)."""
+        """Hand over the periods' costs held for their step: one point a step."""
         if self._costs:
             thread.put(self._write_costs, tuple(self._costs), self._costs_step, time.time())
             self._costs = []
@@ -437,8 +405,7 @@ class TrackerCallback(UserCallback, StatefulCallback):
         return None
 
     def _raise_errors(self, thread: _WriterThread) -> None:
-        """Raise the first failed write not said before (one ``HandlerFailed`` for a store
-        that fails every write, not one each round); the rest are counted."""
+        """Raise the first failed write not said before; count the rest (no flood)."""
         errors = thread.take_errors()
         self.failed_writes += len(errors)
         new = [exc for exc in errors if describe_exception(exc) not in self._said]
@@ -459,7 +426,7 @@ class TrackerCallback(UserCallback, StatefulCallback):
 
     @staticmethod
     def _backend_rule(name: str) -> str:
-        """``name`` as one the backend takes (see ``backend_name``); any text as it is."""
+        """``name`` as one the backend takes; by default any text as it is."""
         return name
 
     # --- in the writer thread ----------------------------------------------------------
@@ -492,8 +459,7 @@ class TrackerCallback(UserCallback, StatefulCallback):
         return {names(name): value for name, value in scalars.items()}
 
     def _say_not_numbers(self, metrics: Sequence[dict[str, Any]]) -> None:
-        """One warning for each metric name whose value is not a number (a string, a
-        bool, ``None``, a list, a dict): it is left out of the tracker."""
+        """One warning for each metric left out for not being a number."""
         for reported in metrics:
             for name, value in reported.items():
                 if (_is_number(value) and _fits(value)) or name in self._not_numbers:
@@ -509,8 +475,7 @@ class TrackerCallback(UserCallback, StatefulCallback):
                 )
 
     def _open(self, run_context: TrainRunContext, resumed_after: int | None) -> None:
-        """Open the tracker's run; ``resumed_after``: the step after which a resume
-        redoes everything (``None``: a new run)."""
+        """Open the tracker's run; ``resumed_after``: the step a resume redoes after."""
         raise NotImplementedError
 
     def _scalars(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
@@ -530,8 +495,7 @@ class TrackerCallback(UserCallback, StatefulCallback):
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A run's config with nested dicts as ``outer.inner`` keys (a framework's arguments,
-    ``training_args.learning_rate``), as the trackers show it."""
+    """A run's config with nested dicts as ``outer.inner`` keys."""
     flat: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
@@ -543,7 +507,7 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _fits(value: object) -> bool:
-    """Not an int a float cannot hold."""
+
     return type(value) is not int or -_FLOAT_MAX <= value <= _FLOAT_MAX
 
 
@@ -551,5 +515,5 @@ _FLOAT_MAX = int(sys.float_info.max)
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:
-    """A number a tracker can plot: an int or a float, not a bool."""
+
     return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,12 +1,7 @@
 """PyTorch Lightning adapter: our callbacks, bus and state store behind one Lightning ``Callback``.
 
-``EventBusCallback(callbacks)`` goes in ``Trainer(callbacks=[...])``. Rank 0 runs the bus and
-our callbacks, as Ray's controller does; under DDP the other ranks only report to it (each
-logging step's metrics are gathered to rank 0, one round). The bus is stepped in the
-Trainer's own thread, in its hooks, as the Hugging Face adapter's is. A save's checkpoint is
-its step's round's, so the round waits for the step's end; our states go into Lightning's
-checkpoint (this callback's ``state_dict``) and into ``<file>.callback_state.json`` beside
-it. The mapping, stopping and resume are in docs/adapters.md.
+Rank 0 runs the bus and our callbacks; under DDP the other ranks' metrics are gathered to it.
+The mapping, stopping and resume are in docs/trainers/lightning.md.
 """
 
 from __future__ import annotations
@@ -51,14 +46,9 @@ _log = get_logger("adapters.lightning")
 class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # untyped to mypy
     """Runs ``callbacks`` (``handlers.UserCallback``s) on a bus fed by a Lightning Trainer.
 
-    The options are those of ``adapters.transformers.EventBusCallback``:
-    ``state_root`` (default: the ``ModelCheckpoint`` folder, else the
-    Trainer's ``default_root_dir``), ``state=False``, ``strict_state``,
-    ``log`` (``True``: ``<default_root_dir>/eventbus-<run_id>.msgpack``), and
-    the bus's ``options`` or keywords, each checked against its range here.
-
-    A resume restores the callbacks you passed in place, as ``open_run`` does: read the
-    run's callbacks from ``callbacks`` (one that cannot take its state in place is replaced).
+    The options are those of ``adapters.transformers.EventBusCallback``; ``state_root``
+    defaults to the ``ModelCheckpoint`` folder, else the Trainer's ``default_root_dir``.
+    A resume restores the callbacks in place (read them from ``callbacks``).
     """
 
     def __init__(
@@ -80,32 +70,32 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         self.state_enabled = state
         self.state_root = state_root
         self.strict_state = strict_state
-        #: ``log``: not ``self.log``, which Lightning sets on every callback (the module's).
+        #: Not ``self.log``, which Lightning sets on every callback.
         self.event_log = log
         self._run = ThreadedRun("eventbus-lightning", AdapterOptions.build(options, **keywords))
-        #: What the last resume restored (None if nothing was restored).
+
         self.restored: StateRestored | None = None
         self.log_path: Path | None = None
-        #: Whether the checkpoints of this fit go through ``_StatesIntoCheckpoints``.
+
         self._writes_states = False
         self._reset()
 
     def _reset(self) -> None:
         self._trainer: Any = None
         self._store: StateStore | None = None
-        #: The states Lightning's checkpoint held (``load_state_dict``), until the run starts.
+        #: The states Lightning's checkpoint held, until the run starts.
         self._loaded: Snapshot | None = None
-        #: The last snapshot's checkpoint and where the run stood there (the bus's side).
+
         self._saved_position: tuple[str, RunPosition | None] | None = None
-        #: The step and file of the last save that was its round's checkpoint.
+
         self._saved_at: tuple[int, str] | None = None
         self._rank = 0
         self._world_size = 1
         self._index = 0
         self._last_metrics: dict[str, Any] = {}
-        #: The round of this step (every rank's metrics), until a save names it or the step ends.
+        #: This step's round, until a save names it or the step ends.
         self._held: list[dict[str, Any]] = []
-        #: Every rank asks rank 0 whether to stop at the next step (DDP, after a logging step).
+        #: Under DDP, every rank asks rank 0 whether to stop at the next step.
         self._sync_stop = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -122,16 +112,14 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
     # --- Lightning's checkpoint ------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Our callbacks' states, for Lightning's checkpoint (a snapshot, as JSON
-        values), as the run left them (``trainer.save_checkpoint`` after ``fit``). During a
-        run the file's writer puts them in instead (``_before_save``), once the
-        checkpoint's round was handled: taken here, they could miss it."""
+        """Our callbacks' states for Lightning's checkpoint, as the run left them (during a
+        run ``_before_save`` puts them in, once the checkpoint's round was handled)."""
         if self._store is None or (self._run.running and self._writes_states):
             return {}
         return msgspec.to_builtins(self._store.capture(run_id=self.run_id))  # type: ignore[no-any-return]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Kept until the run starts (``on_train_start``), which restores it in place."""
+        """Kept until the run starts, which restores it in place."""
         try:
             self._loaded = msgspec.convert(state_dict, Snapshot)
         except msgspec.ValidationError as exc:
@@ -177,7 +165,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         root = Path(self.state_root) if self.state_root is not None else _checkpoint_dir(trainer)
         self._store = StateStore(root, strict=self.strict_state) if self.state_enabled else None
         resumed_from = str(Path(trainer.ckpt_path).resolve()) if trainer.ckpt_path else None
-        # Where the run stood first, as open_run reads it: then the callbacks' states.
+
         resume = self._resume_in(self._store, resumed_from, loaded)
         self.restored = (
             self._restore_from(
@@ -206,12 +194,11 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
                 "log_every_n_steps": int(trainer.log_every_n_steps),
                 "resumed_from": resumed_from,
                 "global_step": int(trainer.global_step),
-                # The trackers' x-axis (Lightning's global step, in each report) and params.
+                # The trackers' x-axis: Lightning's global step.
                 STEP_METRIC: "step",
                 **_hparams(pl_module),
             },
             storage=str(root),
-            # Each snapshot says where the run stood, so a resume continues the run.
             store=self._store,
             position_of=self._position_of,
             # Lightning writes a checkpoint after its round: ``_after_save`` announces it.
@@ -225,9 +212,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        """The previous step ended: its round goes, alone if nothing saved it; then a stop
-        its callbacks asked for is passed on (under DDP, to every rank at once: a failure
-        of rank 0's run is raised only once every rank was told to stop)."""
+        """The previous step ended: its round goes; then a stop asked for is passed on (under
+        DDP to every rank at once, so rank 0 raises a failure only once all were told)."""
         handed_off = bool(self._held)
         if self._world_size == 1:
             if handed_off:
@@ -270,8 +256,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
             self._end_training()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        """``fit`` failed on this rank: a ``WorkerFailure`` (an ``Exception``) and a failed
-        (an interrupt: cancelled) run. A callback's failure we raised ended it already."""
+        """``fit`` failed on this rank: the run fails (an interrupt: cancelled)."""
         self._trainer = None
         if self._rank != 0:
             _log.error(
@@ -287,9 +272,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
     # --- saves (rank 0: the only one that writes) ------------------------------------
 
     def _before_save(self, checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> str | None:
-        """Before Lightning writes ``path``: this step's round names it (the ``last.ckpt``
-        copy excepted), is handled, and our states as of then go into ``checkpoint``.
-        Returns the location our snapshot is made for, if any."""
+        """Before Lightning writes ``path``: this step's round names it and is handled, and
+        our states go into ``checkpoint``. Returns the location our snapshot is for, if any."""
         trainer = self._trainer
         if not self._run.running or trainer is None:
             return None
@@ -315,9 +299,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         return None if is_copy else location
 
     def _copied_position(self, trainer: Any) -> RunPosition | None:
-        """Where the run stood at the file this step saved, for its ``last.ckpt`` copy:
-        a resume from the copy continues the run there. (The file's own position is
-        in the snapshot beside it, written once the file is.)"""
+        """Where the run stood at the file this step saved, for its ``last.ckpt`` copy."""
         saved_at, saved = self._saved_at, self._saved_position
         if saved_at is None or saved is None or saved_at[0] != int(trainer.global_step):
             return None
@@ -367,8 +349,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         self._held = everyone
 
     def _release(self, checkpoint: str | None) -> None:
-        """Hand off the held round whole, naming ``checkpoint`` (its step's save) if any:
-        the run takes it as gathered, in the bus's loop (``_take_round``)."""
+        """Hand off the held round whole, naming ``checkpoint`` (its step's save) if any."""
         held, self._held = self._held, []
         if held:  # none after a save that was its step's second (the ``last.ckpt`` copy)
             self._run.handoff((self._take_round, held, checkpoint))
@@ -380,9 +361,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         return attachment.reports.take_round(self.run_id, metrics, checkpoint)
 
     def _check(self, trainer: Any | None, handed_off: bool = False) -> None:
-        """The bus takes what it was given (``handed_off``: a round, just now); a callback's
-        failure is raised now; a wish to stop goes to ``trainer`` (one process: there is
-        no other rank to tell)."""
+        """Step the bus; raise a callback's failure now; pass a wish to stop to ``trainer``."""
         if self._looked(handed_off) and trainer is not None:
             trainer.should_stop = True
 
@@ -395,8 +374,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         self._start_run(core, log=self.log_path, name="eventbus-lightning")
 
     def _position_of(self, event: CheckpointSaved) -> RunPosition | None:
-        """Where the run stood at ``event``'s checkpoint, kept for the ``last.ckpt`` copy
-        of this step (see ``_before_save``)."""
+        """Keep where the run stood at ``event``'s checkpoint, for the ``last.ckpt`` copy."""
         core = self._run.core
         position = core.position_of(event) if core is not None else None
         self._saved_position = (event.checkpoint, position)
@@ -405,9 +383,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
     def _resume_in(
         self, store: StateStore | None, checkpoint: str | None, loaded: Snapshot | None
     ) -> Resume | None:
-        """What the fit resumes: the run and position of our snapshot beside the file,
-        else of the states in Lightning's checkpoint (``last.ckpt`` has no snapshot
-        beside it)."""
+        """What the fit resumes: our snapshot beside the file, else the states in
+        Lightning's checkpoint (``last.ckpt`` has none beside it)."""
         resume = self._resume_of(store, checkpoint)
         if resume is None or checkpoint is None or resume.position is not None:
             return resume
@@ -429,9 +406,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
 
 
 class _StatesIntoCheckpoints(CheckpointIO):  # type: ignore[misc]  # untyped to mypy
-    """The strategy's checkpoint IO, with ``EventBusCallback`` told of every save (rank 0's:
-    Lightning writes there only): ``before`` may change the checkpoint and returns what
-    ``after`` gets once the file is written, if anything."""
+    """The strategy's checkpoint IO, telling ``EventBusCallback`` of every save: ``before``
+    may change the checkpoint; ``after`` gets its result once the file is written."""
 
     def __init__(
         self,
@@ -465,8 +441,7 @@ class _StatesIntoCheckpoints(CheckpointIO):  # type: ignore[misc]  # untyped to 
 
 
 def _hparams(pl_module: Any) -> dict[str, Any]:
-    """``{"hparams": ...}``: the module's ``save_hyperparameters`` as JSON values (the rest
-    as their ``repr``), for the trackers' params; nothing when it has none."""
+    """``{"hparams": ...}``: the module's hyperparameters as JSON values, for the trackers."""
     hparams = dict(getattr(pl_module, "hparams", None) or {})
     if not hparams:
         return {}
@@ -474,8 +449,7 @@ def _hparams(pl_module: Any) -> dict[str, Any]:
 
 
 def _logs_now(trainer: Any) -> bool:
-    """Whether Lightning logs at this step: its own test (``log_every_n_steps``, or a
-    stop), where this Lightning has it."""
+    """Whether Lightning logs at this step (its own test, where it has one)."""
     connector = getattr(trainer, "_logger_connector", None)
     if connector is not None:
         return bool(connector.should_update_logs)
@@ -502,8 +476,7 @@ def _checkpoint_dir(trainer: Any) -> Path:
 
 
 def _is_last_copy(trainer: Any, location: str) -> bool:
-    """Whether ``location`` is a ``ModelCheckpoint``'s ``last.ckpt`` (its path is set
-    before it is written)."""
+    """Whether ``location`` is a ``ModelCheckpoint``'s ``last.ckpt``."""
     for callback in getattr(trainer, "checkpoint_callbacks", ()):
         last = getattr(callback, "last_model_path", "")
         if last and str(Path(last).resolve()) == location:

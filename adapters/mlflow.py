@@ -1,13 +1,6 @@
-"""``MLflowLogger``: a run's rounds, configuration and callbacks' cost, in an MLflow run.
-
-What goes where, and how a resume continues the same MLflow run, is in
-docs/operations/trackers.md. MLflow keeps every value ever logged for a step, so by default a
-round is written when a checkpoint makes it final (or, bounded by ``_HOLD_SECS`` and
-``_HOLD_ROWS``, by the tracker's thread), and a crash rolls back only rounds never written.
-A store that refuses a write costs no row at once: rows are kept (at most ``_KEPT_ROWS``) and
-tried again, said once. Everything goes through an explicit ``MlflowClient``: MLflow's
-active-run globals, which another integration may be using, are left alone.
-"""
+"""``MLflowLogger``: a run's rounds, configuration and callbacks' cost, in an MLflow run
+(docs/operations/trackers.md). It uses an explicit ``MlflowClient``, leaving MLflow's
+active-run globals to whatever other integration uses them."""
 
 from __future__ import annotations
 
@@ -40,8 +33,7 @@ _BATCH = 1000
 _PARAM_LIMIT = 6000
 _KEY_LIMIT = 250
 _TAG_LIMIT = 5000
-#: Rows wait for a checkpoint at most this long, seconds, and this many at most: past
-#: either, the thread writes them (a run without checkpoints is written as it goes).
+#: Rows wait for a checkpoint at most this long, seconds, and this many.
 _HOLD_SECS = 30.0
 _HOLD_ROWS = 5_000
 #: How often rows MLflow refused are tried again, seconds (and at each checkpoint).
@@ -50,29 +42,25 @@ _RETRY_SECS = 5.0
 _KEPT_ROWS = 50_000
 _STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED", "preempted": "KILLED"}
 _REFUSED = re.compile(r"[^\w\-. /:]")
-#: Path parts MLflow refuses (a name "must not resolve to other names" as a file path).
+#: Path parts MLflow refuses.
 _PATH_PARTS = {".": "_", "..": "__"}
 
 
 def _mlflow_rule(name: str) -> str:
-    """Any text as a name MLflow takes (its ``_validate_metric_name``): refused characters
-    as ``_``; as a path, no empty part (``//``, a leading or trailing ``/``), no ``.`` or
-    ``..`` part, no leading ``..``; never empty."""
+    """Any text as a name MLflow takes (its ``_validate_metric_name``)."""
     parts = _REFUSED.sub("_", name).split("/")
     fixed = "/".join(_PATH_PARTS.get(part, part) for part in parts if part) or "_"
     return "_" + fixed[1:] if fixed.startswith("..") else fixed
 
 
 def mlflow_key(key: str) -> str:
-    """``key`` as MLflow takes it as a metric, param or tag name: itself if MLflow takes
-    it; else with refused characters as ``_``, path-like parts mended, cut to 250
-    characters, and ``-`` and 8 hex digits of a hash of the whole key after it, so that
-    keys that differ stay apart (see ``adapters._tracker.backend_name``)."""
+    """``key`` as an MLflow metric, param or tag name: itself if MLflow takes it; else
+    mended, cut to 250 characters, plus ``-`` and a hash, so keys that differ stay apart."""
     return backend_name(key, _mlflow_rule, _KEY_LIMIT)
 
 
 class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
-    """Logs the run to an MLflow run (see the module docstring).
+    """Logs the run to an MLflow run.
 
     Args:
         tracking_uri: where MLflow tracks (``sqlite:///mlflow.db``, a server's
@@ -84,7 +72,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         tags: more tags for the MLflow run.
         log_checkpoints: log each checkpoint's files as artifacts
             (``checkpoints/<folder name>``).
-        live: write each round at once (see the module docstring).
+        live: write each round at once, not when a checkpoint makes it final.
         step_metric, per_rank, costs: as ``TensorBoardLogger``'s.
 
     Attributes:
@@ -94,8 +82,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
     """
 
     tracker = "MLflow"
-    #: A store slower than training holds the hooks back sooner than TensorBoard's file:
-    #: the run's end then has at most this many rounds left to write.
+    #: A slow store holds the hooks back sooner: the run's end has at most this many left.
     max_lag = 2_000
     name_limit = _KEY_LIMIT
     name_rule = (
@@ -138,8 +125,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         self.mlflow_run_id: str | None = None
         self.experiment_id: str | None = None
         self._client: Any = None
-        #: Rows not written yet, in order (at most ``_HOLD_ROWS`` and a round, or
-        #: ``_KEPT_ROWS`` while MLflow refuses them), and when they are written at the latest.
+        #: Rows not written yet, in order, and when they are written at the latest.
         self._rows: list[Any] = []
         self._write_at = 0.0
         #: After a resume: the last step MLflow holds of each key, past the checkpoint.
@@ -200,10 +186,8 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
             return None
 
     def _steps_held(self, client: Any, run: Any, resumed_after: int) -> dict[str, int]:
-        """The last step the MLflow run holds of each metric, where it is past the step the
-        resume redoes from: written before a crash, or the run resumes from an earlier
-        checkpoint than its last. MLflow cannot take a value back, so those steps are not
-        written again; one warning says which."""
+        """The last step the MLflow run holds of each metric past the resume's step: MLflow
+        cannot take a value back, so those are not written again (one warning)."""
         held: dict[str, int] = {}
         for key in run.data.metrics:
             steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
@@ -242,9 +226,8 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         return self.experiment_id
 
     def _log_params(self, run: Any, config: dict[str, Any]) -> None:
-        """The run's configuration as params; a resume adds only new ones (MLflow's
-        params cannot change, so a changed value is one info line, not an error: the
-        framework adapters' configuration says where a resumed run starts)."""
+        """The run's configuration as params; a resume adds only new ones (MLflow's params
+        cannot change: a changed value is an info line)."""
         logged: dict[str, str] = dict(run.data.params)
         params = {
             self._names(k, "config key"): safe_text(str(v))[:_PARAM_LIMIT]
@@ -328,9 +311,8 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
             self._client.set_terminated(self.mlflow_run_id, _STATUS.get(result.status, "FINISHED"))
 
     def _write_rows(self) -> None:
-        """Write the rows waiting, in order, a batch at a time. When MLflow refuses, keep
-        them for the next write (at most ``_KEPT_ROWS``: the oldest are lost first) and
-        say so once; and once when it takes them again, with what was lost."""
+        """Write the rows waiting, a batch at a time; when MLflow refuses, keep them (at most
+        ``_KEPT_ROWS``) and say so once, and once when it takes them again."""
         rows = self._rows
         while rows:
             try:
@@ -374,9 +356,8 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
 
 
 def _absolute(uri: str | None) -> str | None:
-    """A SQLite store's relative path taken from the current directory now, as every
-    path a run is given: MLflow caches a store per address, so the same relative
-    address would go on meaning the first folder it was opened from."""
+    """A SQLite store's relative path taken from the current directory now: MLflow caches
+    a store per address, so a relative one would keep meaning the first folder."""
     prefix = "sqlite:///"
     if uri is None or not uri.startswith(prefix) or uri[len(prefix) :].startswith("/"):
         return uri

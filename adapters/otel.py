@@ -1,38 +1,8 @@
-"""OpenTelemetry for a run: a span per round, spans for slow or failed handler calls, metrics.
-
-``OpenTelemetryTap()`` goes in any callback list, or onto a bare bus with ``tap.attach(bus)``.
-It exports through the providers it is given (default: the global ones), so the program's
-SDK setup decides where it all goes; flushing and shutting them down stays the program's.
-
-Spans:
-
-- ``eventbus.round``: one per gathered round, from the previous round's gathering (or the
-  run's start) to this one's, with ``eventbus.round`` (its index), ``eventbus.round.ranks``,
-  ``eventbus.round.checkpoint``, ``eventbus.run.id``, ``eventbus.run.name`` and
-  ``eventbus.round.gathered`` (``False`` for the stretch from the last round to the run's
-  end, with ``eventbus.run.status``). The index is an attribute, not in the name, as
-  OpenTelemetry asks of span names.
-- one per handler call that took at least ``min_span_s``, failed or timed out, named after
-  the handler, with ``eventbus.outcome`` (``ok``, ``error``, ``timeout``), ``error.type``,
-  ``eventbus.timeout.outcome``, ``messaging.message.id`` (the event's ``seq``) and the
-  metric attributes; a child of the round in progress when the call ended (``after_report``
-  of round *n* runs during round *n+1*), else of the span current at attachment, or a root.
-  Kind INTERNAL: CONSUMER would have backends draw a remote edge.
-
-Metrics (the handler in ``messaging.destination.subscription.name``):
-
-- ``messaging.process.duration`` (histogram, ``s``, buckets from 1 µs): every handler call,
-  per the messaging semantic conventions; ``durations=False`` leaves it out.
-- ``eventbus.handler.timeouts``, ``.faults`` (``{call}``) and ``.skipped`` (``{event}``):
-  counters added from each period's ``BudgetReport``, so they agree with it.
-- ``eventbus.handler.period_share`` (histogram, ``1``): each handler's share of each period,
-  a histogram so that a period over budget between two exports is still seen.
+"""OpenTelemetry for a run: a span per round, spans for slow or failed handler calls, metrics
+(names and attributes: docs/operations/trackers.md).
 
 Everything that can export runs in the tap's own ``blocking`` handler, so it is charged like
-any callback, and an exporter that hangs is abandoned at the tap's deadline while the tap
-skips what comes until it returns. The bus's call observer only notes a slow or failed call;
-its span is made at the tap's next event. Errors the pipeline raises are logged once and
-counted in ``errors``.
+any callback and an exporter that hangs is abandoned at the tap's deadline.
 """
 
 from __future__ import annotations
@@ -81,7 +51,7 @@ _log = get_logger("adapters.otel")
 _SCOPE = "adapters.otel"
 #: The attribute naming the handler, in every metric and span.
 _HANDLER = "messaging.destination.subscription.name"
-#: Handler calls, in seconds: the conventions' buckets, from 1 µs instead of 5 ms.
+#: Handler calls, in seconds: the conventions' buckets, from 1 µs.
 _DURATION_BUCKETS = (
     1e-6,
     1e-5,
@@ -103,10 +73,9 @@ _DURATION_BUCKETS = (
 )
 #: A handler's share of a health-check period (its budget is one, 5% by default).
 _SHARE_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-#: Attribute sets kept for reuse, at most (handlers x event types x error types).
+
 _MAX_CACHED = 4096
-#: Slow or failed calls waiting for the tap's next event to become spans, at most (the
-#: oldest go first: an exporter stuck for good must not hold the run's memory).
+#: Slow or failed calls waiting to become spans, at most (a stuck exporter holds no more).
 _MAX_PENDING = 10_000
 _ROUND = "eventbus.round"
 
@@ -114,8 +83,7 @@ Attributes = dict[str, Any]
 
 
 def _error_type(call: HandlerCall) -> str:
-    """``error.type`` of a call that went wrong: the exception's qualified name, or
-    ``timeout``."""
+
     if call.outcome != "error" or call.error is None:
         return "timeout"
     kind = type(call.error)
@@ -126,20 +94,18 @@ def _error_type(call: HandlerCall) -> str:
 class OpenTelemetryTap(UserCallback):
     """Exports a run to OpenTelemetry: round spans, slow and failed handler calls, metrics.
 
-    Pass it in a callback list (``open_run``, the adapters, replays) or attach it to a
-    bare bus with ``attach(bus)``. One tap may serve several buses, in turn or at once.
+    Pass it in a callback list or attach it to a bare bus with ``attach(bus)``.
 
     Args:
-        tracer_provider: Where the spans go (default: the global provider,
-            looked up when a span is made, so setting it later works).
+        tracer_provider: Where the spans go (default: the global provider, looked up
+            when a span is made).
         meter_provider: Where the metrics go (default: the global provider).
-        min_span_s: The shortest handler call that gets a span, in seconds
-            of the bus's clock (failed and timed-out calls always do).
+        min_span_s: The shortest handler call that gets a span, in seconds of the
+            bus's clock (failed and timed-out calls always do).
         durations: Record every handler call in ``messaging.process.duration``;
-            ``False`` leaves the histogram out, so that only slow, failed and
-            timed-out calls reach the tap and the bus pays nothing per call.
-        timeout: The deadline of one call of the tap's handler (its exports), in
-            seconds (default: the bus's ``timeout``); past it, the call is abandoned.
+            ``False``: the bus pays nothing per call.
+        timeout: The deadline of one call of the tap's handler, in seconds
+            (default: the bus's ``timeout``).
     """
 
     def __init__(
@@ -165,13 +131,11 @@ class OpenTelemetryTap(UserCallback):
 
     @property
     def errors(self) -> int:
-        """How many times the OpenTelemetry pipeline raised into the tap (the first is
-        logged; the tap goes on)."""
+        """How many times the OpenTelemetry pipeline raised (the first is logged)."""
         return self._exporter.errors
 
     def attach(self, bus: EventBus) -> Callable[[], None]:
-        """Export what happens on ``bus`` (a bare one: a callback list does this itself);
-        returns a function that stops it, ending the round in progress."""
+        """Export what happens on a bare ``bus``; returns a function that stops it."""
         return _Attachment(self._exporter, bus, self.export_timeout).detach
 
     def __eventbus_subscribe__(self, bus: EventBus) -> list[Subscription]:
@@ -226,7 +190,7 @@ class _Exporter:
         self._handler_attributes: dict[str, Attributes] = {}
 
     def failed(self, exc: Exception) -> None:
-        """The OpenTelemetry pipeline raised ``exc``: counted, and logged the first time."""
+
         self.errors += 1
         if self.errors == 1:
             _log.error(
@@ -236,7 +200,7 @@ class _Exporter:
             )
 
     def call_attributes(self, call: HandlerCall, error_type: str | None) -> Attributes:
-        """The metric attributes of ``call`` (one dict per handler, event type and error)."""
+        """The metric attributes of ``call`` (cached)."""
         key = (call.handler, type(call.event), error_type)
         found = self._call_attributes.get(key)
         if found is None:
@@ -262,7 +226,7 @@ class _Exporter:
         return found
 
     def record_period(self, report: BudgetReport, period: float) -> None:
-        """A health-check period's counts and shares, per handler that did anything."""
+
         length = report.end - report.start
         if report.partial:  # cut short at close: judged as a whole period, as its budget is
             length = max(length, period)
@@ -292,13 +256,8 @@ _Noted = tuple[HandlerCall, Attributes, "Context", int]
 
 
 class _Attachment:
-    """A tap on one bus: its subscription, its call observer, the round in progress.
-
-    The observer runs in the bus's loop and only notes calls (``pending``); the
-    handler runs in a worker thread (``blocking``), one call at a time while none
-    is abandoned: ``_busy`` keeps a call from starting while an abandoned one still
-    runs (it is skipped, counted as an error).
-    """
+    """A tap on one bus. The observer only notes calls; the ``blocking`` handler exports
+    them, skipping while an abandoned call still runs (``_busy``)."""
 
     def __init__(self, exporter: _Exporter, bus: EventBus, timeout: float | None) -> None:
         self.exporter = exporter
@@ -326,8 +285,7 @@ class _Attachment:
         self._stop_observing = bus.observe_calls(self.observe, min_seconds=least)
 
     def detach(self) -> None:
-        """Stop exporting this bus; the calls noted become spans, the round in progress
-        ends here."""
+        """Stop exporting this bus; noted calls become spans, the round in progress ends."""
         self._stop_observing()
         for sub in self.subscriptions:
             sub.cancel()
@@ -336,8 +294,7 @@ class _Attachment:
     # --- the bus's calls ----------------------------------------------------------------
 
     def observe(self, calls: list[HandlerCall]) -> None:
-        """A batch's calls: each in the histogram; the slow and failed ones noted, for
-        the tap's handler to make their spans (an export is charged to the tap)."""
+        """A batch's calls into the histogram; slow and failed ones noted for spans."""
         exporter = self.exporter
         try:
             record = exporter.duration.record if exporter.duration is not None else None
@@ -383,8 +340,7 @@ class _Attachment:
     # --- the run's events -----------------------------------------------------------------
 
     def handle(self, event: Event | None) -> None:
-        """The tap's handler (``None``: detached): the calls noted become spans, then
-        ``event`` is exported; skipped while an abandoned call still exports."""
+        """The tap's handler: noted calls become spans, then ``event`` is exported."""
         if not self._busy.acquire(blocking=False):
             self.exporter.failed(
                 TimeoutError(
@@ -450,8 +406,7 @@ class _Attachment:
             self._open_round(now)
 
     def _end_round(self, event: RunFinished | None) -> None:
-        """The run ended (or the tap was detached) during a round: its span ends, as a
-        stretch without a round."""
+        """End the round span in progress, as a stretch without a round."""
         span = self.round
         self.round = self.inside = None
         self.since = now = time.time_ns()

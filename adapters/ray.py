@@ -1,11 +1,6 @@
-"""Ray Train v2 adapter: our callbacks and bus behind a ``ray.train.UserCallback``.
-
-Ray calls the callback in its ``TrainController`` actor, so the bus, callbacks and log live
-there, on a bus thread Ray's loop never waits for. Our exceptions never reach Ray (it would
-abort the run), except a callback's deliberate failure of the run. Ray up to 2.60 has no run
-start and end hooks; there the companion ``cb.lifecycle`` must be registered too. The
-callbacks cannot stop the job nor keep state across a resume (a Ray ``UserCallback`` has
-neither): ``RayEngine`` (``open_run(engine=...)``) gives both.
+"""Ray Train v2 adapter: our callbacks and bus behind a ``ray.train.UserCallback``, in Ray's
+controller (docs/trainers/ray.md). To stop the job or keep state across a resume, use
+``RayEngine`` (``open_run(engine=...)``) instead.
 """
 
 from __future__ import annotations
@@ -54,18 +49,13 @@ def _has_run_hooks(callback_class: type) -> bool:
     return hasattr(callback_class, "before_run") and hasattr(callback_class, "after_run")
 
 
-#: Whether the installed Ray's ``UserCallback`` has run hooks (no Ray up to 2.60 has):
-#: then Ray starts and ends our run, else the ``lifecycle`` companion does. Checked once.
+#: Whether the installed Ray's ``UserCallback`` has run hooks; else ``lifecycle`` does.
 _RAY_RUN_HOOKS = _has_run_hooks(UserCallback)
 
 
 def recorded_logs(storage_path: str | os.PathLike[str], name: str) -> list[Path]:
-    """The event logs ``record=True`` wrote for runs named ``name``, oldest first.
-
-    Each run writes ``<storage_path>/<name>/eventbus-<run_id>.msgpack``; the
-    driver does not know the run id (Ray makes it in the controller), so it
-    looks them up here after ``fit()``.
-    """
+    """The event logs ``record=True`` wrote for runs named ``name``, oldest first (the
+    driver does not know the run id: Ray makes it in the controller)."""
     return sorted(
         Path(storage_path, name).glob("eventbus-*.msgpack"), key=lambda p: p.stat().st_mtime
     )
@@ -75,11 +65,10 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
     """Delivers Ray Train's reports and failures to ``callbacks`` (``handlers.UserCallback``s).
 
     ``record``: record the run's events, with ``True`` to
-    ``<storage_path>/<name>/eventbus-<run_id>.msgpack`` (see ``recorded_logs``), or to a
-    given path. ``options`` (an ``adapters.AdapterOptions``), or the same as keywords,
-    configure the bus and its hand-off (``handoff_timeout`` defaults to 1 s here: it is
-    Ray's loop that waits). Register ``lifecycle`` too, unless the installed Ray's
-    ``UserCallback`` has ``before_run`` and ``after_run``.
+    ``<storage_path>/<name>/eventbus-<run_id>.msgpack``, or to a given path. ``options``
+    (``adapters.AdapterOptions``) or its keywords configure the bus (``handoff_timeout``
+    defaults to 1 s: Ray's loop waits). Register ``lifecycle`` too, unless the installed
+    Ray's ``UserCallback`` has ``before_run`` and ``after_run``.
     """
 
     def __init__(
@@ -107,8 +96,7 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
         self._warned_lifecycle = False
         self.log_path: Path | None = None
 
-    # Ray ships the object to its controller with cloudpickle: send the configuration
-    # only; the thread, the bus and the log are made there, on first use.
+    # Ray ships the object to its controller: the configuration only.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for name in _RUNTIME:
@@ -209,10 +197,8 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
         self._run.start(core, log=self.log_path, before_run_first=False)
 
     def finish(self, status: RunStatus, error: str | None = None) -> CloseReport | None:
-        """Publish ``RunFinished``, drain the bus, close the log (bounded by ``drain_timeout``).
-
-        A callback's failure of the run not raised into Ray yet is raised here.
-        """
+        """Publish ``RunFinished``, drain the bus, close the log; raise a callback's failure
+        of the run not raised into Ray yet."""
         return self._run.finish(status, error)
 
     def _ensure_started(self, run_context: Any, world_size: int | None) -> None:
@@ -238,13 +224,8 @@ def _never_into_ray(hook: str) -> Iterator[None]:
 
 
 class RunLifecycleCallback(ControllerCallback):  # type: ignore[misc]  # ray is untyped to mypy
-    """Starts and ends the run of an ``EventBusUserCallback`` with Ray's controller.
-
-    Made by the callback as its ``lifecycle``; Ray pickles both in one list,
-    so in the controller this still refers to that callback's copy. Where
-    Ray's ``UserCallback`` has ``before_run``/``after_run``, those start and
-    end the run, and this only ends an aborted one.
-    """
+    """Starts and ends the run of an ``EventBusUserCallback`` with Ray's controller (where
+    Ray has run hooks, it only ends an aborted one)."""
 
     def __init__(self, owner: EventBusUserCallback) -> None:
         self.owner = owner

@@ -1,11 +1,6 @@
-"""``TensorBoardLogger``: a run's rounds and its callbacks' cost, as TensorBoard scalars.
-
-What it writes is in docs/operations/trackers.md. A resumed run writes a new event file into
-the same ``log_dir`` that starts with TensorBoard's purge marker at the first step after the
-checkpoint, so each redone step shows once. A round's scalars go to the writer as one
-summary, not one ``add_scalar`` each: the same records, several times cheaper. A tag is
-UTF-8, so a lone surrogate in a metric's name becomes ``_`` with a hash of the name after it.
-"""
+"""``TensorBoardLogger``: a run's rounds and its callbacks' cost, as TensorBoard scalars
+(docs/operations/trackers.md). A resumed run's event file starts with TensorBoard's purge
+marker, so each redone step shows once."""
 
 from __future__ import annotations
 
@@ -30,11 +25,9 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _begin_after_the_newest_file(log_dir: str) -> None:
-    """Wait, if need be, for a second later than the one the directory's newest event file
-    was begun in (at most 1 s, once per resume). TensorBoard reads a directory's event files
-    in name order: the second each was begun in, then host, process id and a counter
-    compared as text (``.10`` before ``.9``), so a resume begun by the same process in the
-    same second could be read before the attempt it redoes, and show its steps twice."""
+    """Wait (at most 1 s, once per resume) for a second later than the newest event file's:
+    TensorBoard reads files in name order, so a resume begun in the same second could be
+    read before the attempt it redoes."""
     begun = []
     for path in Path(log_dir).glob("events.out.tfevents.*"):
         second = path.name.split(".")[3]
@@ -71,17 +64,16 @@ def summary_writer_class() -> tuple[Any, Any]:
 
 
 class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"):
-    """Writes the run to TensorBoard under ``log_dir`` (see the module docstring).
+    """Writes the run to TensorBoard under ``log_dir``.
 
     Args:
-        log_dir: the run's TensorBoard directory (``tensorboard --logdir`` it or a
-            parent); a resumed run writes here again.
-        step_metric: a metric whose value is the step (``"step"``,
-            ``"global_step"``); by default the round's index.
+        log_dir: the run's TensorBoard directory; a resumed run writes here again.
+        step_metric: a metric whose value is the step (``"step"``); by default the
+            round's index.
         per_rank: also write each rank's value.
         costs: write the callbacks' cost each health-check period.
-        flush_secs: how often the writer flushes on its own, seconds (it also
-            flushes at every checkpoint and at the end).
+        flush_secs: how often the writer flushes on its own, seconds (also at every
+            checkpoint and at the end).
     """
 
     tracker = "TensorBoard"

@@ -1,11 +1,4 @@
-"""The event bus: ordered, bounded, deadline-guarded delivery to handlers.
-
-``publish`` only appends to a bounded inbox; one dispatcher task (``_dispatch``) takes the
-inbox as a batch, stamps a copy of each event, and hands the batch to each handler in turn.
-Sync handlers cannot be interrupted, so they are timed and an overrun reported; async
-handlers run under one cancel scope per batch, which one watchdog task (``_watchdog``)
-cancels at the deadline; blocking sync handlers run in a worker thread, abandoned at theirs.
-"""
+"""The event bus: ordered, bounded, deadline-guarded delivery to handlers."""
 
 from __future__ import annotations
 
@@ -43,9 +36,8 @@ __all__ = ["EMIT_HEADROOM", "BusClosed", "BusFull", "BusStats", "CloseReport", "
 
 _log = get_logger("eventbus")
 
-#: How far ``emit`` may fill the inbox past ``buffer``. Derived events are a
-#: few per event handled, so only a handler that emits more than it gets (a
-#: feedback loop) reaches this; past it, its ``emit`` raises ``BusFull``.
+#: How far ``emit`` may fill the inbox past ``buffer``: only a handler that emits
+#: more than it gets (a feedback loop) reaches it.
 EMIT_HEADROOM = 4 * MAX_BATCH
 
 #: The ``Event`` classes published so far: ``publish`` looks an event's class up here
@@ -64,32 +56,20 @@ def _is_event(thing: object) -> bool:
 class EventBus(anyio.AsyncContextManagerMixin):
     """Carries events from publishers to handlers, in order, each call under a deadline.
 
-    Publishing only queues an event; one dispatcher task delivers it to each handler in
-    publish order, each call under a deadline, each handler's time counted per health-check
-    period against a budget. Handlers get a copy of each event stamped with its ``seq`` and
-    ``time``; the object published is left as it was.
-
-    Use it as ``async with EventBus() as bus:``. Leaving the block delivers
-    what was published (for up to ``drain_timeout``) and stops the bus; the
-    exception of a handler with ``on_error="raise"`` that failed propagates
-    out of the block.
+    Use it as ``async with EventBus() as bus:``. Handlers get a copy of each event stamped
+    with its ``seq`` and ``time``. Leaving the block delivers what was published (for up
+    to ``drain_timeout``) and re-raises the failure of an ``on_error="raise"`` handler.
 
     Args:
-        options: The bus's settings, a ``BusOptions``; keywords given as well
-            change it, and ``EventBus(period=5)`` alone builds one. Each
-            setting is checked against its range here.
+        options: The bus's settings, a ``BusOptions``; keywords given as well change it.
         clock: What timestamps and health-check periods follow (default: the
-            monotonic clock). A ``VirtualClock`` makes tests and replays
-            instant and deterministic; deadlines stay in real seconds.
-        on_failure: Called once with the exception when a handler with
-            ``on_error="raise"`` fails, or any handler raises
-            ``KeyboardInterrupt`` or ``SystemExit``; the bus goes on
-            delivering. Without it the bus stops at once and ``async with``
-            re-raises the exception. An owner that must still deliver events
-            (a run's ``RunFinished``) passes one and ends things in order.
-        buffer: How many events the inbox holds (and each lane that has no
-            ``buffer`` of its own). ``publish`` waits while it is full, and
-            ``publish_nowait`` raises ``BusFull``.
+            monotonic clock; a ``VirtualClock`` makes tests and replays instant).
+            Deadlines stay in real seconds.
+        on_failure: Called once with the exception when an ``on_error="raise"``
+            handler fails or any handler raises ``KeyboardInterrupt`` or
+            ``SystemExit``; the bus goes on delivering. Without it the bus stops
+            at once and ``async with`` re-raises.
+        buffer: How many events the inbox (and a lane without its own) holds.
         timeout: The default deadline of one handler call, in real seconds.
         period: The length of a health-check period, in seconds of ``clock``.
         budget: The share of a period that all handlers may use together.
@@ -173,10 +153,8 @@ class EventBus(anyio.AsyncContextManagerMixin):
 
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
-        """Start the bus's tasks in a task group of its own; on the way out, drain what
-        was accepted (unless the body was cancelled), stop them, and raise a handler's
-        failure (``on_error="raise"``) if one stopped the bus. The body's own exception
-        is never the task group's business: it leaves unwrapped."""
+        """Run the bus's tasks; on the way out drain (unless cancelled) and re-raise a
+        handler's failure. The body's own exception leaves unwrapped."""
         if self._tg is not None:
             raise RuntimeError("an EventBus can be started only once: make a new one")
         body: BaseException | None = None
@@ -220,8 +198,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
     async def aclose(
         self, *, drain: bool = True, drain_timeout: float | None = None
     ) -> CloseReport:
-        """Stop accepting events, deliver what was accepted, stop the bus's tasks,
-        and report what was not delivered.
+        """Stop accepting events, deliver what was accepted, and report what was not.
 
         Leaving ``async with`` calls it; calling it again returns the same report.
 
@@ -273,8 +250,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
         return self._close_report
 
     def _end_run(self, exc: BaseException) -> None:
-        """A handler failed the run (``on_error="raise"``, or an interrupt): tell the
-        owner once, or, with no owner, stop everything and re-raise ``exc`` on exit."""
+        """Tell the owner once, or, with no owner, stop and re-raise ``exc`` on exit."""
         if self._on_failure is None:
             self._stop_at_once(exc)
             return
@@ -317,37 +293,28 @@ class EventBus(anyio.AsyncContextManagerMixin):
     ) -> Subscription:
         """Call ``handler(event)`` for every event of ``event_types`` (subclasses included).
 
-        Returns the subscription: its ``stats()``, ``cancel()`` and ``enable()``.
+        Returns the subscription (``stats()``, ``cancel()``, ``enable()``).
 
         Args:
             event_types: An ``Event`` subclass, or several.
             handler: A function or coroutine function of one event.
-            name: The handler's name in diagnostics and reports (default: its
-                module and qualified name).
+            name: The handler's name in reports (default: module and qualified name).
             order: For one event, lower runs first; then registration order.
-            delivery: ``"inline"`` runs the handler in the dispatcher (cheapest; a
-                slow one delays the others); ``"lane"`` gives it a task and a
-                bounded buffer of its own, so a slow one delays only itself.
-            timeout: The deadline of one call, in real seconds (default: the
-                bus's ``timeout``).
+            delivery: ``"inline"`` runs in the dispatcher (cheapest; a slow one
+                delays the others); ``"lane"`` gives it a task and buffer of its own.
+            timeout: The deadline of one call, in real seconds (default: the bus's).
             on_error: ``"log"`` a failure and go on, ``"raise"`` it out of the
                 bus, or ``"disable"`` the handler after ``max_faults``.
             max_faults: Failures and timeouts before ``"disable"`` acts.
-            blocking: Run a sync handler in a worker thread, so that its
-                deadline can abandon it.
+            blocking: Run a sync handler in a worker thread, so its deadline can abandon it.
             buffer: The size of a lane's buffer (default: the bus's ``buffer``).
-            budget: This handler's share of a period (default: the bus's
-                budget, shared by all handlers).
-            over_budget: What a period over budget does: ``"warn"``,
-                ``"coalesce"`` (deliver only the newest pending event of each
-                type, until a period under budget) or ``"disable"`` (for
-                ``probation`` whole periods, then it is tried again).
-            probation: How many whole periods a handler disabled by
-                ``over_budget="disable"`` stays disabled (default 3).
-            barrier: Deliver each event of ``event_types`` to every handler
-                before the next one reaches any (handlers otherwise get a batch
-                each, in turn), for a handler that must see the others' state
-                as of that event: the state store snapshotting at a checkpoint.
+            budget: This handler's share of a period (default: the bus's, shared).
+            over_budget: ``"warn"``, ``"coalesce"`` (deliver only the newest pending
+                event of each type until a period under budget) or ``"disable"``
+                (for ``probation`` whole periods).
+            probation: Whole periods an ``over_budget="disable"`` handler stays off.
+            barrier: Deliver each such event to every handler before the next one
+                reaches any, so the handler sees the others' state as of that event.
         """
         registry = self._registry
         capacity = self._buffer if buffer is None else checked("buffer", buffer, Buffer)
@@ -381,39 +348,24 @@ class EventBus(anyio.AsyncContextManagerMixin):
         return sub
 
     def add_tap(self, tap: Callable[[list[Event]], None]) -> Callable[[], None]:
-        """Call ``tap(batch)`` with every batch the dispatcher takes, stamped, in
-        sequence order, before any handler sees it; returns a function that
-        removes the tap.
-
-        A tap is for an observer of everything (the event-log recorder): it is
-        called once per batch instead of once per event, with no timing and no
-        deadline, so it must not block. A tap that raises is logged and removed.
-        """
+        """Call ``tap(batch)`` with every stamped batch before any handler sees it;
+        returns a function that removes it. Untimed, so it must not block; one that
+        raises is logged and removed."""
         return self._dispatcher.add_tap(tap)
 
     def observe_calls(
         self, observer: CallObserver, *, min_seconds: float = 0.0
     ) -> Callable[[], None]:
-        """Show ``observer`` the handler calls that took at least ``min_seconds`` (on
-        the bus's clock), and every call that failed or ran past its deadline, as
-        ``HandlerCall`` records; returns a function that removes it.
-
-        For an observer of durations (``adapters.otel.OpenTelemetryTap``). It is called once
-        per batch of a handler that had such calls, after the batch was accounted, so its
-        own time is no handler's; it must not block. One that raises is logged and removed.
-        Without observers the bus pays nothing per call; ``min_seconds=0`` times every call.
-        """
+        """Show ``observer`` the handler calls that took at least ``min_seconds`` (bus
+        clock), failed or ran past their deadline, as ``HandlerCall`` records; returns a
+        function that removes it. It must not block; one that raises is removed."""
         threshold = checked("min_seconds", min_seconds, WaitSeconds)
         return self._observers.add(observer, threshold)
 
     @property
     def gathering(self) -> Subscription | None:
-        """The subscription that makes this bus's derived events (rounds, their
-        rejections, the run's start and end), while active; ``None`` if none does.
-
-        A replay into this bus leaves the recorded derived events out when there is one
-        (the gathering makes them again); on a bus without one, they are replayed.
-        """
+        """The active subscription that makes this bus's derived events (rounds, the
+        run's start and end), or ``None``; a replay then leaves recorded ones out."""
         sub = self._gathering
         return sub if sub is not None and sub.active else None
 
@@ -422,20 +374,15 @@ class EventBus(anyio.AsyncContextManagerMixin):
         self._gathering = subscription
 
     def continue_from(self, *, seq: int, period: int) -> None:
-        """Number events from ``seq`` and periods from ``period`` on, so that a
-        resumed run's bus continues the history its log holds. Only before the
-        bus starts (``RuntimeError`` after)."""
+        """Number events from ``seq`` and periods from ``period`` on (a resumed run).
+        Only before the bus starts (``RuntimeError`` after)."""
         if self._tg is not None:
             raise RuntimeError("continue_from() must be called before the bus starts")
         self._dispatcher.next_seq, self._periods.index = max(0, seq), max(0, period)
 
     @property
     def period_end(self) -> float:
-        """When the current health-check period ends, on the bus clock.
-
-        A replay waits for the bus to go idle before moving a virtual clock
-        past it, so every event is accounted to the period it belongs to.
-        """
+        """When the current health-check period ends, on the bus clock."""
         return self._periods.end
 
     @property
@@ -452,17 +399,14 @@ class EventBus(anyio.AsyncContextManagerMixin):
     async def publish(self, event: Event) -> None:
         """Accept ``event``, waiting while the inbox is full.
 
-        Handlers get a copy of it stamped with its ``seq`` and ``time``, in the
-        dispatcher: ``await wait_idle()`` to know they are done. Anything that
-        is not an ``Event`` is refused with ``TypeError``, and every event
-        once the bus is closed with ``BusClosed``.
+        Raises ``TypeError`` for a non-``Event``, ``BusClosed`` once the bus is closed.
         """
         inbox = self._inbox
         if len(inbox) >= self._buffer:
             await self._wait_room()
         if not (self._open and (type(event) in _EVENT_CLASSES or _is_event(event))):
             raise refusal(event, started=self._tg is not None)
-        # ``Inbox.put`` written out: every publisher runs this, once per event.
+        # ``Inbox.put`` inlined: the hot path.
         inbox.append(event)
         if inbox.sleeping:
             inbox.wake_up()
@@ -470,9 +414,7 @@ class EventBus(anyio.AsyncContextManagerMixin):
     async def publish_many(self, events: Iterable[Event]) -> None:
         """Publish ``events`` in order, as ``publish`` would each, for less per event.
 
-        One call, and one check and hand-over per inbox-full, for a publisher with several
-        events at hand (a replay). A thing ``publish`` would refuse raises the same error;
-        the events before it are accepted.
+        A thing ``publish`` would refuse raises its error; the events before it are accepted.
         """
         pending = events if type(events) is list else list(events)
         inbox = self._inbox
@@ -500,12 +442,10 @@ class EventBus(anyio.AsyncContextManagerMixin):
         self._inbox.put(event)
 
     def emit(self, event: Event, *, derived: bool = False) -> None:
-        """Publish from inside a handler: never waits, even past ``buffer``.
+        """Publish from inside a handler: never waits (that would deadlock the dispatcher).
 
-        Waiting there for room that only the dispatcher frees would deadlock. A handler
-        that emits more than it gets would fill memory, so past ``buffer`` plus
-        ``EMIT_HEADROOM`` events ``emit`` raises ``BusFull``. ``derived=True`` (a gathered
-        round, a snapshot report) is never refused, so no flood can cost a run its rounds.
+        Raises ``BusFull`` past ``buffer`` plus ``EMIT_HEADROOM``; ``derived=True`` events
+        (rounds, reports) are never refused.
         """
         if not isinstance(event, Event):
             raise refusal(event, started=True)
@@ -532,13 +472,8 @@ class EventBus(anyio.AsyncContextManagerMixin):
     async def wait_idle(self, *, lanes: Iterable[Subscription] | None = None) -> None:
         """Return once every accepted event has been fully handled.
 
-        With ``lanes``, the lane handlers among them are waited for and the
-        other lanes are not: every event is still delivered to the inline
-        handlers and put into its lanes, but a slow lane's backlog is its
-        own (``Reporter.sync`` waits so for the callbacks that can stop a run).
-
-        A handler must not call it (``RuntimeError``): the bus is not idle
-        while that handler runs.
+        With ``lanes``, only those lanes' backlogs are waited for (other lanes' are not).
+        Raises ``RuntimeError`` from a handler: the bus is never idle while it runs.
         """
         if lanes is not None:
             lanes = tuple(lanes)

@@ -1,11 +1,5 @@
-"""Clocks that drive the bus's timestamps and health-check periods.
-
-The bus never calls ``time`` directly: it is given a clock, so tests and
-replays run on virtual time, instantly and deterministically, as
-``trio.testing.MockClock`` does for trio. Handler deadlines are not on this
-clock: they are real seconds, so a handler stuck under a virtual clock is
-still cancelled.
-"""
+"""Clocks that drive the bus's timestamps and health-check periods, so tests and replays run
+on virtual time. Handler deadlines stay in real seconds: a stuck handler is still cancelled."""
 
 from __future__ import annotations
 
@@ -55,12 +49,8 @@ class VirtualClock:
         self._listeners: list[Callable[[float], None]] = []
 
     def add_listener(self, listener: Callable[[float], None]) -> Callable[[], None]:
-        """Call ``listener(now)`` synchronously whenever the clock moves.
-
-        A bus listens to end its health-check periods at the exact moment
-        virtual time passes them, with no task switch to race against.
-        Returns a function that removes the listener.
-        """
+        """Call ``listener(now)`` synchronously whenever the clock moves (no task switch to
+        race against); returns a function that removes it."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
@@ -71,10 +61,8 @@ class VirtualClock:
     def set(self, when: float, *, blocked: bool = False) -> None:
         """Move the clock to ``when`` (never backwards) and wake due sleepers.
 
-        ``blocked=True`` moves it as a call that blocks the event loop lets time
-        pass: the listeners hear of it only with the clock's next move (live, no
-        period ends during a plain sync callback: the bus notices it once the call
-        returns); sleepers are woken, as they run only once the loop is free anyway.
+        ``blocked=True``: as a call that blocks the loop lets time pass; listeners hear of
+        it only with the next move, as no period ends during a live sync callback.
         """
         if not math.isfinite(when):
             raise ValueError(f"virtual clock cannot be set to {when}: not a finite time")
@@ -104,14 +92,8 @@ class VirtualClock:
 
 
 class FastForwardClock(VirtualClock):
-    """Real time that can jump ahead over idle gaps.
-
-    Between jumps it runs at real speed, so a handler's measured cost is its
-    real cost; ``set``/``advance`` skip forward to the next scheduled event,
-    so a benchmark or a replay covers hours of a run's timeline in the time
-    its callbacks really take. It never goes back: setting an earlier time
-    is a no-op (real time already passed it).
-    """
+    """Real time that can jump ahead over idle gaps (``set``/``advance``), never back:
+    between jumps a handler's measured cost is its real cost."""
 
     def __init__(self, start: float = 0.0) -> None:
         super().__init__(start)

@@ -1,16 +1,8 @@
-"""Encoding and validated decoding of events, msgpack and JSON.
+"""Encoding and validated decoding of events, msgpack and JSON (nothing is ever unpickled).
 
-Decoding validates against the tagged union of every ``Event`` subclass, so
-that an unknown ``type`` or a bad field is an ``EventDecodeError`` naming the
-path, and nothing is ever unpickled. Decoders are built once per set of
-event types and reused, since msgspec's decoders are fast only when reused.
-
-NaN and ±infinity are real training signals (a diverging loss), so they
-survive JSON too: an event that may hold one is written through Python's
-``json``, as the bare tokens ``NaN``, ``Infinity`` and ``-Infinity``, and a
-line that could hold such a token is read through it when msgspec's strict
-decoder refuses it. Both detours are off the common path.
-"""
+NaN and ±infinity are real training signals (a diverging loss), so they survive JSON too,
+as the bare tokens ``NaN``, ``Infinity`` and ``-Infinity``, through Python's ``json`` off
+the common path."""
 
 from __future__ import annotations
 
@@ -80,8 +72,7 @@ def known_tags() -> frozenset[str]:
 
 
 def event_modules() -> dict[str, str]:
-    """Event type tag -> the public module of its class, for every event class defined
-    so far: a log names where to import a type from, stable when private modules move."""
+    """Event type tag -> the public module of its class (stable when private ones move)."""
     return {tag_of(cls): public_module(cls) for cls in event_types()}
 
 
@@ -101,12 +92,8 @@ def encode_json(event: Event) -> bytes:
 
 
 def has_nonfinite(value: object) -> bool:
-    """Whether ``value`` may hold a NaN or an infinity (msgspec's JSON wrote ``null`` for it).
-
-    One msgpack encoding (which keeps floats bit for bit) and a byte search:
-    C speed, no walk in Python. A false positive only costs the detour through
-    Python's ``json``.
-    """
+    """Whether ``value`` may hold a NaN or an infinity (msgspec's JSON would write ``null``),
+    by a byte search of its msgpack encoding."""
     try:
         packed = _msgpack_encoder.encode(value)
     except Exception:  # msgpack cannot hold it (an int beyond 64 bits): take the detour

@@ -1,13 +1,5 @@
-"""The dispatcher: one task that takes the inbox as a batch and delivers it.
-
-It makes the batch's stamped copies (sequence number and time), shows the
-batch to the taps, and hands it to each handler in turn (*handler-major*):
-handler A gets every event of the batch, then handler B. Both ordering
-guarantees hold (each handler sees publish order; for one event, handlers
-run by ``order`` then registration), and the work per event is the copy
-and the handler call itself. Inline handlers run here, through the
-dispatcher's ``Runner``; lane handlers get the batch put into their lane.
-"""
+"""The dispatcher: one task that takes the inbox as a batch, stamps copies, and hands the
+batch to each handler in turn (*handler-major*; docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -36,12 +28,8 @@ _log = get_logger("eventbus")
 
 
 class Inbox(deque[Event]):
-    """Events accepted and not yet taken by the dispatcher.
-
-    A deque itself, so that publishing is one ``append`` and one flag read:
-    a publisher that finds ``sleeping`` set calls ``wake_up()``. Publishers
-    that wait for room wait in ``room()``.
-    """
+    """Events accepted and not yet taken: a deque, so publishing is one ``append`` and
+    one flag read (``sleeping``: call ``wake_up()``)."""
 
     __slots__ = ("_room", "_wake", "sleeping")
 
@@ -52,13 +40,13 @@ class Inbox(deque[Event]):
         self._room: anyio.Event | None = None
 
     def put(self, event: Event) -> None:
-        """Accept ``event`` (what ``EventBus.publish`` does inline, for speed)."""
+
         self.append(event)
         if self.sleeping:
             self.wake_up()
 
     def put_many(self, events: list[Event]) -> None:
-        """Accept ``events``, in order."""
+
         self.extend(events)
         if self.sleeping:
             self.wake_up()
@@ -69,8 +57,7 @@ class Inbox(deque[Event]):
         self._wake.set()
 
     def going_to_sleep(self) -> anyio.Event:
-        """The dispatcher is about to wait for events: what wakes it (a plain call,
-        not a coroutine, to keep a frame off every wake-up)."""
+        """What wakes the dispatcher (a plain call: no frame on every wake-up)."""
         self.sleeping = True
         self._wake = wake = anyio.Event()
         return wake
@@ -99,12 +86,7 @@ class Inbox(deque[Event]):
 
 
 class Dispatcher:
-    """Delivers what is published, in order, and knows what is still on the way.
-
-    ``next_seq`` is the sequence number of the next event dispatched;
-    ``undispatched`` counts the deliveries of the batch being dispatched that
-    are not yet passed to a runner or a lane.
-    """
+    """Delivers what is published, in order, and knows what is still on the way."""
 
     __slots__ = (
         "_end_run",
@@ -180,8 +162,7 @@ class Dispatcher:
     # --- idle, and what is left ---------------------------------------------------
 
     def is_idle(self, lanes: Iterable[Subscription] | None = None) -> bool:
-        """Whether every accepted event has been handled, in lanes too; with ``lanes``,
-        in those lanes only (the others may still be working through theirs)."""
+        """Whether every accepted event has been handled (of lanes, ``lanes`` only)."""
         if self._inbox or self.dispatching:
             return False
         if lanes is None:
@@ -190,8 +171,7 @@ class Dispatcher:
         return all(not lane.queued for sub in lanes if (lane := running.get(sub)) is not None)
 
     def maybe_idle(self) -> None:
-        """A task went to sleep: wake ``wait_idle`` if the dispatcher is done (its
-        waiters look at the lanes they wait for themselves)."""
+        """A task went to sleep: wake ``wait_idle`` if the dispatcher is done."""
         if self._idle is not None and not self._inbox and not self.dispatching:
             self._idle.set()
             self._idle = None
@@ -205,8 +185,7 @@ class Dispatcher:
             await self._idle.wait()
 
     def undelivered(self) -> int:
-        """Deliveries not made: in the inbox, in the batch being dispatched, queued in
-        lanes, and left in a runner's batch when it was stopped."""
+        """Deliveries not made, wherever they wait."""
         route = self._registry.route
         count = self.undispatched + self._runner.pending
         count += sum(len(route(type(event))) for event in self._inbox)
@@ -215,8 +194,7 @@ class Dispatcher:
     # --- the loop -------------------------------------------------------------------
 
     async def run(self) -> None:
-        """The dispatcher task: take a batch, stamp copies, show the taps, deliver; sleep
-        while the inbox is empty."""
+
         inbox = self._inbox
         routes = self._registry.routes
         barriers = self._registry.barriers
@@ -235,9 +213,8 @@ class Dispatcher:
             now = clock()
             if now >= periods.end:
                 periods.roll(now)
-            # Handlers get a stamped copy: the event published stays as it was, so
-            # publishing an event twice, or on two buses, is two deliveries. A
-            # publisher may bring its own time (a replay keeps recorded times).
+            # A stamped copy: the event published stays as it was (publishing it twice
+            # is two deliveries); a publisher may bring its own time.
             seq = self.next_seq
             batch = [replace(e, seq=n, time=e.time or now) for n, e in enumerate(batch, seq)]
             self.next_seq = seq + len(batch)
@@ -263,9 +240,7 @@ class Dispatcher:
                         self.undispatched -= len(events)
                         await run(sub, events)
             if inbox:
-                # More came in while this batch was handled (handlers emit): let the
-                # other tasks run before the next batch, so that no chain of events
-                # can starve them.
+                # More came in (handlers emit): let other tasks run, so no chain starves them.
                 await anyio.lowlevel.checkpoint()
 
     def _run_taps(self, batch: list[Event]) -> None:

@@ -1,10 +1,5 @@
-"""Event types: one tagged union of frozen msgspec structs, every event of the project.
-
-Every message on the bus, in a log or on the wire is an ``Event`` subclass, so
-it decodes to exactly one class by its ``type`` tag, and anything unknown or
-malformed is a validation error instead of a crash or code execution.
-Exceptions travel as type name, message and traceback text: never pickled.
-"""
+"""Event types: one tagged union of frozen msgspec structs, so a record decodes to one class
+or fails validation (never code execution: exceptions travel as text, never pickled)."""
 
 from __future__ import annotations
 
@@ -18,10 +13,8 @@ SCHEMA_VERSION = 2
 
 Metrics = dict[str, Any]
 
-#: The largest bus time an event may carry, either sign: thousands of years in seconds.
 MAX_TIME = 1e12
-#: A time on the bus's clock. Finite: a recorded NaN or infinity would stall periods and
-#: comparisons, so a log record holding one is damaged (read as a placeholder).
+#: A time on the bus's clock, finite: a NaN or infinity would stall periods.
 BusTime = Annotated[float, msgspec.Meta(ge=-MAX_TIME, le=MAX_TIME)]
 RunStatus = Literal["finished", "failed", "cancelled", "preempted"]
 
@@ -29,18 +22,10 @@ RunStatus = Literal["finished", "failed", "cancelled", "preempted"]
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True, gc=False):
     """Base of every event.
 
-    ``seq`` and ``time`` come from the bus: handlers and the log get a copy of each
-    published event stamped with its sequence number and dispatch time; the object
-    published keeps ``-1`` and ``0.0``. A publisher may set ``time`` itself (a replay
-    keeps recorded times); ``seq`` always comes from the bus.
-
-    Events are not tracked by the garbage collector (``gc=False``: a run keeps many
-    alive); so an event inside a reference cycle would never be freed, and a subclass
-    that needs one declares ``gc=True``.
-
-    ``derived``: ``True`` on a class whose events a handler makes from other events (the
-    gathering's rounds); a replay into a bus that makes them again leaves the recorded
-    ones out.
+    Handlers and the log get a copy stamped by the bus with ``seq`` and dispatch ``time``
+    (a publisher may set ``time`` itself). ``gc=False``: a subclass that can sit in a
+    reference cycle declares ``gc=True``. ``derived`` marks events a handler makes from
+    others (rounds); a replay into a bus that makes them again leaves recorded ones out.
     """
 
     derived: ClassVar[bool] = False
@@ -56,12 +41,9 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tru
 class EventRegistry:
     """Every event class, keyed by module-qualified name; each ``type`` tag names one.
 
-    A second class with the tag of another (say a user's own ``Report``) would make every
-    recorded event of that tag decode as the wrong class, so it is refused (``TypeError``
-    naming both); defining the same class again (a module reloaded) replaces it. A tag is
-    known only once msgspec has made the class, so new classes wait in ``pending`` until
-    the union is next needed (a metaclass could check at once, but would put every
-    instance on msgspec's slow path). ``generation`` counts changes, for caches.
+    A second class with a taken tag raises ``TypeError`` (its records would decode as the
+    wrong class). New classes wait in ``pending`` until the union is next needed: a tag is
+    known only once msgspec has made the class. ``generation`` counts changes, for caches.
     """
 
     def __init__(self) -> None:
@@ -151,13 +133,9 @@ class WorkerFailure(Event, frozen=True, kw_only=True):
 
 
 class RankStalled(Event, frozen=True, kw_only=True):
-    """Rank ``rank`` made no report for ``periods`` health-check periods of ``period``
-    seconds (``silent_s`` seconds on the bus's clock) while other ranks reported: a
-    worker hung without dying. A verdict on the live run's time, recorded as a fact
-    (not derived): a replay delivers the recorded one and judges nothing again.
-
-    ``last_index``: its latest report (-1: none yet); ``others_at``: the latest of
-    the other ranks'."""
+    """Rank ``rank`` made no report for ``periods`` periods (``silent_s`` bus seconds)
+    while others reported (up to ``others_at``): a hung worker. Not derived: a replay
+    delivers the recorded verdict. ``last_index``: its latest report (-1: none)."""
 
     run_id: str
     rank: int
@@ -189,11 +167,8 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
 
 
 class WorkerGroupRestarted(Event, frozen=True, kw_only=True):
-    """Workers restarted: partial report rounds are discarded.
-
-    ``required_ranks`` is the set of ranks a round needs from now on (it may
-    shrink or grow in elastic runs); empty means every rank of ``world_size``.
-    """
+    """Workers restarted: partial rounds are discarded. ``required_ranks``: the ranks a
+    round needs from now on (empty: every rank of ``world_size``)."""
 
     run_id: str
     world_size: int
@@ -238,11 +213,9 @@ class RunStarted(Event, frozen=True, kw_only=True):
 class RunPosition(msgspec.Struct, frozen=True, kw_only=True):
     """Where a run stood when a checkpoint's round was gathered: what a resume continues.
 
-    Saved with the checkpoint's callback states and carried by ``RunResumed``. ``rounds``
-    counts the rounds gathered, the checkpoint's included; ``next_index[r]`` is rank
-    ``r``'s next report index (later ones are redone after a resume, ``-1`` for a rank not
-    required); ``checkpoint_seq`` the ``seq`` of the checkpoint's ``CheckpointSaved``
-    (later events are rolled back); ``pending_failures`` where ``after_exception`` stood.
+    ``rounds`` counts rounds gathered, the checkpoint's included; ``next_index[r]`` is
+    rank ``r``'s next report index (``-1``: not required); ``checkpoint_seq`` is the
+    ``seq`` of its ``CheckpointSaved`` (later events are rolled back).
     """
 
     checkpoint: str
@@ -257,17 +230,14 @@ class RunPosition(msgspec.Struct, frozen=True, kw_only=True):
     failures: int = 0
     restarts: int = 0
     mismatches: int = 0
-    #: Worker failures recorded before the checkpoint whose health-check period had
-    #: not ended: a resumed run delivers them to ``after_exception``, once.
+    #: Failures of the checkpoint's unfinished period: delivered to ``after_exception``.
     pending_failures: tuple[WorkerFailure, ...] = ()
 
 
 class RunResumed(Event, frozen=True, kw_only=True):
-    """The run resumed from ``checkpoint`` (the operator's location) at ``position``.
+    """The run resumed from ``checkpoint`` at ``position``, after its ``RunStarted``.
 
-    It follows the resumed run's ``RunStarted``. Events recorded before it that the crash
-    rolled back (reports at or past ``position.next_index``, every other event after
-    ``position.checkpoint_seq``) stay in the log for diagnosis; a replay leaves them out.
+    Rolled-back events recorded before it stay in the log; a replay leaves them out.
     """
 
     run_id: str
@@ -276,11 +246,8 @@ class RunResumed(Event, frozen=True, kw_only=True):
 
 
 class RunFinished(Event, frozen=True, kw_only=True):
-    """The run ended. ``stopped_by``/``stop_reason``: what asked it to stop early
-    (a callback's ``should_stop``, or ``Run.request_stop``), if anything did.
-    ``summary``: the trainer's own figures of the whole run, where it gives some
-    (Hugging Face's ``train_runtime``, ``train_loss``, ...): they describe the run,
-    not a round, so they come with its end."""
+    """The run ended. ``stopped_by``/``stop_reason``: what asked it to stop early, if
+    anything; ``summary``: the trainer's own figures of the whole run (``train_runtime``)."""
 
     run_id: str
     status: RunStatus
@@ -313,12 +280,8 @@ class HandlerFailed(Event, frozen=True, kw_only=True):
 
 
 class HandlerTimedOut(Event, frozen=True, kw_only=True):
-    """A handler call ran past its deadline.
-
-    ``outcome`` says what happened to it: ``cancelled`` (async, interrupted),
-    ``abandoned`` (blocking, left running in its worker thread) or ``overrun``
-    (plain sync, which cannot be interrupted: it ran to the end, late).
-    """
+    """A handler call ran past its deadline: ``cancelled`` (async), ``abandoned``
+    (blocking, left in its thread) or ``overrun`` (plain sync: it finished, late)."""
 
     handler: str
     event_seq: int
@@ -354,10 +317,7 @@ class HandlerUsage(msgspec.Struct, frozen=True, kw_only=True):
 
 class BudgetReport(Event, frozen=True, kw_only=True):
     """Callback overhead of one health-check period against its budget.
-
-    ``partial``: the last, unfinished period of a bus that closed (so a run
-    shorter than a period still reports what its callbacks cost).
-    """
+    ``partial``: the unfinished last period of a bus that closed."""
 
     period: int
     start: BusTime
@@ -372,10 +332,7 @@ class BudgetReport(Event, frozen=True, kw_only=True):
 
 class StateSnapshotted(Event, frozen=True, kw_only=True):
     """Callback states were written for a checkpoint (``errors``: key -> why not).
-
-    ``error`` says why nothing was written (a location outside the state
-    root, an I/O error); ``path`` is then empty.
-    """
+    ``error``: why nothing was written (``path`` is then empty)."""
 
     run_id: str
     checkpoint: str
@@ -386,13 +343,8 @@ class StateSnapshotted(Event, frozen=True, kw_only=True):
 
 
 class EventPlaceholder(Event, frozen=True, kw_only=True):
-    """Stands in, in a log, for an event that could not be kept as itself.
-
-    The recorder writes one for an event it cannot encode, so one bad value never costs
-    the rest of the log; the reader yields one for an intact record that does not decode
-    (an unknown type, a mistyped field). ``reason`` says why, ``text`` is a bounded
-    rendering of what was there. Replays skip placeholders.
-    """
+    """Stands in, in a log, for an event that could not be encoded or decoded; ``text``
+    is a bounded rendering of it. Replays skip placeholders."""
 
     event_type: str
     reason: str
@@ -400,10 +352,7 @@ class EventPlaceholder(Event, frozen=True, kw_only=True):
 
 
 class StateRestored(Event, frozen=True, kw_only=True):
-    """Callback states were restored.
-
-    ``missing``: saved but no longer live; ``unsaved``: live but never saved.
-    """
+    """Callback states were restored. ``missing``: saved, not live; ``unsaved``: never saved."""
 
     run_id: str
     checkpoint: str
@@ -411,20 +360,16 @@ class StateRestored(Event, frozen=True, kw_only=True):
     missing: tuple[str, ...] = ()
     unsaved: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-    #: Classes whose saved and live instance counts differ: ``"Class: N saved, M live"``.
+    #: ``"Class: N saved, M live"`` where the counts differ.
     mismatched: tuple[str, ...] = ()
 
 
-# --- what training callbacks are told ----------------------------------------------
-# The gathering (``handlers``) derives these from the events above, each with the run's context.
+# --- what training callbacks are told (derived by the gathering) ---------------------
 
 
 class TrainRunContext(msgspec.Struct, frozen=True, kw_only=True):
-    """Immutable facts about one run, given to every callback call.
-
-    ``start_time`` is wall-clock seconds since the epoch when known (from
-    ``RunStarted``), else the bus time of the first event of the run.
-    """
+    """Immutable facts about one run, given to every callback call. ``start_time``:
+    epoch seconds from ``RunStarted``, else the bus time of the run's first event."""
 
     run_id: str
     name: str
@@ -457,20 +402,15 @@ class TrainRunContext(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CallbackCost(msgspec.Struct, frozen=True, kw_only=True):
-    """What one hook of a training callback cost over a run (``RunResult.callbacks``).
-
-    The bus's accounting of the hook's subscription over the run, in seconds on the bus's
-    clock, so it agrees with the run's ``BudgetReport``s.
+    """What one hook of a training callback cost over a run, in bus-clock seconds.
 
     Attributes:
-        handler: The hook's name in diagnostics and budget reports
-            (``EarlyStopping.after_report``; ``...#2`` for a second instance).
+        handler: The hook's name (``EarlyStopping.after_report``; ``...#2`` for a second).
         calls: Calls made, failed and timed-out ones included.
         total: Seconds spent in it.
-        mean: Seconds per call (``total / calls``; 0 without calls).
+        mean: Seconds per call (0 without calls).
         max: Its longest call, in seconds.
-        periods_over_budget: Health-check periods whose budget report named it
-            over its budget.
+        periods_over_budget: Periods whose budget report named it over budget.
         faults: Calls that raised.
         timeouts: Calls past their deadline.
         skipped: Deliveries not made (disabled, coalescing, or cut short).
@@ -499,28 +439,20 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     failures: int = 0
     restarts: int = 0
     last_checkpoint: str | None = None
-    #: What asked the run to stop early (``EarlyStopping(metric='loss', mode='min')``,
-    #: ``Run.request_stop``) and why; ``None`` if nothing did.
+    #: What asked the run to stop early, and why; ``None`` if nothing did.
     stopped_by: str | None = None
     stop_reason: str | None = None
     #: Rounds whose ranks named different checkpoints (each such round has none).
     checkpoint_mismatches: int = 0
-    #: What each hook of the run's training callbacks cost, in the order they were
-    #: subscribed (the library's own handlers are in ``EventBus.stats()``). As given to
-    #: ``after_run``: up to the run's end; ``Run.result`` brings them up to the bus's
-    #: close (``after_run`` itself, the last period's budget verdict). Empty in logs
-    #: recorded before it.
+    #: Each training-callback hook's cost, in subscription order: to the run's end as
+    #: given to ``after_run``, to the bus's close in ``Run.result``.
     callbacks: tuple[CallbackCost, ...] = ()
     #: The trainer's own figures of the whole run (``RunFinished.summary``), if any.
     summary: Metrics = msgspec.field(default_factory=dict)
 
 
 class BeforeRun(Event, frozen=True, kw_only=True, tag="RunBegan"):
-    """The run began: ``before_run`` is due, before anything else of the run.
-
-    Its tag is ``"RunBegan"``, the class's name before it was renamed, so that
-    every log recorded since still reads.
-    """
+    """The run began: ``before_run`` is due. Tagged ``"RunBegan"``, its old name, for old logs."""
 
     derived: ClassVar[bool] = True
 
@@ -528,11 +460,8 @@ class BeforeRun(Event, frozen=True, kw_only=True, tag="RunBegan"):
 
 
 class RoundGathered(Event, frozen=True, kw_only=True):
-    """One report round: ``metrics[i]`` from the i-th required rank; ``after_report`` is due.
-
-    The dicts in ``metrics`` are read-only (their mutators raise ``TypeError``),
-    shared by every callback: none sees another's edits.
-    """
+    """One report round; ``after_report`` is due. The ``metrics`` dicts are read-only:
+    every callback shares them."""
 
     derived: ClassVar[bool] = True
 
@@ -553,17 +482,13 @@ class FailuresGathered(Event, frozen=True, kw_only=True):
     context: TrainRunContext
     index: int
     failures: tuple[WorkerFailure, ...]
-    #: Ranks found stalled (``RankStalled``): ``after_exception`` gets each as a
-    #: ``handlers.RankStalledError``, as Ray reports a worker failing its health check.
+    #: Ranks found stalled, given to ``after_exception`` as ``RankStalledError``s.
     stalls: tuple[RankStalled, ...] = ()
 
 
 class AfterRun(Event, frozen=True, kw_only=True, tag="RunEnded"):
-    """``after_run`` is due: every other gathered event of the run came before it.
-
-    Its tag is ``"RunEnded"``, the class's name before it was renamed, so that
-    every log recorded since still reads.
-    """
+    """``after_run`` is due, after every other gathered event of the run. Tagged
+    ``"RunEnded"``, its old name, for old logs."""
 
     derived: ClassVar[bool] = True
 

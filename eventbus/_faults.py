@@ -1,16 +1,6 @@
-"""Whose fault is an exception? Telling the bus's own cancellations from a handler's.
-
-A handler may raise anything, ``BaseException`` subclasses included. Three
-kinds matter to the bus:
-
-- a cancellation the bus asked for (a deadline's scope, or the bus stopping):
-  it must propagate, so the scope that asked catches it;
-- ``KeyboardInterrupt`` and ``SystemExit``: the user (or the program) wants
-  the run to end; the bus's owner ends it in order and re-raises them;
-- anything else, a cancellation nobody on the bus asked for included (an
-  awaited future that was cancelled, a foreign scope's exception): the
-  handler's fault, reported as ``HandlerFailed``, and the bus goes on.
-"""
+"""Whose fault is an exception? A cancellation the bus asked for propagates;
+``KeyboardInterrupt`` and ``SystemExit`` end the run in order; anything else, a stray
+cancellation included, is the handler's fault (``HandlerFailed``), and the bus goes on."""
 
 from __future__ import annotations
 
@@ -26,26 +16,17 @@ FATAL: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit)
 
 
 def is_requested_cancel(exc: BaseException) -> bool:
-    """Whether ``exc`` is a cancellation that a scope around the current task asked for.
-
-    Such a cancellation must propagate to the scope that asked. A cancellation
-    exception raised while no enclosing scope is cancelled came from
-    somewhere else (a cancelled future a handler awaited, say).
-    """
+    """Whether ``exc`` is a cancellation that a scope around the current task asked for
+    (else it came from elsewhere: a cancelled future a handler awaited, say)."""
     return isinstance(exc, anyio.get_cancelled_exc_class()) and (
         anyio.current_effective_deadline() == -math.inf
     )
 
 
 def forgive_foreign_cancel() -> None:
-    """On asyncio, withdraw the ``Task.cancel()`` requests of the current task that
-    no bus scope made, once the bus has taken their cancellation as a handler's fault.
-
-    asyncio asks code that suppresses a cancellation to call ``Task.uncancel()``
-    for it. Left counted, the requests make anyio's scopes take the bus's next
-    deadline for someone else's cancellation: it escapes its scope, and the rest
-    of the batch is lost (``test_a_stray_task_cancel_leaves_later_deadlines_working``).
-    """
+    """On asyncio, ``uncancel()`` the current task's cancel requests no bus scope made, once
+    taken as a handler's fault: left counted, they would make the next deadline escape its
+    scope."""
     try:
         task = asyncio.current_task()
     except RuntimeError:  # not on asyncio

@@ -1,18 +1,5 @@
-"""Observers of handler calls: what a tap of batches cannot see, how long each call took.
-
-A tap (``EventBus.add_tap``) sees every event, but not what the handlers
-made of it. A call observer (``EventBus.observe_calls``) is shown the calls
-themselves: each call that took at least the observer's ``min_seconds``,
-and every call that failed or ran past its deadline, as ``HandlerCall``
-records, once per batch, after the batch was accounted (so an observer's
-own time is no handler's).
-
-It costs nothing while nobody observes: the runners read ``min_seconds``
-once per batch (infinite then), and the one comparison per call they add
-sits where they read the clock anyway. An observer asking for every call
-(``min_seconds=0``) has every call timed, handlers proved cheap included
-(they are otherwise timed by the batch): one clock read per call more.
-"""
+"""Observers of handler calls (``EventBus.observe_calls``): how long each call took, which a
+tap of batches cannot see. Free while nobody observes (``min_seconds`` is then infinite)."""
 
 from __future__ import annotations
 
@@ -32,9 +19,7 @@ __all__ = ["CallObserver", "CallObservers", "CallOutcome", "HandlerCall", "noted
 
 _log = get_logger("eventbus")
 
-#: What became of a call: it returned, it raised, or it ran past its deadline and was
-#: cancelled (async), abandoned in its thread (blocking) or ran to its end late (plain
-#: sync), as ``HandlerTimedOut.outcome`` says.
+#: What became of a call; past its deadline as ``HandlerTimedOut.outcome`` says.
 CallOutcome = Literal["ok", "error", "cancelled", "abandoned", "overrun"]
 
 
@@ -49,9 +34,7 @@ class HandlerCall(msgspec.Struct, frozen=True, kw_only=True):
         outcome: ``"ok"``, ``"error"`` (it raised ``error``), or past its deadline:
             ``"cancelled"``, ``"abandoned"`` or ``"overrun"`` (as ``HandlerTimedOut``).
         error: What it raised, for ``"error"``.
-        calls: 1, or for a handler the bus times by the batch (proved cheaper than
-            a clock read, and no observer asks for every call) the calls of the
-            batch ``elapsed`` covers.
+        calls: 1, or for a handler timed by the batch, the calls ``elapsed`` covers.
     """
 
     handler: str
@@ -78,7 +61,7 @@ def noted(
     error: BaseException | None = None,
     calls: int = 1,
 ) -> list[HandlerCall]:
-    """``notes`` (made at the first call noted in a batch) with this call added."""
+
     call = HandlerCall(
         handler=sub.name,
         event=event,
@@ -105,14 +88,8 @@ class _Entry:
 
 
 class CallObservers:
-    """A bus's call observers, shared by its runners.
-
-    ``min_seconds`` is the shortest call any observer wants (infinite when
-    none does); ``every_call`` whether one wants them all, so that handlers
-    timed by the batch are timed by the call instead. ``end_run`` is told of
-    an interrupt raised by an observer; an observer raising anything else
-    is logged and removed, as a tap is.
-    """
+    """A bus's call observers, shared by its runners. ``min_seconds``: the shortest call
+    any wants (infinite: none); ``every_call``: one wants them all."""
 
     __slots__ = ("_end_run", "_entries", "every_call", "min_seconds")
 

@@ -11,39 +11,33 @@ import msgspec
 import msgspec.inspect as mi
 from msgspec import Meta
 
-#: The longest deadline or wait an option may ask for: a week, finite.
 MAX_SECONDS = 7 * 24 * 3600.0
-#: The shortest health-check period: shorter ones would spend the bus on its own reports.
+#: Shorter periods would spend the bus on its own reports.
 MIN_PERIOD = 0.001
-#: The longest health-check period: a day.
 MAX_PERIOD = 24 * 3600.0
-#: The most events a buffer may hold.
 MAX_BUFFER = 1 << 20
 
 _SECONDS = "number of seconds"
-#: A deadline: more than 0 s, at most a week.
+
 Seconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS, description=_SECONDS)]
-#: How long to wait: 0 s (not at all) to a week.
+
 WaitSeconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS, description=_SECONDS)]
-#: A health-check period: 1 ms to a day.
+
 PeriodSeconds = Annotated[float, Meta(ge=MIN_PERIOD, le=MAX_PERIOD, description=_SECONDS)]
-#: A share of a health-check period: more than 0, at most 1 (all of it).
+
 Share = Annotated[float, Meta(gt=0, le=1, description="share of a period")]
-#: A number of events a buffer holds.
+
 Buffer = Annotated[int, Meta(ge=1, le=MAX_BUFFER, description="whole number of events")]
-#: A count of rounds, calls or checkpoints: a whole number, at least 1.
+
 Count = Annotated[int, Meta(ge=1, le=2**31 - 1)]
-#: How many faults (failures and timeouts) disable a handler with ``on_error="disable"``.
+
 Faults = Annotated[int, Meta(ge=1, le=1_000_000, description="whole number of faults")]
-#: How many whole health-check periods a handler disabled by ``over_budget="disable"``
-#: stays disabled before it is tried again.
+
 Probation = Annotated[int, Meta(ge=1, le=1_000_000, description="whole number of periods")]
-#: ``Probation``'s default: long enough that a callback over budget in every period it
-#: runs costs at most a quarter of what it would (one period in four), short enough
-#: that one over budget once is soon back.
+#: A callback over budget in every period costs at most one period in four; one over
+#: budget once is soon back.
 DEFAULT_PROBATION = 3
-#: How many whole health-check periods a rank may go without a report while others
-#: report before it is said to have stalled (``RankStalled``).
+
 StallPeriods = Annotated[
     int, Meta(ge=1, le=1_000_000, description="whole number of health-check periods")
 ]
@@ -73,8 +67,7 @@ def _number(value: float | int) -> str:
 
 
 def range_of(annotation: Any) -> str:
-    """In words, what ``annotation`` (one of this module's, or any ``Annotated``) admits:
-    ``a number of seconds from 0.001 to 86400``. Errors and docs say it alike."""
+    """In words, what ``annotation`` admits: ``a number of seconds from 0.001 to 86400``."""
     return _words(mi.type_info(annotation))
 
 
@@ -122,10 +115,8 @@ _AT = re.compile(r" - at `\$((?:\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*)`$")
 def _option_error(
     error: msgspec.ValidationError, values: dict[str, Any], types: dict[str, Any], *, lone: bool
 ) -> OptionError | OptionTypeError:
-    """msgspec's ``Expected `float` > 0.0 - at `$.period``` as a sentence naming the option.
-
-    ``values``/``types``: the options by name. ``lone``: one value was checked (its only
-    name is the option; msgspec's path is then inside that value)."""
+    """msgspec's ``Expected `float` > 0.0 - at `$.period``` as a sentence naming the option;
+    ``lone``: one value was checked (msgspec's path is inside it)."""
     if isinstance(error.__cause__, OptionError | OptionTypeError):
         return error.__cause__  # a check across fields, raised by a ``__post_init__``
     message = str(error)
@@ -158,9 +149,8 @@ _OPTIONS_PAGE = "docs/guides/async-trainer.md#options"
 
 
 def checked(name: str, value: Any, annotation: Any) -> Any:
-    """``value`` if ``annotation`` admits it (converted as msgspec converts: an int for a
-    float), else ``OptionError`` (or a ``TypeError``) naming ``name``: for options taken
-    one by one (``subscribe(timeout=...)``, ``run.workers(max_restarts=...)``)."""
+    """``value`` if ``annotation`` admits it (converted as msgspec converts), else
+    ``OptionError`` (or ``TypeError``) naming ``name``: for options taken one by one."""
     try:
         return msgspec.convert(value, annotation)
     except msgspec.ValidationError as exc:
@@ -189,8 +179,7 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     @classmethod
     def build(cls, options: Self | None = None, /, **keywords: Any) -> Self:
         """``options`` (the defaults if ``None``) with ``keywords`` changed, checked and
-        converted as msgspec converts (an int where a float goes, a list to a tuple).
-        ``options`` may be of a subclass (a run's options for its bus): it stays one."""
+        converted as msgspec converts; a subclass stays one."""
         if options is not None and not isinstance(options, cls):
             raise TypeError(f"options must be a {cls.__name__}, got {options!r}")
         target = cls if options is None else type(options)
@@ -231,19 +220,15 @@ class BusOptions(Options, frozen=True, kw_only=True):
     """How an ``EventBus`` runs; ``EventBus(period=...)`` builds one from keywords.
 
     Attributes:
-        buffer: events the inbox holds before ``publish`` waits (and each lane,
-            unless it has its own size).
+        buffer: events the inbox (and a lane without its own size) holds before
+            ``publish`` waits.
         timeout: the default deadline of one handler call, in real seconds.
-        period: the health-check period, seconds on the bus's clock: handler
-            time is budgeted, and worker failures gathered, per period.
+        period: the health-check period, seconds on the bus's clock.
         budget: the share of a period that all handlers may use together.
-        drain_timeout: how long closing waits for what was published to be
-            delivered, seconds.
-        stall_periods: a rank with no report for this many whole periods while
-            other ranks report has stalled (a hung worker, which no failure
-            reveals): said once per stall, and ``after_exception`` hears of it.
-            ``None`` (the default): not watched, since a rank may rightly go
-            quiet for long (an evaluation on rank 0 alone).
+        drain_timeout: how long closing waits for delivery, seconds.
+        stall_periods: whole periods without a report, while others report, after
+            which a rank has stalled (a hung worker). ``None`` (default): not watched,
+            since a rank may rightly go quiet (an evaluation on rank 0 alone).
     """
 
     buffer: Buffer = 1024

@@ -1,10 +1,5 @@
-"""Health-check periods: each handler's time per period against its budget.
-
-The runners add each batch to its subscription's ``Counters``; once a period, ``Periods``
-turns them into a ``HealthCheckTick`` and a ``BudgetReport`` and has the policy act on the
-handlers over budget: nothing is done per event. A period ends when the bus clock passes its
-end, noticed by the dispatcher, a clock listener (virtual clocks) or the idle ticker.
-"""
+"""Health-check periods: once a period, each handler's ``Counters`` become a tick and a
+``BudgetReport``, and the policy acts on those over budget (nothing is done per event)."""
 
 from __future__ import annotations
 
@@ -23,12 +18,7 @@ _log = get_logger("eventbus")
 
 
 class Periods:
-    """The bus's health-check periods, ``length`` seconds each on ``clock``.
-
-    ``subs`` gives the subscriptions in delivery order (the order of the
-    report); ``emit`` publishes the tick and the report; ``budget`` is the
-    share of a period all handlers may use together.
-    """
+    """The bus's health-check periods, ``length`` seconds each on ``clock``."""
 
     __slots__ = ("_clock", "_emit", "_policy", "_subs", "budget", "end", "index", "length", "start")
 
@@ -66,13 +56,8 @@ class Periods:
                 self.roll(self._clock.now())
 
     def roll(self, now: float) -> None:
-        """Close the period that ended by ``now``: a tick and a budget report.
-
-        However far ``now`` is past its end (a machine suspended, a log's jump in
-        time), that costs at most two reports: the whole periods after it, in which
-        nothing was dispatched, are closed as one idle stretch up to the start of
-        the period ``now`` falls in. So a gap never turns into work per period.
-        """
+        """Close the period that ended by ``now``: a tick and a budget report. A gap of
+        many periods (a suspended machine) is closed as one idle stretch, not per period."""
         if not now >= self.end:  # also for a NaN
             return
         start = self._close(self.start, self.end)
@@ -93,17 +78,16 @@ class Periods:
         return end
 
     def cut(self, now: float) -> BudgetReport | None:
-        """The bus closes: the unfinished period's report, if the period has begun
-        (the periods that ended meanwhile are closed first: a sync call that blocked
-        the loop past the end leaves them to whoever looks next)."""
+        """The bus closes: the unfinished period's report, if it has begun (periods that
+        ended meanwhile are closed first)."""
         self.roll(now)
         if now > self.start:
             return self.report(self.start, now, partial=True)
         return None
 
     def report(self, start: float, end: float, *, partial: bool = False) -> BudgetReport:
-        """The budget report of ``[start, end)``; the policy acts on each handler
-        (unless ``partial``), and one warning names the worst of those over budget."""
+        """The budget report of ``[start, end)``; the policy acts (unless ``partial``), and
+        one warning names the worst over budget."""
         subs = self._subs()
         report, usages = close_period(
             subs, self.index, start, end, self.budget, period=self.length, partial=partial
@@ -124,15 +108,12 @@ class Periods:
         return report
 
 
-#: How many handlers over budget the warning names; the report has them all.
 _NAMED = 3
 
 
 def over_budget_text(report: BudgetReport, length: float) -> str:
-    """The warning's words: the handlers over budget, costliest first, each with what
-    it took of the period and its budget; and all of them together, if that was over
-    the bus's budget when the handlers named alone were not.
-    ``length``: the period's length as judged (a whole one for a partial period)."""
+    """The warning's words: the handlers over budget, costliest first, with what each
+    took and its budget; and all together, if only that was over."""
     over = sorted(
         (u for u in report.handlers if u.over_budget), key=lambda u: u.total, reverse=True
     )
@@ -155,8 +136,7 @@ def over_budget_text(report: BudgetReport, length: float) -> str:
 
 
 def judged_length(start: float, end: float, period: float, *, partial: bool) -> float:
-    """The length a period's budget is a share of: its own, or for a ``partial`` one
-    (cut short when the bus closed, maybe after microseconds) a whole period's."""
+    """The length a period's budget is a share of: a whole period's for a ``partial`` one."""
     length = end - start
     return max(length, period) if partial else length
 
@@ -171,16 +151,9 @@ def close_period(
     period: float | None = None,
     partial: bool = False,
 ) -> tuple[BudgetReport, list[HandlerUsage]]:
-    """The report of period ``index`` and each subscription's usage in it (in the
-    order of ``subs``; the report has those that did anything); each subscription's
-    period counters are added to its lifetime ones.
-
-    A handler's budget is its own share if it has one, else the bus's (which also applies
-    to all handlers together). A ``partial`` period (cut short when the bus closed) is
-    judged against a whole ``period``: a share of microseconds would call any callback
-    over budget. A handler's time past the period's length was spent after it and is
-    carried into the next, so no report has a handler busy longer than the period.
-    """
+    """The report of period ``index`` and each subscription's usage in it; period counters
+    join the lifetime ones. A handler's time past the period's length is carried into the
+    next, so no report has a handler busy longer than the period."""
     span = end - start
     length = span
     if partial and period is not None:

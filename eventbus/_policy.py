@@ -1,10 +1,5 @@
-"""What happens to a handler that fails, overruns its deadline, or its budget.
-
-Runners report an exception or an overrun, the periods a budget verdict, the user calls
-``enable()``: one place counts it, emits the diagnostic event, logs (once per period), and
-changes the handler's state or fails the run, so every path applies the same policy.
-``duration_text``, ``share_text`` and ``cost_text`` word figures with their units.
-"""
+"""What happens to a handler that fails, overruns its deadline, or its budget: one place
+counts, emits the diagnostic, logs, and changes the handler's state or fails the run."""
 
 from __future__ import annotations
 
@@ -54,8 +49,7 @@ def _figures(value: float, significant: int) -> str:
 
 
 def duration_text(seconds: float) -> str:
-    """``seconds`` in the unit that reads best, to three figures: ``205 ms``, ``5 s``,
-    ``40 µs``, ``120 ns`` (rounded first, so that 0.9999996 s is ``1 s``, not ``1,000 ms``)."""
+    """``seconds`` in the unit that reads best, to three figures: ``205 ms``, ``40 µs``."""
     if abs(seconds) < 1:
         seconds = float(f"{seconds:.3g}")
     size = abs(seconds)
@@ -89,13 +83,8 @@ def _periods_text(count: int) -> str:
 
 
 class Policy:
-    """Applies the handlers' error and budget policies for one bus.
-
-    ``emit`` publishes a diagnostic event (never refused); ``end_run`` tells the
-    bus that the run must end with an exception; ``owner_ends_run`` says
-    whether the bus's owner ends the run itself (``on_failure`` given), in
-    which case the handler that failed it is disabled so the others go on.
-    """
+    """Applies the handlers' error and budget policies for one bus. ``owner_ends_run``:
+    the owner ends the run itself, so the handler that failed it is disabled."""
 
     __slots__ = ("_emit", "_end_run", "_owner_ends_run")
 
@@ -113,15 +102,9 @@ class Policy:
     def handler_raised(
         self, sub: Subscription, event: Event, exc: BaseException, events: list[Event], index: int
     ) -> bool:
-        """A handler call raised ``exc``: whose is it?
-
-        A cancellation the bus asked for (a deadline, the bus stopping) is
-        re-raised, for the scope that asked. ``KeyboardInterrupt`` and
-        ``SystemExit`` end the run: the call is recorded as failed, the handler
-        is disabled and the bus's owner is told. Anything else, a stray
-        cancellation included, is the handler's fault. True when the handler
-        must get no more of ``events``.
-        """
+        """A handler call raised ``exc``. A cancellation the bus asked for is re-raised;
+        ``KeyboardInterrupt`` and ``SystemExit`` end the run; anything else is the
+        handler's fault. True when the handler must get no more of ``events``."""
         if is_requested_cancel(exc):
             raise exc
         if isinstance(exc, FATAL):
@@ -231,8 +214,7 @@ class Policy:
     def set_state(
         self, sub: Subscription, state: HandlerState, reason: str, *, by_budget: bool = False
     ) -> None:
-        """Move ``sub`` to ``state`` for ``reason`` (words a user reads: the event has
-        them); ``by_budget``: the budget policy's doing, which it may undo."""
+        """Move ``sub`` to ``state`` for ``reason``; ``by_budget``: the budget policy's doing."""
         if sub.change_state(state, reason, by_budget=by_budget):
             _log.warning(
                 f"handler state changed: {sub.name} {_STATES[state]}: {reason}",
@@ -245,11 +227,9 @@ class Policy:
     def budget_verdict(self, sub: Subscription, usage: HandlerUsage, length: float) -> None:
         """A period of ``length`` seconds closed with ``sub`` over (or within) its budget.
 
-        ``"coalesce"`` lasts while the handler is over budget: coalesced, it is still
-        called, so each period measures it. ``"disable"`` lasts ``probation`` whole
-        periods: disabled, a handler costs nothing, and a period without its calls
-        says nothing of what they cost (taking it as "back under budget" made a
-        slow handler flap, disabled and enabled every other period).
+        ``"coalesce"`` lasts while over budget (still called, so still measured);
+        ``"disable"`` lasts ``probation`` periods, since a period without calls says
+        nothing of their cost.
         """
         if sub.state == "normal":
             if usage.over_budget and sub.over_budget != "warn":

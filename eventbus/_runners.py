@@ -1,11 +1,5 @@
-"""Calling one handler with a batch of events: timed, deadline-guarded, in order.
-
-Each task that calls handlers (the dispatcher, each lane) has its own ``Runner``. Every call
-is timed until the handler has proved cheaper than a clock read; then its batches are timed
-as a whole. The fault policy is consulted only when a call went wrong, and the counters are
-added to once per batch. With no call observer, a runner compares a call's time with an
-infinite threshold only where it read the clock anyway.
-"""
+"""Calling one handler with a batch of events: timed, deadline-guarded, in order. A handler
+proved cheaper than a clock read has its batches timed as a whole."""
 
 from __future__ import annotations
 
@@ -37,12 +31,8 @@ _NONE = math.inf
 
 
 class Runner:
-    """Delivers batches to handlers for one task (the dispatcher, or one lane).
-
-    ``pending`` counts the events of the batch being run that are neither
-    handled nor skipped yet: when the bus is stopped mid-batch, the close
-    report counts them as not delivered.
-    """
+    """Delivers batches to handlers for one task (the dispatcher, or one lane); ``pending``:
+    events of the batch neither handled nor skipped yet."""
 
     __slots__ = ("_guard", "_now", "_observers", "_policy", "pending")
 
@@ -86,12 +76,8 @@ class Runner:
         index: int,
         coroutine: Coroutine[Any, Any, Any],
     ) -> None:
-        """A plain sync handler returned a coroutine (``lambda e: upload(e)``).
-
-        Dropped, it would never run while the call counted as delivered. It is
-        awaited instead, under the async handlers' deadline, and so is every
-        later call of that handler (one warning says to declare it ``async``).
-        """
+        """A plain sync handler returned a coroutine (``lambda e: upload(e)``): await it, and
+        every later call's, under the async deadline (one warning says to declare it async)."""
         _log.warning(
             "sync handler returned a coroutine: it is awaited from now on; "
             "declare the handler `async def` to say so",
@@ -109,18 +95,14 @@ class Runner:
         await self._run_async(sub, events[index:])
 
     def _run_sync(self, sub: Subscription, events: list[Event]) -> _CoroutineReturned | None:
-        """Call a plain sync handler for each event, timing each call; an overrun is
-        reported once the call returns.
-
-        Returns where a call returned a coroutine: the events from there on are
-        left to ``_adopt_coroutine``.
-        """
+        """Call a plain sync handler for each event, timing each call; returns where a call
+        returned a coroutine (for ``_adopt_coroutine``)."""
         fn = sub.handler
         clock = self._now
         policy = self._policy
         timeout = sub.timeout
         watch = self._observers.min_seconds
-        # One comparison per call, as with the deadline alone: with the lower of the two.
+        # One comparison per call: with the lower of the two.
         limit = watch if watch < timeout else timeout
         calls = len(events)
         longest = 0.0
@@ -174,10 +156,7 @@ class Runner:
         return returned
 
     def _run_sync_cheap(self, sub: Subscription, events: list[Event]) -> _CoroutineReturned | None:
-        """``_run_sync`` with one clock read per batch, for a handler that proved
-        cheaper than a clock read: its mean call stands in for its longest. An
-        observer is shown the batch as one call, if it asked for one that long
-        or the batch went wrong."""
+        """``_run_sync`` with one clock read per batch, for a handler proved cheap."""
         fn = sub.handler
         calls = len(events)
         returned = None
@@ -223,14 +202,8 @@ class Runner:
         return returned
 
     async def _run_async(self, sub: Subscription, events: list[Event]) -> None:
-        """Await the handler for each event, under one cancel scope for the batch,
-        timing each call (or, for a handler proved cheap, the batch).
-
-        The guard is told which call is in progress; the watchdog cancels the
-        scope when one call overruns, and the calls go on with the next event
-        in a new scope, unless the policy says stop. Timed per batch, an
-        overrun's time is the batch's so far.
-        """
+        """Await the handler for each event under one cancel scope for the batch, which the
+        watchdog cancels when a call overruns; the next event gets a new scope."""
         fn = sub.handler
         clock = self._now
         guard = self._guard
@@ -286,8 +259,7 @@ class Runner:
                                     failed = exc
                                 if stop:
                                     break
-                # The guard still names this scope: harmless, as it is no longer
-                # awaited; the next scope replaces it, and ``finally`` clears it.
+
                 if not scope.cancelled_caught:
                     break
                 t1 = clock()
@@ -302,8 +274,7 @@ class Runner:
                     break
             self.pending = 0
         finally:
-            # Also when the bus is stopped mid-batch: the calls made are counted,
-            # and the events not reached stay pending (abandoned, in the close report).
+            # Also when stopped mid-batch: events not reached stay pending.
             guard.done()
             made = index + 1
             if self.pending:
@@ -388,12 +359,8 @@ class Runner:
 
 
 class ThreadCall:
-    """A blocking handler's call in a worker thread, which its deadline may abandon.
-
-    Abandoned before its thread started, it never runs: run late, it would
-    overtake nothing but could be overtaken, breaking the handler's order.
-    Abandoned while running, it runs on in its thread (it cannot be stopped).
-    """
+    """A blocking handler's call in a worker thread, which its deadline may abandon (never
+    started then, so it cannot overtake; or left running: it cannot be stopped)."""
 
     __slots__ = ("event", "handler", "lock", "state")
 

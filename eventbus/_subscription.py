@@ -1,10 +1,5 @@
-"""A handler registered on the bus: what it asked for, and what it has cost.
-
-A ``Subscription`` is the handler's configuration and its state (normal, coalescing,
-disabled); what it has cost is in its ``Counters``, which the runners add to once per batch.
-A subscription does not know the bus: ``cancel()``, ``enable()`` and its queued count go
-through the ``Owner`` interface it is given.
-"""
+"""A handler registered on the bus: what it asked for, and what it has cost (``Counters``,
+added to once per batch). It reaches the bus only through its ``Owner``."""
 
 from __future__ import annotations
 
@@ -48,8 +43,7 @@ class SubscriptionStats(msgspec.Struct, frozen=True, kw_only=True):
         calls: Calls made, failed and timed-out ones included.
         failed: Calls that raised.
         timed_out: Calls past their deadline.
-        skipped: Deliveries not made: the handler was disabled, coalescing, or
-            stopped by its fault policy in the middle of a batch.
+        skipped: Deliveries not made (disabled, coalescing, or cut short by faults).
         queued: Deliveries waiting in its lane.
         state: ``"normal"``, ``"coalescing"`` or ``"disabled"``.
         total: Seconds spent in the handler.
@@ -75,14 +69,8 @@ CHEAP_CALL = 2e-6
 
 
 class Counters:
-    """What one handler has cost: over its life, and in the current health-check
-    period (``period_*``, reset when the period closes).
-
-    The runners add each batch with one ``add_batch`` call. The lifetime time
-    is not added per batch: a period's time joins ``past_total`` and
-    ``past_max`` when the period closes, and ``total``/``max`` add the
-    current period when asked.
-    """
+    """What one handler has cost: over its life, and in the current health-check period
+    (``period_*``). A period's time joins the lifetime figures when it closes."""
 
     __slots__ = (
         "calls",
@@ -103,7 +91,7 @@ class Counters:
     )
 
     def __init__(self) -> None:
-        #: Whether each call is timed (else each batch): see ``add_batch``.
+        #: Whether each call is timed (else each batch).
         self.timed_per_call = True
         # Lifetime.
         self.calls = 0
@@ -131,13 +119,10 @@ class Counters:
         return max(self.past_max, self.period_max)
 
     def add_batch(self, calls: int, total: float, longest: float) -> None:
-        """Add a batch: ``calls`` calls that took ``total`` seconds, the longest one
-        ``longest``.
+        """Add a batch: ``calls`` calls that took ``total`` seconds, the longest ``longest``.
 
-        From its ``CALIBRATION_CALLS``-th call on, a handler whose batch took less than
-        ``CHEAP_CALL`` a call on average has its next batch timed as a whole: a clock
-        read per call would cost more than the handler (docs/performance.md). A batch
-        whose mean is over ``CHEAP_CALL`` brings back timing per call.
+        After calibration, a handler cheaper than ``CHEAP_CALL`` a call has its next batch
+        timed as a whole: a clock read per call would cost more (docs/performance.md).
         """
         self.calls += calls
         self.period_calls += calls
@@ -159,8 +144,7 @@ class Counters:
         return self.period_timeouts
 
     def add_fault(self) -> int:
-        """A failure or a timeout, towards ``max_faults``; returns the count since the
-        handler was last (re-)enabled."""
+        """A failure or a timeout, towards ``max_faults``; returns the count since enabled."""
         self.faults_since_enabled += 1
         return self.faults_since_enabled
 
@@ -196,7 +180,7 @@ def is_async_callable(handler: Callable[..., Any]) -> bool:
 
 
 def handler_name(handler: Callable[..., Any]) -> str:
-    """A readable name for diagnostics: ``module.qualname`` of the function or class."""
+    """``module.qualname`` of the function or class, for diagnostics."""
     target = handler if hasattr(handler, "__qualname__") else type(handler)
     qualname = getattr(target, "__qualname__", repr(target))
     module = getattr(target, "__module__", None)
@@ -212,13 +196,8 @@ def as_event_types(event_types: type[Event] | Iterable[type[Event]]) -> tuple[ty
 
 
 def attacher_of(obj: object) -> Callable[[Any, list[Any]], Any] | None:
-    """How objects like ``obj`` attach themselves to a bus, if they do.
-
-    Training callbacks are wired through a run's gathering, so their class says how with
-    a classmethod ``__eventbus_attach__(bus, callbacks)`` (``handlers.UserCallback`` has
-    one): replays and recordings attach them as a live run does without knowing the
-    training layer. It returns, per callback, the subscriptions made for it.
-    """
+    """The class's ``__eventbus_attach__(bus, callbacks)``, if it has one: how training
+    callbacks attach through a gathering without the bus knowing the training layer."""
     attach: Callable[[Any, list[Any]], Any] | None = getattr(type(obj), "__eventbus_attach__", None)
     return attach
 
@@ -235,7 +214,7 @@ def _checked_types(
     over_budget: str,
     probation: int,
 ) -> tuple[type[Event], ...]:
-    """Refuse a bad ``subscribe`` call before anything is registered; the event types."""
+
     types = as_event_types(event_types)
     if attacher_of(handler) is not None:
         raise TypeError(
@@ -337,7 +316,7 @@ class Subscription:
         self.active = True
         self.state: HandlerState = "normal"
         self.state_reason = ""
-        #: Whether the budget policy set the state (so that it is the one to lift it).
+        #: Whether the budget policy set the state (it alone lifts it).
         self.state_by_budget = False
         self.counters = Counters()
 
@@ -352,14 +331,12 @@ class Subscription:
         self._owner.enable(self)
 
     def make_async(self, handler: Callable[[Any], Awaitable[Any]]) -> None:
-        """From now on call ``handler``, an async wrapper of the handler (a sync
-        handler that returned a coroutine has its coroutines awaited)."""
+        """From now on call ``handler``, an async wrapper of the handler."""
         self.handler = handler
         self.is_async = True
 
     def change_state(self, state: HandlerState, reason: str, *, by_budget: bool = False) -> bool:
-        """Move to ``state`` (``by_budget``: the budget policy's doing); False if it was
-        already there. Re-enabling forgives the faults counted towards ``max_faults``."""
+        """Move to ``state``; False if already there. Re-enabling forgives faults."""
         if self.state == state:
             return False
         self.state = state

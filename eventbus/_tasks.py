@@ -1,12 +1,6 @@
-"""The bus's own tasks: the dispatcher, the watchdog, the period ticker, the lanes.
-
-Handlers run inside these tasks, so what escapes a handler's call into the
-task (a ``KeyboardInterrupt`` that trio raised wherever the task was, a
-cancellation that a handler made of its own task) must not end the bus
-before the run ends in order: such a task is started again. Each task has
-its own cancel scope, so the bus can stop them all and wait until their
-``finally`` blocks have accounted for the calls they made.
-"""
+"""The bus's own tasks (dispatcher, watchdog, ticker, lanes), each in its own cancel scope,
+restarted after an interrupt or a stray cancellation a handler caused, so the run ends in
+order."""
 
 from __future__ import annotations
 
@@ -25,10 +19,7 @@ _log = get_logger("eventbus")
 
 
 class Tasks:
-    """Starts, restarts and stops the bus's tasks in the bus's task group.
-
-    ``end_run`` is told of an interrupt that hit one of them (it ends the run).
-    """
+    """Starts, restarts and stops the bus's tasks in the bus's task group."""
 
     __slots__ = ("_end_run", "_ids", "_running", "_scopes", "_stopped", "_tg")
 
@@ -82,16 +73,8 @@ class Tasks:
         self._tg.start_soon(guarded)
 
     def _should_restart(self, loop: Callable[[], Any], exc: BaseException) -> bool:
-        """Something escaped one of the bus's own loops: True to start it again.
-
-        Handlers' exceptions are caught where handlers are called; what gets
-        here came from elsewhere in that task: a ``KeyboardInterrupt`` that
-        trio raised wherever the task was (it ends the run, in order), or a
-        cancellation no scope of ours asked for (a handler that cancelled the
-        task it runs in). Either way the loop is needed to finish the run.
-        A cancellation we asked for, or any other exception (a bug of ours),
-        propagates.
-        """
+        """Something escaped one of the bus's own loops: True to start it again (an interrupt,
+        or a cancellation no scope of ours asked for); anything else propagates."""
         if isinstance(exc, FATAL):
             self._end_run(exc)
         elif isinstance(exc, anyio.get_cancelled_exc_class()) and not is_requested_cancel(exc):

@@ -1,15 +1,8 @@
 """The watchdog: one task that cancels async handler calls past their deadline.
 
-Entering a cancel scope per call would cost more than most handler calls
-(DESIGN.md §10), so a runner enters one scope per batch and tells its
-``Guard`` about it; the watchdog looks at the guards a few times per
-deadline and cancels a scope whose runner has been in the same call for
-the handler's timeout.
-
-A runner's side is three steps: ``watch(scope, timeout)`` before it awaits
-calls under ``scope``, ``guard.call = index`` as each call starts, and
-``done()`` when it leaves the scope. What the watchdog remembers between
-looks is the guard's own business.
+A cancel scope per call would cost more than most calls, so a runner enters one per batch
+and tells its ``Guard`` which call it is in; the watchdog cancels a scope whose runner has
+been in one call for the handler's timeout.
 """
 
 from __future__ import annotations
@@ -26,11 +19,7 @@ _LONGEST_TICK = 0.05
 
 
 class Guard:
-    """What one runner (the dispatcher, or one lane) is awaiting, for the watchdog.
-
-    ``call`` is the index, in its batch, of the call the runner is making
-    under the watched scope; the runner sets it as each call starts.
-    """
+    """What one runner is awaiting: ``call``, the index of its current call in the batch."""
 
     __slots__ = (
         "_notify",
@@ -88,12 +77,7 @@ class Guard:
 
 
 class Watchdog:
-    """Cancels async calls that overran their deadline (real time).
-
-    A call counts as stuck when its runner has started no other call for its
-    timeout; the tolerance is one tick (at most 50 ms). With nothing
-    watched, the watchdog sleeps until a guard starts watching.
-    """
+    """Cancels async calls that overran their deadline (real time, within one tick)."""
 
     __slots__ = ("_guards", "_wake")
 

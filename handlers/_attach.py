@@ -1,9 +1,5 @@
-"""Wiring training callbacks onto a bus: gathering, failures, lifecycle, in one call.
-
-A live run, a replay of a recorded log, a benchmark and the adapters all give
-callbacks the same inputs, because they wire them the same way: everything a
-callback sees is derived from the bus's events by the same three gatherers.
-"""
+"""Wiring training callbacks onto a bus: gathering, failures, lifecycle, in one call, the
+same for a live run, a replay, a benchmark and the adapters."""
 
 from __future__ import annotations
 
@@ -41,14 +37,9 @@ _MAX_ORIGINALS = 1024
 
 
 class CallbackAttachment:
-    """Training callbacks wired onto a bus, with the gatherers that feed them.
-
-    Each stage is an ordinary subscriber, in the order ``Stage`` names: the gatherers
-    turn raw events into derived ones carrying the run's context, and every hook of every
-    training callback subscribes to its derived event. The report gatherer becomes the
-    bus's gathering (``EventBus.gathering``). Made unattached: ``attach`` subscribes.
-    Its arguments are ``attach_user_callbacks``'s.
-    """
+    """Training callbacks wired onto a bus, with the gatherers that feed them (each an
+    ordinary subscriber, in ``Stage`` order). ``attach`` subscribes; its arguments are
+    ``attach_user_callbacks``'s."""
 
     def __init__(
         self,
@@ -70,7 +61,7 @@ class CallbackAttachment:
             announce_checkpoints=announce_checkpoints,
         )
         self.failures = ExceptionCallbackHandler(context_for=context_for)
-        #: Worker exceptions raised in this process, by rank and traceback (``keep_original``).
+        #: Worker exceptions raised in this process, by rank and traceback.
         self._originals: dict[tuple[int, str], Exception] = {}
         self.user = UserCallbackHandler(
             callbacks,
@@ -81,15 +72,11 @@ class CallbackAttachment:
         self.subscriptions: list[Subscription] = []
 
     def attach(self, bus: EventBus) -> Self:
-        """Subscribe the gatherers and every callback's hooks to ``bus``.
-
-        ``ValueError`` if the bus gathers reports already (another attachment):
-        then nothing is subscribed.
-        """
+        """Subscribe the gatherers and every callback's hooks to ``bus``; ``ValueError``
+        (nothing subscribed) if the bus gathers reports already."""
         if self.bus is not None:
             raise RuntimeError("these callbacks are attached already: make another attachment")
-        # The report gatherer first: it refuses a bus that has one already. Each
-        # stage's order, not the order of subscribing, says when it runs.
+        # The report gatherer first: it refuses a bus that has one already.
         self.subscriptions = [
             self.reports.subscribe(bus, order=Stage.GATHER_REPORTS),
             self.failures.subscribe(bus, order=Stage.GATHER_FAILURES),
@@ -105,16 +92,14 @@ class CallbackAttachment:
         return self.reports.last_checkpoint
 
     def keep_original(self, failure: WorkerFailure, exc: Exception) -> None:
-        """``after_exception`` gets ``exc`` itself for ``failure`` (as in Ray, in one
-        process); the log and a replay carry its text form, a ``WorkerError``."""
+        """``after_exception`` gets ``exc`` itself for ``failure`` (the log carries its text)."""
         if len(self._originals) >= _MAX_ORIGINALS:  # failures are few; a flood keeps text
             self._originals.pop(next(iter(self._originals)))
         # Keyed by what the failure says, not by the object: handlers get a copy of it.
         self._originals[(failure.rank, failure.traceback)] = exc
 
     def exception_of(self, failure: WorkerFailure) -> Exception:
-        """The exception ``after_exception`` gets for ``failure``: the worker's own if
-        it was raised in this process, else one rebuilt from the event's text."""
+        """The worker's own exception if raised in this process, else one rebuilt from text."""
         kept = self._originals.get((failure.rank, failure.traceback))
         return kept if kept is not None else WorkerError.from_failure(failure)
 
@@ -133,8 +118,7 @@ class CallbackAttachment:
         )
 
     def resume_at(self, checkpoint: str, position: RunPosition | None) -> None:
-        """Continue from ``checkpoint``: where a restart resumes, and, given where the
-        run stood there, its rounds, report indices, figures and pending failures."""
+        """Continue from ``checkpoint`` and, given it, the run's ``position`` there."""
         self.reports.resume_at(checkpoint, position)
         if position is not None:
             self.failures.resume_at(position)
@@ -148,11 +132,8 @@ class CallbackAttachment:
         return self.user.callbacks
 
     def costs(self) -> tuple[CallbackCost, ...]:
-        """What each hook of the training callbacks cost so far, in subscription order.
-
-        Only the callbacks': a user reads what their own code cost; the gatherers,
-        the state store and the log recorder are the library's, in
-        ``EventBus.stats()`` and the budget reports."""
+        """What each hook of the training callbacks cost so far, in subscription order
+        (the library's own handlers are in ``EventBus.stats()``)."""
         over = self.lifecycle.periods_over_budget
         return tuple(_cost(sub.stats(), over[sub.name]) for sub in self.user.subscriptions)
 
@@ -218,20 +199,16 @@ def attach_user_callbacks(
     required_ranks: Iterable[int] | None = None,
     announce_checkpoints: bool = False,
 ) -> CallbackAttachment:
-    """Wire training callbacks onto a bus of your own, as a run does: report gathering,
-    failure gathering and the run's lifecycle, each hook an ordinary subscriber. For
-    a replay (``replay_file(log, lambda bus: attach_user_callbacks(bus, callbacks))``)
-    or a trainer that drives its own bus; ``open_run`` does it for a live run.
+    """Wire training callbacks onto a bus of your own, as a run does (for a replay, or a
+    trainer that drives its own bus; ``open_run`` does it for a live run).
 
     Args:
         bus: the bus, not yet closed.
-        callbacks: the training callbacks (``UserCallback``s, or objects with
-            its hooks).
+        callbacks: the training callbacks (``UserCallback``s, or objects with its hooks).
         world_size: the run's ranks; by default the run context's.
         required_ranks: the ranks a round waits for; by default all of them.
-        announce_checkpoints: emit a ``CheckpointSaved`` for each round's
-            checkpoint, for the state store. A live run does; a replay has the
-            recorded ones.
+        announce_checkpoints: emit a ``CheckpointSaved`` for each round's checkpoint,
+            for the state store (a replay has the recorded ones).
 
     Returns the attachment: its ``run_context``, ``callbacks``, ``costs()``,
     ``result()`` once the run ended, and ``cancel()`` to unsubscribe them all.

@@ -1,8 +1,4 @@
-"""``UserCallback``: what users subclass to write a training callback.
-
-Every method is optional, sync or async, and each hook a subclass overrides becomes its own
-bus subscription, so a callback pays only for what it does.
-"""
+"""``UserCallback``: what users subclass to write a training callback."""
 
 from __future__ import annotations
 
@@ -35,21 +31,15 @@ class UserCallback:
         on_error: ``"log"``, ``"raise"`` or ``"disable"`` (after ``max_faults``).
         max_faults: faults before ``on_error="disable"`` disables it.
         over_budget: ``"warn"``, ``"coalesce"`` or ``"disable"``.
-        probation: whole periods a hook disabled by ``over_budget="disable"``
-            stays disabled before it is tried again.
-        delivery: ``"inline"`` or ``"lane"``, as ``EventBus.subscribe``'s
-            ``delivery``.
+        probation: whole periods a hook disabled by ``over_budget="disable"`` stays so.
+        delivery: ``"inline"`` or ``"lane"``, as ``EventBus.subscribe``'s.
         blocking: run sync hooks in a worker thread, abandoned at the deadline.
         event_types: raw events this callback also wants, delivered to
-            ``on_event(run_context, event)`` (for displays that count reports).
+            ``on_event(run_context, event)``.
 
-    ``None`` means the bus's default.
-
-    A callback that must see the bus itself (an observer of the whole run, such as
-    ``adapters.otel.OpenTelemetryTap``) defines ``__eventbus_subscribe__(self, bus) ->
-    Iterable[Subscription]``: wherever callbacks are attached it is called with the bus
-    once the hooks are subscribed, and the subscriptions it returns count as the
-    callback's own (in ``RunResult.callbacks``).
+    ``None`` means the bus's default. A callback that must see the bus itself defines
+    ``__eventbus_subscribe__(self, bus) -> Iterable[Subscription]``, called once its hooks
+    are subscribed; the subscriptions it returns count as its own.
     """
 
     timeout: ClassVar[float | None] = None
@@ -91,7 +81,5 @@ class UserCallback:
 
     @classmethod
     def __eventbus_attach__(cls, bus: EventBus, callbacks: list[Any]) -> list[list[Subscription]]:
-        """Attach ``callbacks`` to ``bus`` as a run does (gathering included): how
-        ``eventbus.testing``'s replays and recordings take training callbacks.
-        Per callback, the subscriptions of its hooks."""
+        """Attach ``callbacks`` to ``bus`` as a run does; per callback, its subscriptions."""
         return attach_user_callbacks(bus, callbacks).user.subscriptions_by_callback

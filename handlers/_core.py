@@ -1,11 +1,5 @@
-"""The run core: what every way into a run shares of its life, written once.
-
-``open_run``'s ``Run`` and the trainers' hook host (``adapters._threaded_run``) drive the same
-core: the run's id, what a resume continues, the log, the callbacks' wiring, and the run's
-first and last events in the one order every way in keeps (``RunStarted``; once
-``before_run`` returned, a resume's ``RunResumed``; at the end ``RunFinished``). It moves no
-event itself and knows no loop: its driver publishes what it makes.
-"""
+"""The run core: what ``open_run`` and the trainers' adapters share of a run's life (its id,
+resume, log, wiring, first and last events). It knows no loop: its driver publishes."""
 
 from __future__ import annotations
 
@@ -39,7 +33,7 @@ __all__ = ["RunCore"]
 
 
 class RunCore:
-    """One run's identity, wiring, log, and first and last events (see the module).
+    """One run's identity, wiring, log, and first and last events.
 
     Args:
         callbacks: the training callbacks (restored ones replace them in ``resume``).
@@ -50,11 +44,8 @@ class RunCore:
         config: the run's configuration, in ``RunStarted``.
         storage: the root the callbacks' files belong in, in ``RunStarted``.
         store: snapshots every stateful callback at every checkpoint.
-        announce_checkpoints: a round's checkpoint is announced (``CheckpointSaved``)
-            by the gathering; a trainer that writes its checkpoint after the round
-            announces it itself.
-        position_of: where the run stood at a checkpoint, for its snapshot; by default
-            the gathering's (``RunCore.position_of``), which a trainer may wrap.
+        announce_checkpoints: the gathering announces each round's checkpoint.
+        position_of: where the run stood at a checkpoint (default: the gathering's).
     """
 
     def __init__(
@@ -81,7 +72,7 @@ class RunCore:
         self._position_of = position_of or self.position_of
         self._announce = announce_checkpoints
         self._requested_id = run_id
-        #: The run's id: the one given, else the resumed run's, else a new one.
+
         self.run_id = run_id or f"{name}-{uuid.uuid4().hex[:8]}"
         self.resume: Resume | None = None
         self.restored: StateRestored | None = None
@@ -101,9 +92,8 @@ class RunCore:
         callbacks: Iterable[Any] | None = None,
         restored: StateRestored | None = None,
     ) -> None:
-        """What the run resumes, read before anything started, and the callbacks
-        restored from it (in place, order kept). A run that continues a saved one
-        takes its id, unless given one."""
+        """What the run resumes, read before anything started, and the callbacks restored
+        in place from it."""
         self.resume = resume
         if callbacks is not None:
             self.callbacks = list(callbacks)
@@ -116,19 +106,14 @@ class RunCore:
         return self.resume.first_index(rank) if self.resume is not None else 0
 
     def open_log(self, log: str | os.PathLike[str] | None) -> None:
-        """Create the log, or append to it for a run that continues the one it holds;
-        one already there is never overwritten: moved aside when the run's folder (the
-        store's) holds no complete checkpoint to continue it, else ``FileExistsError``
-        (``appends_to_log``)."""
+        """Create the log, or append to it for a run that continues it (``appends_to_log``)."""
         if log is not None and self.recorder is None:
             run_dir = self.store.root if self.store is not None else None
             append = appends_to_log(log, resuming=self.continues, run_dir=run_dir)
             self.recorder = LogRecorder(log, run_id=self.run_id, append=append, overwrite=False)
 
     def open(self, bus: EventBus) -> CallbackAttachment:
-        """Wire the run onto ``bus``, before it starts: the log (``open_log``), the
-        callbacks and their gatherers (where the resume left them), the state store;
-        the bus numbers its events and periods after the history's."""
+        """Wire the run onto ``bus`` before it starts: log, callbacks, gatherers, store."""
         if self.attachment is not None:
             raise RuntimeError(f"run {self.run_id} is open already")
         attachment = self.attachment = CallbackAttachment(
@@ -165,8 +150,8 @@ class RunCore:
         )
 
     def after_start(self) -> list[Event]:
-        """What a resumed run says once ``before_run`` has returned (so no callback
-        hears of it first): ``RunResumed``, the period the crash cut, what was restored."""
+        """What a resumed run says once ``before_run`` has returned: ``RunResumed``, the
+        period the crash cut, what was restored."""
         resumed = self.resume.event(self.run_id) if self.resume is not None else None
         return [e for e in (resumed, self.cut_period, self.restored) if e is not None]
 
@@ -178,8 +163,7 @@ class RunCore:
         summary: dict[str, Any] | None = None,
         stopped: tuple[str, str | None] | None = None,
     ) -> RunFinished:
-        """The run's last event: its status, and the callback that stopped it (``stopped``,
-        else the first whose ``should_stop`` is true)."""
+        """The run's last event: its status, and the callback that stopped it."""
         stopped_by, stop_reason = stopped or stop_of(self.callbacks) or (None, None)
         return RunFinished(
             run_id=self.run_id,

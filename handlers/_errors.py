@@ -1,9 +1,5 @@
-"""Exceptions that stand for what went wrong in workers, rebuilt from events.
-
-Events carry a worker's exception as text, so that logs decode without
-running code: nothing here is ever unpickled. These classes give that text
-back the shape of an exception a callback can catch, compare and print.
-"""
+"""Exceptions that stand for what went wrong in workers, rebuilt from events' text
+(nothing is ever unpickled)."""
 
 from __future__ import annotations
 
@@ -16,10 +12,8 @@ __all__ = ["RankStalledError", "ReportError", "WorkerError", "WorkerGroupError"]
 
 
 class WorkerError(Exception):
-    """A worker's exception as ``after_exception`` receives it from a log or a replay.
-
-    The original object never crosses the bus (that would need pickle): this
-    carries its type name, message and formatted traceback as text.
+    """A worker's exception as ``after_exception`` receives it from a log or a replay,
+    carried as text (the original would need pickle).
 
     Args:
         rank: the rank whose worker raised it.
@@ -71,13 +65,9 @@ class WorkerError(Exception):
 
 
 class RankStalledError(Exception):
-    """A rank that stalled (no report for ``stall_periods`` periods while the others
-    went on), as ``after_exception`` receives it: ``{rank: RankStalledError}``.
+    """A rank that stalled, as ``after_exception`` receives it: ``{rank: RankStalledError}``.
 
-    An exception wrapping the ``RankStalled`` event (``stall``), not the event
-    itself: events are msgspec structs, which cannot also be exceptions, and a
-    callback catching or printing what it got needs an exception. Its fields are
-    the event's.
+    An exception wrapping the ``RankStalled`` event (``stall``), with its fields.
     """
 
     def __init__(self, stall: RankStalled) -> None:

@@ -1,19 +1,9 @@
 """Failure gathering: the worker failures of one health-check period, delivered together.
 
-Ray Train hands ``after_exception`` the failures of one health-check poll as
-``{rank: exception}``; here a period is the poll. A failure belongs to the
-period its bus time falls in: the tick that ends a period can be dispatched
-after failures stamped in the next one (the dispatcher ends a period when it
-takes the next batch), so failures are split by time, not by arrival.
-Failures still pending when the worker group restarts or the run finishes
-are delivered then, so ``after_exception`` hears of a failure before the
-restarted group's first round (as Ray Train does) and before ``after_run``:
-none is lost. Each delivery is a ``FailuresGathered`` event, to which training
-callbacks subscribe.
-
-A stalled rank (``RankStalled``) is the verdict of a health check already, so
-it is delivered at once, alone: ``after_exception`` gets
-``{rank: RankStalledError}``, as Ray's for a worker failing its health check.
+Ray Train hands ``after_exception`` the failures of one health-check poll; here a period is
+the poll. A failure belongs to the period its bus time falls in (not its arrival); pending
+ones are delivered at a restart or the run's end, so none is lost. A stalled rank is
+delivered at once, alone, as ``{rank: RankStalledError}``.
 """
 
 from __future__ import annotations
@@ -43,9 +33,8 @@ class ExceptionCallbackHandler:
     """Gathers ``WorkerFailure`` events per health-check period, and emits each
     period's as one ``FailuresGathered``.
 
-    A rank that failed twice in one period is reported with its first failure:
-    that is the cause, and a second one is usually a consequence. It owns the
-    run's count of failures, and the failures a checkpoint leaves pending.
+    A rank that failed twice in one period is reported with its first failure: the
+    cause (a second is usually a consequence).
 
     Args:
         context_for: gives the run context of an event (the lifecycle
@@ -73,8 +62,7 @@ class ExceptionCallbackHandler:
         )
 
     def handle(self, event: Event) -> None:
-        """A failure to keep, a tick that ends a period, a restart or the run's end, or
-        a stalled rank, delivered at once."""
+
         if isinstance(event, WorkerFailure):
             self.failures += 1
             self._pending.append(event)
@@ -102,9 +90,7 @@ class ExceptionCallbackHandler:
         return tuple(f for f in self._pending if f.seq < seq)
 
     def resume_at(self, position: RunPosition) -> None:
-        """Continue from ``position``: its count of failures, and the failures it had
-        pending, due at the first tick (their times are another process's clock's,
-        so they are not compared with this one's)."""
+        """Continue from ``position``: its failures pending are due at the first tick."""
         self.failures = position.failures
         self._carried = list(position.pending_failures)
 

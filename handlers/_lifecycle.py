@@ -1,15 +1,5 @@
-"""Run lifecycle: ``before_run`` once before anything else, ``after_run`` once at the end.
-
-Ray users ask for run hooks that come exactly once, however the run ends.
-This handler turns the run's ``RunStarted`` and ``RunFinished`` into the
-``BeforeRun`` and ``AfterRun`` events training callbacks subscribe to, and a
-second start or end (two runs in one log) into nothing. It also owns the run
-context: from the first ``RunStarted``, or, when a log has none, built from
-the first event that names the run, in which case the run begins right then,
-so that ``before_run`` still comes first. And it counts, from the bus's
-``BudgetReport``s (one a period, never per event), the periods each handler
-was over budget in, for the run's result.
-"""
+"""Run lifecycle: ``before_run`` once before anything else, ``after_run`` once at the end,
+however the run ends; also the run context, and each handler's periods over budget."""
 
 from __future__ import annotations
 
@@ -51,12 +41,10 @@ class RunCallbackHandler:
     """Emits ``BeforeRun`` when the run begins and ``AfterRun`` when it ends, once each.
 
     Args:
-        result_of: builds the ``RunResult`` that ``AfterRun`` carries (an
-            attachment fills in the run's figures); by default its status and
-            error alone.
+        result_of: builds the ``RunResult`` that ``AfterRun`` carries (default: status
+            and error alone).
         world_size: fills in a context built from an event that lacks it.
-        costs_of: the callbacks' costs so far, which ``result`` brings up to date
-            after the run ended; without it, ``result`` is ``AfterRun``'s.
+        costs_of: the callbacks' costs so far, which ``result`` brings up to date.
     """
 
     def __init__(
@@ -95,9 +83,7 @@ class RunCallbackHandler:
 
     @property
     def result(self) -> RunResult | None:
-        """The run's result once it ended: ``AfterRun``'s, its callbacks' costs brought
-        up to now (final once the bus closed: ``after_run``'s own calls and the verdict
-        on the last period come after ``after_run`` was given its result)."""
+        """The run's result once it ended, its callbacks' costs brought up to now."""
         ended = self.ended
         if ended is None or self._costs_of is None:
             return ended
@@ -134,8 +120,7 @@ class RunCallbackHandler:
             self._emit(AfterRun(context=context, result=result))
 
     def after_the_end(self, event: Event) -> bool:
-        """Whether ``event`` came after the run's end (the bus's verdict on its last
-        period, say): ``after_run`` is a callback's last hook, so it gets none of them."""
+        """Whether ``event`` came after the run's end (``after_run`` stays the last hook)."""
         ended = self.ended_seq
         return ended is not None and event.seq > ended
 

@@ -1,9 +1,5 @@
-"""``open_run``: the one call that composes a run (bus, gathering, callbacks, state, log).
-
-A trainer should need one call and one ``async with``: this checks every
-argument and option at the call, so a mistake is an error there, naming the
-argument, and the run itself does the rest when it is entered.
-"""
+"""``open_run``: the one call that composes a run (bus, gathering, callbacks, state, log),
+checking every argument at the call so a mistake is an error there, naming it."""
 
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ class _HasState(Protocol):
     def state(self) -> Mapping[str, Any]: ...
 
 
-#: What a run takes as a callback: a ``UserCallback``, or an object with state only.
-#: (At run time any object with ``UserCallback``'s hooks is taken too.)
+#: What a run takes as a callback: a ``UserCallback`` (or its hooks), or state only.
 TrainingCallback = UserCallback | _HasState
 
 
@@ -53,59 +48,39 @@ def open_run(
     """Open a run: ``async with open_run(world_size=4, callbacks=[...]) as run:``.
 
     ``RunStarted``/``RunFinished`` and ``before_run``/``after_run`` happen exactly once,
-    also when the body fails or is cancelled. The call checks the arguments and options
-    (out of range: an ``OptionError``, a ``ValueError``; wrong type: a ``TypeError``,
-    naming it); entering the run reads and writes files, and fails there before anything
-    has started if it cannot. ``options``: a ``RunOptions``, the keywords changing it.
+    also when the body fails or is cancelled. Bad arguments raise here (``OptionError``,
+    ``ValueError``, ``TypeError``, naming them); entering the run fails before anything
+    starts if its files cannot be read or written. ``options``: a ``RunOptions``, the
+    keywords changing it. Relative paths are taken from the current directory.
 
     Args:
         world_size: how many ranks report (1 to 131,072).
         required_ranks: the ranks a round waits for (default: all).
-        period: the health-check period, seconds (default 2, as Ray Train's):
-            failures are gathered and callback time budgeted per period.
+        period: the health-check period, seconds (default 2, as Ray Train's).
         timeout: the default deadline of one callback call, seconds (default 30).
         budget: the callbacks' share of a period (default 0.05).
         buffer: events the bus holds before reporters wait (default 1024).
         drain_timeout: how long the run's end waits for callbacks, seconds.
-        stall_periods: a rank the others wait for (the open round lacks it while
-            they reported into it; on Ray, its progress is behind theirs), silent
-            this many periods, has stalled: one console line, a
-            ``RankStalled`` and ``after_exception`` with ``{rank: RankStalledError}``,
-            once per stall (default ``None``: not watched).
-        on_stall: ``"warn"`` (default), or ``"restart"``: a stall is also a failure of
-            that rank, and ``run.workers`` restarts the group (local tasks only).
-        callbacks: training callbacks (``UserCallback``s, or objects with its hooks,
-            or with state only): anything else is a ``TypeError`` here.
-        log: record every event of the run to this file (msgpack, or JSON Lines
-            for ``.jsonl``), fsynced at every checkpoint. It is created by the run,
-            never overwritten: only a resumed run appends to it.
-        state_dir: snapshot every stateful callback at every checkpoint, into the
-            checkpoint, with where the run stood; the run's storage root
-            (``run_context.storage``) unless ``storage`` says otherwise. A reported
-            checkpoint inside it is used as is; one outside is copied in, to
-            ``checkpoint_<index>`` (links out of it refused), and callbacks get
-            the copy's path.
-        resume_from: continue the run from this checkpoint, or from the latest
-            complete checkpoint in this run directory. The callbacks given get
-            their saved states, in place (warnings for saved-but-missing and
-            live-but-unsaved callbacks; ``strict_state=True`` raises instead); a
-            checkpoint without saved states is an error unless
-            ``allow_fresh_state``. The run keeps the saved run's id, continues
-            its rounds and each rank's report indices, appends to its ``log``,
-            and workers find the checkpoint in ``reporter.latest_checkpoint``.
-            The run's own folder (``state_dir``) with no complete checkpoint yet
-            starts the run fresh, said in one line; an earlier log nothing can
-            continue is moved aside (``run.1.evlog``), never overwritten.
+        stall_periods: periods of silence after which a rank the others wait for has
+            stalled: a ``RankStalled`` and ``after_exception`` with
+            ``{rank: RankStalledError}`` (default ``None``: not watched).
+        on_stall: ``"warn"`` (default), or ``"restart"`` the group (local tasks only).
+        callbacks: training callbacks (``UserCallback``s, objects with its hooks, or
+            with state only).
+        log: record every event of the run to this file (msgpack, or JSON Lines for
+            ``.jsonl``); never overwritten: only a resumed run appends to it.
+        state_dir: snapshot every stateful callback at every checkpoint, into it; the
+            run's storage root. A reported checkpoint outside it is copied in, to
+            ``checkpoint_<index>``, and callbacks get the copy's path.
+        resume_from: continue the run from this checkpoint, or the latest complete
+            one in this run directory: callbacks get their saved states in place
+            (mismatches are warnings; ``strict_state=True`` raises), and the run
+            keeps its id, rounds and report indices. A checkpoint without saved
+            states is an error unless ``allow_fresh_state``.
         preempt_grace: how long a run told to stop by SIGTERM takes to end in order,
-            seconds (default 25): workers see ``reporter.should_checkpoint``, then
-            ``should_stop``; what has not ended then is abandoned in order. The run
-            takes SIGTERM in the main thread where no handler of the user's is
-            installed, and raises ``handlers.Preempted`` (exit code 143).
-        engine: where ``run.workers(train)`` runs the workers: by default this
-            process's tasks; ``adapters.ray.RayEngine()`` runs them as a Ray Train
-            job (it needs ``state_dir``), with the same worker function and callbacks.
-
-    Relative paths are taken from the current directory.
+            seconds (default 25); then it raises ``handlers.Preempted`` (exit 143).
+        engine: where ``run.workers(train)`` runs the workers: this process's tasks by
+            default, or ``adapters.ray.RayEngine()`` (needs ``state_dir``).
     """
     ranks = keywords.get("required_ranks")
     if ranks is not None and not isinstance(ranks, list | tuple):

@@ -1,8 +1,5 @@
-"""A run's options: the bus's, plus its ranks, in one frozen struct checked when built.
-
-Every option is checked once, where the user gave it (``open_run``), against
-a range stated in its type; no layer underneath checks or defaults it again.
-"""
+"""A run's options: the bus's, plus its ranks, in one frozen struct checked once, where
+the user gave them (``open_run``)."""
 
 from __future__ import annotations
 
@@ -15,14 +12,12 @@ from eventbus import BusOptions
 from eventbus._options import MAX_SECONDS, BusKeywords
 from eventbus.options import OptionError
 
-#: Largest world size a run may have: the gathering keeps a slot per rank, and a
-#: report claiming a billion ranks must not make it allocate a billion.
+#: Largest world size: the gathering keeps a slot per rank.
 MAX_WORLD_SIZE = 1 << 17
 
 WorldSize = Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE, description="whole number of ranks")]
 Rank = Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE, description="rank")]
-#: How long a run's end waits for what is still to be handled: at least 0.1 s, so that
-#: its end (``RunFinished``, ``after_run``) is delivered behind a short backlog.
+#: At least 0.1 s, so the run's end is delivered behind a short backlog.
 EndSeconds = Annotated[float, Meta(ge=0.1, le=MAX_SECONDS, description="number of seconds")]
 #: How often a worker group may restart (``Run.workers(max_restarts=...)``).
 Restarts = Annotated[int, Meta(ge=0, le=1_000_000, description="whole number of restarts")]
@@ -31,25 +26,15 @@ Restarts = Annotated[int, Meta(ge=0, le=1_000_000, description="whole number of 
 class RunOptions(BusOptions, frozen=True, kw_only=True):
     """How a run runs: its bus's options (``BusOptions``) and its ranks.
 
-    ``open_run(world_size=4, period=5)`` builds one from keywords; every
-    field is checked against its range there, before anything starts.
-
     Attributes:
         world_size: how many ranks report.
-        required_ranks: the ranks a round waits for (all of them by default),
-            each below ``world_size``.
+        required_ranks: the ranks a round waits for (default: all).
         drain_timeout: how long the run's end waits for what was reported to be
-            handled, seconds; past it, what is left is not delivered (counted and
-            said). At least 0.1 s, so the run's end itself is delivered.
+            handled, seconds (at least 0.1 s); what is left is counted and said.
         preempt_grace: how long a run told to stop by SIGTERM takes to end in order,
-            seconds, from the signal: the workers' preemption checkpoint, the
-            callbacks, the log. What is left then is abandoned in order. Keep it
-            under what the scheduler gives (Kubernetes: 30 s by default).
-        on_stall: what a stalled rank (``stall_periods``) does to the run:
-            ``"warn"``, said and delivered to ``after_exception`` only, or
-            ``"restart"``: also a failure of that rank, so ``run.workers``
-            restarts the group as it would after the worker raised (this
-            process's tasks only; an engine refuses it).
+            seconds; keep it under what the scheduler gives (Kubernetes: 30 s).
+        on_stall: ``"warn"``, or ``"restart"``: a stalled rank is also a failure, so
+            ``run.workers`` restarts the group (this process's tasks only).
     """
 
     world_size: WorldSize

@@ -1,9 +1,4 @@
-"""A rank's handle on its run: what a worker reports through, and meets the others at.
-
-``Reporter.report`` checks and copies the metrics itself, before they enter the bus, so a
-worker hears at once that a report cannot be kept and may reuse its dict. ``Reporter.sync``
-is where ranks meet, so that a stop reaches every rank as of the same round.
-"""
+"""A rank's handle on its run: what a worker reports through, and meets the others at."""
 
 from __future__ import annotations
 
@@ -41,12 +36,8 @@ __all__ = ["Reporter", "SyncSignal", "stopping_lanes", "values_for_workers"]
 class Reporter:
     """One rank's handle on its run: ``await reporter.report(metrics, checkpoint=None)``.
 
-    ``report`` copies ``metrics`` at once (into a read-only ``dict``), and refuses what a
-    log cannot hold, or a checkpoint that is no location, with a ``ReportError`` naming
-    the rank and the field: the worker hears of it, and its turn in the round is still
-    its to take. ``latest_checkpoint`` is where a restarted worker resumes;
-    ``should_stop`` turns true when a callback or the trainer asked the run to stop. A
-    run makes one per rank (``Run.reporter``).
+    ``latest_checkpoint`` is where a restarted worker resumes; ``should_stop`` turns true
+    when a callback or the trainer asked the run to stop. A run makes one per rank.
 
     Args:
         run: the run it reports to.
@@ -58,7 +49,7 @@ class Reporter:
         self.rank = rank
         self.world_size = run.world_size
         self.attempt = 0
-        #: Whether this rank's worker ran and ended: its next report will not come.
+        #: Whether this rank's worker ended: its next report will not come.
         self.ended = False
         self._index = run.first_index(rank)
 
@@ -66,14 +57,12 @@ class Reporter:
         self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None = None
     ) -> None:
         """Report this rank's ``metrics`` for its next round, and the ``checkpoint`` it
-        saved, if any (one rank naming it is enough: the round has it).
+        saved, if any (one rank naming it is enough).
 
-        The metrics are copied at once (the worker may reuse its dict) and
-        callbacks get them read-only. ``ReportError`` (a ``ValueError``) if the
-        metrics hold something a log cannot (``metrics['loss']``: a tensor, say)
-        or ``checkpoint`` is no path, or one the OS refuses (a NUL byte, a name or a
-        path too long), or, in a run with a ``state_dir``, one outside it that cannot
-        be copied in; nothing is reported then.
+        The metrics are copied at once: the worker may reuse its dict. Raises
+        ``ReportError`` (a ``ValueError``; nothing reported, the turn still this rank's)
+        if they hold something a log cannot (a tensor), or ``checkpoint`` is no path the
+        OS takes, or lies outside the ``state_dir`` and cannot be copied in.
         """
         try:
             frozen = freeze_metrics(metrics)
@@ -97,26 +86,17 @@ class Reporter:
         )
 
     def _checkpoint_location(self, checkpoint: object) -> str:
-        """``checkpoint`` as the path string events carry, or a ``ReportError`` if it is
-        none, or one the OS would refuse: the one check every engine's reporter makes."""
+        """``checkpoint`` as the path string events carry; ``ReportError`` if the OS refuses it."""
         return checkpoint_location(self.rank, checkpoint)
 
     async def sync(self) -> None:
-        """Wait until every report this rank made was gathered into a round (or
-        discarded by a restart) and the callbacks that can stop the run have
-        handled that round.
+        """Wait until every report this rank made was gathered into a round (or discarded
+        by a restart) and the callbacks that can stop the run have handled that round.
 
-        A worker that syncs after each report (as data-parallel ranks meet at every
-        all-reduce anyway) reads ``should_stop`` exactly as of its latest round. It never
-        waits for a report that cannot come: once the worker of a rank the round lacks
-        has ended, ``sync`` returns.
-
-        The callbacks waited for are those that can change ``should_stop``: every inline
-        one, and of those in a lane, the ones that declare a ``should_stop`` attribute
-        (on the class or set in ``__init__``, as ``EarlyStopping`` does). Another lane
-        callback's backlog is its own (docs/guides/async-trainer.md). A lane callback that
-        stops the run through ``run.request_stop()`` is not waited for: the ranks see
-        that stop at a later ``sync``, possibly not all at the same round.
+        A worker that syncs after each report reads ``should_stop`` as of its latest
+        round. It never waits for a report that cannot come (a rank whose worker ended).
+        Waited for: inline callbacks and lane callbacks with a ``should_stop`` attribute
+        (docs/guides/async-trainer.md).
         """
         await self.run.wait_gathered(self.rank)
 
@@ -135,18 +115,14 @@ class Reporter:
 
     @property
     def should_checkpoint(self) -> bool:
-        """Whether to save a checkpoint at the next step and report it: the run was
-        told to stop (SIGTERM, a preemption). Every rank that syncs after each report
-        sees it as of the same round, and ``should_stop`` one round later, so the
-        checkpoint's round comes first: save when this is true, then stop when
-        ``should_stop`` is."""
+        """Whether to save and report a checkpoint at the next step: the run was told to
+        stop (SIGTERM). ``should_stop`` follows one round later, so the checkpoint comes first."""
         return self.run.should_checkpoint
 
     @property
     def from_callbacks(self) -> dict[str, Any]:
-        """What the callbacks hand the workers (``for_workers``), by callback class
-        name: ``reporter.from_callbacks["PlateauLR"]["lr"]``; as of the latest
-        ``sync`` on engines that run workers elsewhere."""
+        """What the callbacks hand the workers (``for_workers``), by callback class name:
+        ``reporter.from_callbacks["PlateauLR"]["lr"]``."""
         return self.run.for_workers
 
 
@@ -154,10 +130,8 @@ _MISSING = object()
 
 
 def values_for_workers(callbacks: Iterable[object], unsendable: set[str]) -> dict[str, Any]:
-    """Each callback's ``for_workers`` under its class name (its state key where two
-    of one class hand values), copied through JSON (what an engine can send to
-    another machine); one that is not JSON is left out, and said once (its key
-    then joins ``unsendable``)."""
+    """Each callback's ``for_workers`` under its class name (or state key), copied through
+    JSON; one that is not JSON is left out, said once (its key joins ``unsendable``)."""
     giving = [cb for cb in callbacks if getattr(cb, "for_workers", None) is not None]
     if not giving:  # most runs: asked every round (torchrun's rank 0), so said at once
         return {}
@@ -179,8 +153,7 @@ def values_for_workers(callbacks: Iterable[object], unsendable: set[str]) -> dic
 
 
 def stopping_lanes(attachment: CallbackAttachment) -> tuple[Subscription, ...]:
-    """The lane subscriptions of the callbacks that have a ``should_stop`` (looked up
-    without calling a property): the lanes ``Reporter.sync`` waits for."""
+    """The lanes ``Reporter.sync`` waits for: those of callbacks with a ``should_stop``."""
     user = attachment.user
     return tuple(
         sub
@@ -192,8 +165,7 @@ def stopping_lanes(attachment: CallbackAttachment) -> tuple[Subscription, ...]:
 
 
 def checkpoint_location(rank: int, checkpoint: object) -> str:
-    """A reported checkpoint as the path string events carry (``Path``s are welcome),
-    refused where the operating system would refuse it as a path."""
+    """A reported checkpoint as the path string events carry, refused as the OS would."""
     try:
         location = os.fsdecode(os.fspath(checkpoint))  # type: ignore[call-overload]
     except TypeError:
@@ -206,8 +178,7 @@ def checkpoint_location(rank: int, checkpoint: object) -> str:
 
 
 def _path_limits() -> tuple[int, int]:
-    """The longest name and the longest path (in bytes, its final NUL included) the
-    system takes: POSIX's ``NAME_MAX`` and ``PATH_MAX``, asked once of ``/``."""
+    """POSIX's ``NAME_MAX`` and ``PATH_MAX`` (bytes), asked once of ``/``."""
     try:
         return os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
     except (AttributeError, OSError, ValueError):  # no pathconf (Windows): Linux's
@@ -218,12 +189,8 @@ _NAME_MAX, _PATH_MAX = _path_limits()
 
 
 def _refused_path(location: str) -> str | None:
-    """Why no system call would take ``location`` as a path (``None``: it would).
-
-    Checked on the string, with no system call, for every report: a location the OS
-    refuses would otherwise fail later with a bare ``ValueError`` or ``OSError``, far
-    from the report that named it.
-    """
+    """Why no system call would take ``location`` as a path (``None``: it would), checked
+    at the report rather than failing later, far from it."""
     if "\0" in location:
         return "holds a NUL byte, which no file system path can"
     try:
@@ -242,7 +209,7 @@ def _refused_path(location: str) -> str | None:
 
 
 def _shown(text: str, most: int = 60) -> str:
-    """``text`` as a message shows it: its repr, its middle cut if it is long."""
+
     if len(text) <= most:
         return repr(text)
     return f"{text[: most // 2]!r}…{text[-most // 2 :]!r} ({len(text)} characters)"
@@ -257,21 +224,15 @@ async def _persisted(rank: int, state_dir: Path, location: str, index: int) -> s
 
 
 class SyncSignal:
-    """The signal ``Reporter.sync`` waits on, set whenever the rounds it waits for may
-    have moved: a round gathered, the group restarted, a worker ended, the run ended.
-
-    It subscribes to the bus at the first wait, so runs that never sync pay nothing.
-
-    Args:
-        bus: the run's bus.
-    """
+    """What ``Reporter.sync`` waits on: set whenever the rounds may have moved. It
+    subscribes to ``bus`` at the first wait, so runs that never sync pay nothing."""
 
     def __init__(self, bus: EventBus) -> None:
         self._bus = bus
         self._event: anyio.Event | None = None
 
     async def wait(self) -> None:
-        """Return at the next change (subscribing, the first time)."""
+
         if self._event is None:
             self._event = anyio.Event()
             moved = (RoundGathered, WorkerGroupRestarted, RunFinished)
@@ -282,7 +243,7 @@ class SyncSignal:
         self.wake()
 
     def wake(self) -> None:
-        """Let the waiters look again (a round moved, or a worker ended)."""
+
         if self._event is not None:
             self._event.set()
             self._event = anyio.Event()

@@ -1,14 +1,6 @@
-"""Report gathering: one FIFO per rank, one round per report of every required rank.
-
-Ranks report at their own pace, yet a callback must get one report of each rank per round,
-in rank order, as Ray Train's ``metrics[i]`` promises: a round is released only when every
-required rank has a report waiting. The FIFOs' heads are kept as two rounds of slots by rank,
-so a complete round's slots are already its ``metrics`` list and a report costs the same
-whatever the world size. Every report passes the same rules (``_admit``); a round a framework
-gathered already comes whole (``take_round``) through the same rules. At each health-check
-tick it looks for stalled ranks; where rounds come whole, by the progress engines tell
-(``heard``).
-"""
+"""Report gathering: a round is released once every required rank has a report waiting,
+in rank order, as Ray Train's ``metrics[i]`` promises. The two oldest rounds are kept as
+slots by rank, so a complete round's slots are already its ``metrics`` list."""
 
 from __future__ import annotations
 
@@ -53,36 +45,18 @@ _log = get_logger("handlers.reports")
 class ReportCallbackHandler:
     """Gathers ``Report`` events into rounds and emits each as a ``RoundGathered``.
 
-    It alone decides what a round is: the ranks it waits for, what becomes of a bad
-    report (a ``ReportRejected`` naming its rank and field: the run goes on), and the
-    round's checkpoint (the one any rank named, as in Ray Train; different ones are a
-    ``CheckpointMismatch``). Callbacks get each rank's metrics read-only (``FrozenDict``).
-    It owns the figures that follow (``rounds``, ``reports``, ``rejected``, ...) and
-    where the run stood at each checkpoint, for the state store's snapshot.
+    A bad report becomes a ``ReportRejected`` (the run goes on); a round's checkpoint is
+    the one any rank named, as in Ray Train (different ones: ``CheckpointMismatch``).
 
     Args:
-        world_size: the run's ranks; by default the run context's, or else the
-            first report's.
-        required_ranks: the ranks a round waits for; by default all of them. A
-            ``WorkerGroupRestarted`` discards the partial rounds and sets both
-            anew.
-        context_for: gives the run context of an event (the lifecycle
-            handler's, in an attachment); by default a context is built from
-            the first event.
-        announce_checkpoints: announce each round's checkpoint as a
-            ``CheckpointSaved`` right behind its ``RoundGathered``, so that the
-            state store snapshots the callbacks as of that round. A live run
-            does; a replay must not, since its log holds the announced ones.
-        emit: takes the events made before the handler is subscribed to a bus
-            (a test's ``list.append``); by default they go nowhere.
-            ``subscribe`` sends them to the bus.
-        stall_periods: at each ``HealthCheckTick``, a required rank whose latest
-            report is this many periods old, that a round other ranks reported
-            into waits for, has stalled: said once (a ``RankStalled``, one console line)
-            until it reports again (``RankRecovered``). Where rounds come whole, the
-            rank behind the others' progress (``heard``) is the one waited for. By
-            default the bus's (``BusOptions.stall_periods``); ``None`` there: not
-            watched.
+        world_size: the run's ranks (default: the run context's, else the first report's).
+        required_ranks: the ranks a round waits for (default: all).
+        context_for: gives the run context of an event (default: built from the first).
+        announce_checkpoints: emit a ``CheckpointSaved`` behind each round with a
+            checkpoint (a live run; a replay's log holds them already).
+        emit: takes events made before ``subscribe`` (default: dropped).
+        stall_periods: periods of silence after which a rank the others wait for has
+            stalled (``RankStalled``, once, until ``RankRecovered``); default the bus's.
     """
 
     def __init__(
@@ -97,20 +71,15 @@ class ReportCallbackHandler:
     ) -> None:
         self.announce_checkpoints = announce_checkpoints
         self.stall_periods = stall_periods
-        #: Per rank, its progress: the latest report index it made (or, told by
-        #: ``heard``, is making), and the bus time it got there (NaN: none since the
-        #: group started; the next tick's period start stands for it).
+        #: Per rank, its latest report index (or ``heard``'s) and the bus time it got
+        #: there (NaN: none since the group started).
         self._progress: list[int] = []
         self._last_time: list[float] = []
-        #: Whether the engine tells progress apart from rounds (``heard``): rounds come whole.
-        self._hears = False
-        #: The stalled ranks: the progress and time they are silent since, and the stall.
+        self._hears = False  # rounds come whole; progress comes from ``heard``
         self._stalled: dict[int, tuple[int, float, RankStalled]] = {}
-        #: Figures: stalls found, and recoveries.
         self.stalls = 0
         self.recoveries = 0
-        #: The health-check period, seconds (the bus's, once subscribed).
-        self._period = 0.0
+        self._period = 0.0  # seconds
         self._context_for = context_for or _first_event_context()
         self._emit = emit
         self.world_size = 0
@@ -118,35 +87,26 @@ class ReportCallbackHandler:
         self.run_id: str | None = None
         self._required: list[bool] = []
         self._all_required = True
-        #: Per rank, the index of its latest accepted report (-1: none yet).
         self._last_index: list[int] = []
-        #: The oldest open round: its slots by rank (``None``: no report yet), the
-        #: checkpoints named in it (``None``: none), how many required ranks it lacks.
+        #: The oldest open round: slots by rank, checkpoints named, required ranks lacking.
         self._slots: list[Any] = []
         self._named: dict[int, str] | None = None
         self._missing = 0
         self._not_required = 0
-        #: The round after it, the same way, and per rank two or more rounds ahead
-        #: its reports for the rounds after that, oldest first, with their checkpoints.
+        #: The round after it, and per rank the reports for the rounds after that.
         self._following: list[Any] = []
         self._following_named: dict[int, str] | None = None
         self._ahead: dict[int, deque[tuple[FrozenDict, str | None]]] = {}
-        #: The ``(rank, index)`` of the reports of rounds taken whole, until the bus
-        #: brings them back: they are the log's records of a round already gathered.
+        #: ``(rank, index)`` of reports of rounds taken whole, until the bus brings them back.
         self._taken: deque[tuple[int, int]] = deque()
-        #: Reports in released rounds and discarded ones (``reports`` adds those waiting).
-        self._done = 0
+        self._done = 0  # reports in released and discarded rounds
         self._configured = False
-        #: Figures: rounds released, reports rejected, partial reports discarded,
-        #: rounds whose ranks named different checkpoints, worker-group restarts.
         self.rounds = 0
         self.rejected = 0
         self.discarded = 0
         self.mismatches = 0
         self.restarts = 0
-        #: The checkpoint of the latest round that had one (where a restart resumes).
         self.last_checkpoint: str | None = None
-        #: Where the run stood at each recent checkpoint round, by round (``position_at``).
         self._positions: dict[int, RunPosition] = {}
         if world_size is not None:
             self._configure(world_size, required_ranks)
@@ -156,16 +116,14 @@ class ReportCallbackHandler:
     # --- wiring ------------------------------------------------------------------
 
     def subscribe(self, bus: EventBus, *, order: int = Stage.GATHER_REPORTS) -> Subscription:
-        """Gather from ``bus`` (inline, so rounds follow publish order exactly), and
-        become its gathering (``EventBus.gathering``): one per bus, since a second
-        would deliver every round twice."""
+        """Gather from ``bus``, inline, as its one gathering (a second would deliver
+        every round twice)."""
         if bus.gathering is not None:
             raise ValueError(
                 "this bus already gathers reports into rounds (training callbacks are "
                 "attached to it): attach every training callback in one call, or use "
                 "another bus; a second gatherer would deliver each round twice"
             )
-        # What it emits follows from the event it handles, a few per report: never refused.
         self._emit = partial(bus.emit, derived=True)
         if self.stall_periods is None:
             self.stall_periods = bus.options.stall_periods
@@ -213,16 +171,14 @@ class ReportCallbackHandler:
 
     @property
     def reports(self) -> int:
-        """Reports accepted (counted per round, not per report: the per-report path is
-        the hot one)."""
+        """Reports accepted (counted per round: the per-report path is hot)."""
         waiting = len(self.required_ranks) - self._missing
         waiting += self.world_size - self._following.count(None)
         waiting += sum(len(queue) for queue in self._ahead.values())
         return self._done + waiting
 
     def handle(self, event: Report | WorkerGroupRestarted | HealthCheckTick) -> None:
-        """A report, to gather, a restart, which ends the partial rounds, or a
-        period's end, when stalled ranks are looked for."""
+
         if isinstance(event, Report):
             taken = self._taken
             if taken and taken[0] == (event.rank, event.index):
@@ -236,8 +192,7 @@ class ReportCallbackHandler:
             self.on_restart(event)
 
     def _admit(self, report: Report) -> None:
-        """Every rule in order, each rejection naming its field; what passes takes its
-        rank's next slot."""
+        """Check ``report`` (a rejection names its field), then slot it."""
         if self.run_id is None and not self._begin(report):
             return
         if report.run_id != self.run_id:
@@ -313,9 +268,7 @@ class ReportCallbackHandler:
         queue.append((metrics, checkpoint))
 
     def _release(self, report: Report) -> None:
-        """The oldest open round is complete (``report`` completed it, so the rounds
-        after it lack that rank's): deliver it. The next round is opened first, so an
-        emit that raises leaves the gatherer as it should be."""
+        """Deliver the complete oldest round, opening the next first (an emit may raise)."""
         slots, named = self._slots, self._named
         self._slots, self._named = self._following, self._following_named
         following: list[Any] = [None] * self.world_size
@@ -345,14 +298,10 @@ class ReportCallbackHandler:
         metrics: Sequence[Mapping[str, Any]],
         checkpoint: str | None = None,
     ) -> list[Event]:
-        """A whole round, its ranks gathered already (Ray's controller, Lightning's
-        all-gather): ``metrics[i]`` of the i-th required rank, and the round's
-        ``checkpoint``, if any.
+        """A round gathered already (Ray, Lightning): ``metrics[i]`` of the i-th required rank.
 
-        Checked as a rank's report is (a ``ReportError`` naming the first bad rank and
-        field; nothing taken), counted as a report of every required rank. Returns the
-        events to publish: each rank's ``Report`` (the log's record, which a replay gathers
-        again and this gatherer passes over), then what the round makes.
+        Raises ``ReportError`` for the first bad rank (nothing taken). Returns the events
+        to publish: each rank's ``Report`` (for the log), then what the round makes.
         """
         if self.reports != self._done:
             raise RuntimeError(
@@ -407,12 +356,8 @@ class ReportCallbackHandler:
     def _deliver(
         self, metrics: list[Any], named: dict[int, str] | None, report: Report
     ) -> list[Event]:
-        """A complete round (``report`` one of its): counted, and the events it makes.
-
-        Ray's rule: the round has a checkpoint if any rank named one (all ranks
-        write to one storage location, usually rank 0 alone names it). Ranks
-        naming none agree with it; only two different names are a mismatch.
-        """
+        """Count a complete round and return its events. Ray's rule: the checkpoint any
+        rank named is the round's; only two different names are a mismatch."""
         events: list[Event] = []
         checkpoint: str | None = None
         if named:
@@ -448,10 +393,7 @@ class ReportCallbackHandler:
     # --- resuming ----------------------------------------------------------------
 
     def _keep_position(self, checkpoint: str) -> None:
-        """Note where the run stands as the round of ``checkpoint`` is released (not
-        when it is snapshotted: by then later rounds' reports may have come in).
-        A rank's next index is the one after its latest accepted report, less
-        those it has waiting (its indices increase by one, as a ``Reporter``'s)."""
+        """Note where the run stands at release (by the snapshot, later reports may be in)."""
         next_index = [
             last + 1 - (self._slots[rank] is not None)
             - (self._following[rank] is not None) - len(self._ahead.get(rank, ()))
@@ -478,9 +420,7 @@ class ReportCallbackHandler:
         return self._positions.pop(round_, None)
 
     def resume_at(self, checkpoint: str, position: RunPosition | None = None) -> None:
-        """Continue from ``checkpoint``, where a restart then resumes, and from where
-        the run stood there (``position``: rounds, each rank's next index, figures),
-        when it is known."""
+        """Continue from ``checkpoint`` and, when known, the run's ``position`` there."""
         self.last_checkpoint = checkpoint
         if position is None:
             return
@@ -495,13 +435,8 @@ class ReportCallbackHandler:
     # --- stalled ranks -------------------------------------------------------------
 
     def heard(self, run_id: str, rank: int, index: int, time: float) -> None:
-        """Rank ``rank`` made its report ``index``, or is making it (waits in it for the
-        other ranks), as of ``time`` on the bus clock.
-
-        An engine whose rounds come whole (Ray gathers them itself) says so apart
-        from its rounds: no round of it is ever partial, so only each rank's
-        progress shows whom the others wait for (``watch``). An index not past the
-        rank's progress (a round's record after its progress) changes nothing."""
+        """Rank ``rank`` is at report ``index`` as of bus ``time``: for engines whose rounds
+        come whole (Ray), only progress shows whom the others wait for."""
         if not self._configured:
             raise RuntimeError("progress heard before the run's world size is known")
         if self.run_id is None:
@@ -519,19 +454,15 @@ class ReportCallbackHandler:
         self._moved(rank, index, time)
 
     def _moved(self, rank: int, index: int, time: float) -> None:
-        """``rank``'s progress is ``index`` as of ``time``, if that is further than known
-        (its time never goes back: two sources, rounds and ``heard``, may cross)."""
+        """Advance ``rank``'s progress (rounds and ``heard`` may cross: never back)."""
         if index > self._progress[rank]:
             self._progress[rank] = index
             if not self._last_time[rank] >= time:  # NaN: nothing since the group started
                 self._last_time[rank] = time
 
     def watch(self, tick: HealthCheckTick) -> None:
-        """At a period's end: a required rank the others wait for (``_behind``), silent
-        for ``stall_periods`` periods, has stalled (said once, until its progress
-        moves); each stalled rank whose progress moved since has recovered. Ranks
-        silent together at one step (a pause every rank takes, the run's end) have
-        not: the rank the others wait for is the one that hangs, not those waiting."""
+        """Find stalled and recovered ranks. Only a rank the others wait for can stall:
+        ranks silent together (a shared pause, the run's end) have not."""
         periods = self.stall_periods
         if periods is None or not self._configured or self.run_id is None:
             return
@@ -556,9 +487,7 @@ class ReportCallbackHandler:
                 self._stall(rank, end - times[rank], ahead)
 
     def _behind(self) -> list[int]:
-        """The ranks the others wait for: those the oldest open round lacks, once other
-        ranks reported into it; where rounds come whole (``heard``), those whose
-        progress is behind the furthest rank's."""
+        """The ranks the others wait for."""
         required = self.required_ranks
         if self._missing < len(required):
             return self.lacking()
@@ -645,9 +574,7 @@ class ReportCallbackHandler:
         self._last_time = [event.time] * self.world_size  # the new group's silence starts here
 
     def _reject(self, event: Any, field: str, reason: str) -> None:
-        """Count and announce a rejection, and say so on the console at the 1st, 2nd,
-        4th, 8th... (heard, never a flood). The rejected event's own fields may be of
-        any type, so only well-typed ones are copied into the announcement."""
+        """Count and announce a rejection; warn at the 1st, 2nd, 4th, 8th... (no flood)."""
         self.rejected += 1
         reason = reason if len(reason) <= 1000 else f"{reason[:997]}..."
         rank = getattr(event, "rank", -1)
@@ -665,7 +592,7 @@ class ReportCallbackHandler:
 
 
 def _with(named: dict[int, str] | None, rank: int, checkpoint: str) -> dict[int, str]:
-    """``named`` (a new dict for ``None``: most rounds name no checkpoint) plus ``rank``'s."""
+
     if named is None:
         named = {}
     named[rank] = checkpoint
@@ -673,7 +600,7 @@ def _with(named: dict[int, str] | None, rank: int, checkpoint: str) -> dict[int,
 
 
 def _first_event_context() -> ContextFor:
-    """Used alone, the handler builds the run context from the first event it sees."""
+
     holder: list[TrainRunContext] = []
 
     def context_for(event: Event) -> TrainRunContext:

@@ -1,12 +1,5 @@
-"""Resuming a run from a checkpoint: one history, continued where the checkpoint left it.
-
-The state store saved, with the callbacks' states, where the run stood at the checkpoint's
-round (``RunPosition``). A resumed run takes the run's id and continues its rounds, report
-indices, figures and log, and says so with a ``RunResumed``, which marks the events the
-crash rolled back. A run's folder with no complete checkpoint yet starts the run fresh, and
-an earlier log nothing can continue is moved aside (``run.1.evlog``), never overwritten, so
-each file keeps one history.
-"""
+"""Resuming a run from a checkpoint: one history, continued where the checkpoint left it
+(``RunPosition``), with a ``RunResumed`` marking what the crash rolled back."""
 
 from __future__ import annotations
 
@@ -39,15 +32,12 @@ _log = get_logger("handlers.resume")
 
 
 class Resume:
-    """What a run resumes from, read once from its snapshot before the run starts.
-
-    A bad position refuses the resume before any callback was changed, and the
-    run, its gathering and its bus each take their part of it from here.
+    """What a run resumes from, read once before the run starts, so a bad position refuses
+    the resume before any callback was changed.
 
     Args:
         checkpoint: the checkpoint to resume from, as the operator gave it.
-        position: where the run stood there; ``None`` for a snapshot saved
-            without it, or for none at all.
+        position: where the run stood there (``None``: not saved).
         run_id: the id of the run that saved the snapshot (``""`` if unknown).
     """
 
@@ -79,9 +69,8 @@ class Resume:
         return max(0, position.next_index[rank])
 
     def continue_bus(self, bus: EventBus, tail: LogTail | None) -> BudgetReport | None:
-        """Number the bus's events and periods after the history's (the log's, when
-        it is appended to; else after the checkpoint), and return the report of the
-        period the crash cut, if it cut one."""
+        """Number the bus's events and periods after the history's; returns the report of
+        the period the crash cut, if any."""
         seq = self.position.checkpoint_seq + 1 if self.position is not None else 0
         if tail is None:
             bus.continue_from(seq=seq, period=0)
@@ -132,11 +121,9 @@ def appends_to_log(
     resuming: bool,
     run_dir: str | os.PathLike[str] | None = None,
 ) -> bool:
-    """Whether the run appends to ``log``: it does when the log is there and the run
-    resumes the run it holds. A log already there is never overwritten: for a run not
-    resuming it, it is moved aside (said in one line) when nothing could continue it
-    (``run_dir``, the run's folder, holds no complete checkpoint), else refused
-    (``FileExistsError``: the run was probably meant to resume)."""
+    """Whether the run appends to ``log`` (it resumes the run it holds). Another run's log
+    is never overwritten: moved aside when nothing could continue it, else
+    ``FileExistsError`` (the run was probably meant to resume)."""
     path = Path(log)
     try:
         found = path.stat()
@@ -164,8 +151,7 @@ def appends_to_log(
 
 
 def _shown(folder: str | os.PathLike[str]) -> str:
-    """``folder`` as the user likely wrote it: relative to the current directory
-    when inside it (the store keeps its root resolved)."""
+    """``folder`` relative to the current directory when inside it."""
     try:
         return str(Path(folder).relative_to(Path.cwd()))
     except ValueError:
@@ -173,9 +159,8 @@ def _shown(folder: str | os.PathLike[str]) -> str:
 
 
 def _move_aside(path: Path) -> Path:
-    """Move the log at ``path`` to the first free ``<stem>.<n><suffix>`` (its suffix
-    kept, so it is still found and read as a log), never over anything; one a
-    recorder is writing is ``LogInUse``, and stays."""
+    """Move the log at ``path`` to the first free ``<stem>.<n><suffix>``; one a recorder
+    is writing is ``LogInUse``, and stays."""
     with open(path, "rb") as held:  # the lock recorders take (flock), held while moving
         if fcntl is not None:
             try:
@@ -206,12 +191,8 @@ def _move_aside(path: Path) -> Path:
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     """The latest complete checkpoint directly inside ``run_dir``, or ``None``.
 
-    Complete: its snapshot of the callbacks' states (``callback_state.json``) is
-    there and reads back whole. A run writes that last, atomically, once the
-    checkpoint's round was gathered, so a checkpoint a kill cut short has none
-    (``ls | tail -1`` may pick that one). Latest: the snapshot written last,
-    then the one further on in the run's history. For trainers of one's own:
-    ``open_run(resume_from=run_dir)`` does this itself.
+    Complete: its ``callback_state.json`` reads back whole (written last, so a checkpoint
+    a kill cut short has none). ``open_run(resume_from=run_dir)`` does this itself.
     """
     root = Path(run_dir)
     store = StateStore(root)
@@ -240,12 +221,9 @@ def resume_point(
     run_dir: str | os.PathLike[str] | None = None,
     log: str | os.PathLike[str] | None = None,
 ) -> str | os.PathLike[str] | None:
-    """What ``resume_from`` names: a checkpoint (one with its own snapshot, or one
-    that is no run directory), or a run directory, whose latest complete
-    checkpoint it then is, said on the console. ``None``: it is the run's own
-    folder (``run_dir``) with no complete checkpoint yet, so the run starts fresh,
-    said in one line (by ``appends_to_log`` when it moves an earlier ``log``
-    aside). A location that does not exist is a ``FileNotFoundError`` naming it."""
+    """The checkpoint ``resume_from`` names (a run directory: its latest complete one).
+    ``None``: the run's own folder with none yet, so the run starts fresh.
+    ``FileNotFoundError`` for a location that does not exist."""
     given = Path(resume_from)
     if not os.path.lexists(given):
         raise FileNotFoundError(

@@ -1,14 +1,6 @@
-"""Preemption: the signal a cluster sends before it kills a job ends the run in order.
-
-Slurm (``--signal=TERM@60``, and before ``scancel`` or a requeue), Kubernetes
-(then ``terminationGracePeriodSeconds``, 30 s by default) and spot VMs send
-SIGTERM, then kill. Left to Python's default, SIGTERM kills the process at
-once: ``after_run`` never runs and the log loses its end. So a run takes
-SIGTERM while it runs, where the user's code has not installed a handler of
-its own: the first ends the run in order (status ``preempted``), a second
-skips what is left of the callbacks' work but still closes the log whole.
-SIGINT stays Python's: a ``KeyboardInterrupt``, status ``cancelled``.
-"""
+"""Preemption: the SIGTERM a cluster sends before it kills a job ends the run in order
+(docs/operations/preemption.md); a second one skips what is left of the callbacks' work
+but still closes the log whole. SIGINT stays Python's."""
 
 from __future__ import annotations
 
@@ -27,11 +19,8 @@ PREEMPTION_SIGNALS = (signal.SIGTERM,)
 class Preempted(SystemExit):
     """The run was told to stop by a signal, and ended in order, status ``preempted``.
 
-    Raised out of the run (``async with open_run(...)``, a trainer's
-    ``train()``/``fit()``). Uncaught, the process exits quietly with code
-    ``128 + signal`` (143 for SIGTERM), the code a process the signal killed
-    would have: schedulers that requeue on it (Slurm's ``--requeue``,
-    Kubernetes' restart policy) see what they expect.
+    Raised out of the run. Uncaught, the process exits quietly with code ``128 + signal``
+    (143 for SIGTERM), as schedulers that requeue on it expect.
     """
 
     def __init__(self, signum: int) -> None:
@@ -46,9 +35,8 @@ class Preempted(SystemExit):
 
 
 def takes_signals() -> bool:
-    """Whether a run may take the preemption signals here: in the main thread (the
-    only one signals reach), and only where nobody installed a handler of their own
-    (to opt out, install yours before the run starts)."""
+    """Whether a run may take the preemption signals here: the main thread, where nobody
+    installed a handler of their own (install yours first to opt out)."""
     if threading.current_thread() is not threading.main_thread():
         return False
     return all(signal.getsignal(s) is signal.SIG_DFL for s in PREEMPTION_SIGNALS)

@@ -1,10 +1,5 @@
-"""Training callbacks, each overridden method its own bus subscription.
-
-The gathering emits ``BeforeRun``, ``RoundGathered``, ``FailuresGathered`` and ``AfterRun``,
-each carrying the run's context; every overridden method of every training callback
-subscribes to its event, so each call gets the bus's deadline, error policy and budget
-accounting, and is named in diagnostics as ``<Class>.<method>``.
-"""
+"""Training callbacks, each overridden method its own bus subscription (``<Class>.<method>``),
+with the bus's deadline, error policy and budget accounting."""
 
 from __future__ import annotations
 
@@ -57,7 +52,7 @@ def _before_run(e: BeforeRun) -> tuple[Any, ...]:
 
 
 def _after_report(e: RoundGathered) -> tuple[Any, ...]:
-    # Each callback gets its own list; the dicts in it are read-only and shared.
+
     return (e.context, list(e.metrics), e.checkpoint)
 
 
@@ -87,7 +82,7 @@ _HOOKS: dict[str, tuple[type[Event], Callable[[Any], tuple[Any, ...]]]] = {
     "after_exception": (FailuresGathered, _after_exception),
     "after_run": (AfterRun, _after_run),
 }
-#: UserCallback attribute -> EventBus.subscribe keyword.
+
 _OPTIONS = {
     "timeout": "timeout",
     "budget": "budget",
@@ -102,21 +97,14 @@ _OPTIONS = {
 class UserCallbackHandler:
     """Subscribes every hook ``callbacks`` implement to its gathered event, in callback order.
 
-    Each hook is its own subscription, so only the hooks a callback implements cost
-    anything. A callback that needs the bus itself (``adapters.otel.OpenTelemetryTap``)
-    defines ``__eventbus_subscribe__(self, bus)``, called once its hooks are subscribed;
-    the subscriptions it returns join the callback's own (see ``UserCallback``).
+    A callback that needs the bus itself defines ``__eventbus_subscribe__(self, bus)``.
 
     Args:
-        callbacks: the training callbacks; anything else is a ``TypeError``
-            here, naming it.
-        context_of: gives ``on_event`` the run context (raw events carry
-            none); by default one is built from the event.
-        exception_of: gives ``after_exception`` each failure's exception; by
-            default a ``WorkerError`` rebuilt from the event's text (a live
-            run has the worker's own).
-        after_the_end: whether an event came after the run's end: ``on_event`` is
-            not called for those, so ``after_run`` stays a callback's last hook.
+        callbacks: the training callbacks (``TypeError`` for anything else).
+        context_of: gives ``on_event`` the run context (default: built from the event).
+        exception_of: gives ``after_exception`` each failure's exception (default: a
+            ``WorkerError`` rebuilt from the event's text).
+        after_the_end: whether an event came after the run's end (no ``on_event``).
     """
 
     def __init__(
@@ -199,16 +187,14 @@ def _calling(
         return call_async
 
     if args_of is _after_report:
-        # The hook due every round: its arguments spelled out (what ``call`` does for
-        # the others, without building a tuple to spread), for small worlds' sake.
+        # The hook due every round: its arguments spelled out, no tuple to spread.
         def call_after_report(event: RoundGathered) -> Any:
             return method(event.context, list(event.metrics), event.checkpoint)
 
         return call_after_report
 
     def call(event: Any) -> Any:
-        # The result goes back to the bus: a coroutine returned by a sync method
-        # is then awaited there, never dropped.
+        # The bus awaits a coroutine a sync method returns.
         return method(*args_of(event))
 
     return call
@@ -233,19 +219,14 @@ def _until_the_end(
 
 
 def implemented_hooks(callback: Any) -> dict[str, Callable[..., Any]]:
-    """The training hooks ``callback`` really implements, by name (bound methods).
-
-    A ``UserCallback`` subclass implements what it overrides; any other object,
-    whatever hook methods it has.
-    """
+    """The training hooks ``callback`` really implements, by name (bound methods)."""
     hooks = {hook: _overridden(callback, hook) for hook in _HOOKS}
     return {hook: method for hook, method in hooks.items() if method is not None}
 
 
 def training_callbacks(callbacks: Iterable[Any]) -> list[Any]:
-    """``callbacks`` as a list, each a training callback, or ``TypeError`` naming the first
-    that is not (a class instead of an instance, a function, a number): at the call that
-    passed it, not as a failure at every round."""
+    """``callbacks`` as a list, or ``TypeError`` naming the first that is no training
+    callback (at the call, not at every round)."""
     if isinstance(callbacks, str | bytes) or not isinstance(callbacks, Iterable):
         raise TypeError(f"callbacks must be a list of training callbacks, got {callbacks!r}")
     found = list(callbacks)
@@ -282,7 +263,7 @@ _CALLBACK_OPTIONS: dict[str, Any] = {
 
 
 def _check_options(callback: object) -> None:
-    """Its own deadline, budget, ... (class attributes) in range, or the error names it."""
+
     for attribute, annotation in _CALLBACK_OPTIONS.items():
         value = getattr(callback, attribute, None)
         if value is None:
@@ -294,7 +275,7 @@ def _check_options(callback: object) -> None:
 
 
 def _attaches(obj: object) -> bool:
-    """A ``UserCallback`` (its class says how it attaches to a bus), hooks or not."""
+
     return getattr(type(obj), "__eventbus_attach__", None) is not None
 
 

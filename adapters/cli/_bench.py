@@ -212,14 +212,13 @@ def metrics_option(text: str) -> int | tuple[str, ...]:
 
 #: The bus's warning, once per period over budget; the bench sums them up once instead.
 BUS_BUDGET_WARNING = "callbacks over budget"
-#: The bus's warnings the bench says itself: a callback's faults and the bus disabling
-#: it are in the table, once, not at every period of every pass.
+#: The bus's warnings the bench says once itself, in the table.
 BUS_FAULT_WARNINGS = ("handler failed", "handler state changed")
 
 
 def _run(args: argparse.Namespace) -> int:
     outputs = _outputs(args)  # checked now: a missing directory is said before the bench
-    # Warnings and errors only: a callback's info lines would repeat at every pass.
+
     configure_logging("WARNING", quiet=[BUS_BUDGET_WARNING, *BUS_FAULT_WARNINGS])
     specs = [*args.callbacks, *args.more_callbacks] or ["noop"]
     workload = _workload(args)  # checked before any callback is imported
@@ -259,17 +258,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The policies ``--over-budget`` takes.
 POLICIES: tuple[OverBudgetPolicy, ...] = ("warn", "coalesce", "disable")
 
 
 def over_budget_policies(
     given: list[str], specs: list[str], callbacks: list[Any]
 ) -> list[OverBudgetPolicy | None]:
-    """``--over-budget``, per callback (``callbacks``, made from ``specs``): the policy
-    given for it by name (its spec, or its class name), else the one given for every
-    callback, else ``None`` (its own). A policy that is none, a name that is no
-    benched callback, or two policies for one callback: one line naming it."""
+    """``--over-budget``, per callback: the policy given for it by name, else the one given
+    for all, else ``None`` (its own). A bad one is one line naming it."""
     for_all: OverBudgetPolicy | None = None
     named: dict[str, OverBudgetPolicy] = {}
     for text in given:
@@ -304,8 +300,8 @@ def over_budget_policies(
 
 
 def _workload(args: argparse.Namespace) -> Workload | None:
-    """The synthetic workload the options say, or ``None`` with ``--log``: a log is its
-    own workload, and an option that would shape another is refused, not ignored."""
+    """The synthetic workload the options say, or ``None`` with ``--log`` (a workload
+    option with it is refused, not ignored)."""
     names = Workload.__struct_fields__
     if args.log is not None:
         shaping = [_flag(name) for name in given(args, *names)]
@@ -315,7 +311,7 @@ def _workload(args: argparse.Namespace) -> Workload | None:
                 "the log's events are the workload)"
             )
         return None
-    # The workload's options are named as its fields; those not given keep its defaults.
+
     return Workload(**given(args, *names))
 
 
@@ -335,10 +331,8 @@ def _chosen_metric(args: argparse.Namespace) -> str | None:
 def builtin_metric(
     specs: list[str], chosen: str | None, metrics: tuple[str, ...], *, source: str = ""
 ) -> tuple[str, str]:
-    """The metric the watching built-ins watch (``chosen``, else ``loss`` if the reports
-    carry it, else their first), and one line when what they would be timed doing is
-    not what a run does: the reports do not carry that metric (a round without it is
-    their cheap path), or ``--metric`` is given with no built-in to watch it."""
+    """The metric the watching built-ins watch (``chosen``, else ``loss``, else the first),
+    and one line when the reports do not carry it or no built-in watches it."""
     metric = chosen or ("loss" if "loss" in metrics or not metrics else metrics[0])
     watching = [spec for spec in dict.fromkeys(specs) if spec in WATCHING]
     if not watching:
@@ -363,8 +357,7 @@ def builtin_metric(
 
 
 def nothing_measured(result: BenchResult) -> str:
-    """Why nothing was measured, or ``""``: no callback was called. A callback that
-    raised was measured (raising, its faults in the table): the bench goes on."""
+    """Why nothing was measured (no callback was called), or ``""``."""
     if any(f.calls for f in result.callbacks):
         return ""
     return (
@@ -375,7 +368,7 @@ def nothing_measured(result: BenchResult) -> str:
 
 def _outputs(args: argparse.Namespace) -> dict[str, Path]:
     """The files the bench writes, by option, each refused now if it cannot be written
-    or is the log the bench reads (by identity: a hard link is the log)."""
+    or is the log read."""
     inputs = () if args.log is None else (args.log,)
     outputs = {
         option: path
@@ -387,16 +380,14 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path]:
     return outputs
 
 
-#: What each file option writes, as its note on stderr says.
 WRITTEN = {"--plot": "plot", "--html": "page"}
 
 
 def _write_outputs(
     args: argparse.Namespace, result: BenchResult, specs: list[str], outputs: dict[str, Path]
 ) -> None:
-    """Each file, then stdout (the table, or the JSON for ``--json -``). What fails is
-    said in one line at the end, after everything else was written: a bench's results
-    are never lost to one bad destination."""
+    """Each file, then stdout; a failure is said at the end, after everything else was
+    written, so results are never lost to one bad destination."""
     failed: list[str] = []
     inputs = () if args.log is None else (args.log,)
     for option, path in outputs.items():
@@ -494,7 +485,7 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
         ]
         for f in sorted(result.callbacks, key=lambda f: -f.bus_total_ms)
     ]
-    # Where the bus disabled or coalesced a callback, shaded as the run report shades it.
+
     spans = [
         (start, end, change.state, f"{f.name} {change.state}: {change.reason}")
         for f in result.callbacks
@@ -518,8 +509,7 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
 
 
 def _factory(specs: list[str], metric: str) -> tuple[Callable[[], list[Any]], list[Any]]:
-    """What makes fresh callbacks for each pass, and the ones it made first (to fail
-    before the bench, with the CLI's one-line errors)."""
+    """What makes fresh callbacks for each pass, and the ones it made first."""
 
     def make() -> list[Any]:
         return [BUILTINS[s](metric) if s in BUILTINS else load_object(s) for s in specs]
@@ -530,8 +520,8 @@ def _factory(specs: list[str], metric: str) -> tuple[Callable[[], list[Any]], li
 def _events(
     args: argparse.Namespace, workload: Workload | None
 ) -> tuple[list[Event], float | None, float]:
-    """The workload's events, when its first period starts, and the period: a log's own
-    (where and how long its recorded bus's periods were), unless ``--period``."""
+    """The workload's events, when its first period starts, and the period (a log's own,
+    unless ``--period``)."""
     if workload is None:
         with local_log(args.log) as log:  # read twice: a pipe is copied first
             with reading_log(log) as reader:
@@ -560,8 +550,7 @@ def format_table(result: BenchResult) -> str:
         lines.append(carried_metrics(result.metrics))
     if result.builtins_metric:
         lines.append(f"the built-ins watch {result.builtins_metric!r} (--metric NAME)")
-    # A faults column only when a callback raised, a policy column only when one is not
-    # "warn" (the bus's default): the usual table stays as it was.
+    # Faults and policy columns only when they say something.
     faulted = any(f.faults for f in result.callbacks)
     policed = any(f.over_budget != "warn" for f in result.callbacks)
     lines += [
@@ -593,7 +582,6 @@ def format_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
-#: How many metric names a line shows before it counts the rest.
 METRICS_SHOWN = 8
 
 
@@ -606,8 +594,7 @@ def carried_metrics(metrics: tuple[str, ...]) -> str:
 
 
 def callback_notes(result: BenchResult) -> list[str]:
-    """One line per callback that raised (how often, and the first error) or that the
-    bus did not give every call (disabled, coalescing: why, and in which periods)."""
+    """One line per callback that raised or that the bus did not give every call."""
     lines = []
     periods = all_periods(result)
     for f in result.callbacks:
@@ -676,8 +663,7 @@ def _range(spread: Spread, fmt: str, unit: str) -> str:
 
 
 def over_budget_warning(result: BenchResult) -> str:
-    """One line for the whole bench (the bus warns once per period): which callbacks
-    went over budget, in how many periods, and how far at worst."""
+    """One line for the whole bench: which callbacks went over budget, how often, how far."""
     periods = all_periods(result)
     over = [
         f"{f.name} in {f.periods_over_budget} of {periods} periods "
@@ -719,10 +705,8 @@ def _plot(result: BenchResult, path: Path) -> None:
 
 
 def plot_figure(result: BenchResult) -> Any:
-    """Each callback's share of every period, on a log scale: a callback at 0.01% and
-    one at 10% both show (on a linear scale the cheap ones lay flat on zero). A
-    period where a callback was not called has no point. A partial last period
-    is drawn hollow. A ``matplotlib.figure.Figure``, made without pyplot's state."""
+    """Each callback's share of every period, on a log scale so cheap ones show; a partial
+    last period hollow. A ``matplotlib.figure.Figure``, made without pyplot's state."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 4.5), layout="tight")

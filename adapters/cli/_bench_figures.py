@@ -1,11 +1,5 @@
-"""What a bench's passes add up to: the figures ``eventbus bench`` prints and writes.
-
-The bus is closed at the workload's last event, so the last period is partial (weighed by
-its length) and no empty period is counted. Timings are taken several times, interleaved,
-as a median with its range; the ratio to the floor is withheld, with the reason, when the
-runs disagree or the callbacks' time is too small to time. Every figure's name carries its
-unit (``_us``, ``_ms``, ``_s``, ``_pct``).
-"""
+"""What a bench's passes add up to: the figures ``eventbus bench`` prints and writes
+(docs/guides/benchmarking.md). Every figure's name carries its unit."""
 
 from __future__ import annotations
 
@@ -34,11 +28,9 @@ __all__ = [
 
 #: Fewer runs than this cannot say how far a ratio may be off.
 MIN_REPEATS_FOR_RATIO = 3
-#: Under this much callback time (median of the runs), timer jitter and first-call
-#: costs are a large part of what the floor measures: a ratio to it means little.
+#: Under this much callback time, jitter dominates the floor: a ratio to it means little.
 MIN_FLOOR_MS = 1.0
-#: Runs whose ratios spread more than this share of their median disagree (with 5
-#: runs or more, the highest and the lowest are left out: one pause is not noise).
+#: Runs whose ratios spread more than this share of their median disagree.
 MAX_RATIO_SPREAD = 0.5
 
 
@@ -55,10 +47,7 @@ class Spread(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StateChange(msgspec.Struct, frozen=True, kw_only=True):
-    """A callback's change of state through the bus: ``state`` (``"normal"``,
-    ``"coalescing"``, ``"disabled"``) from health-check period ``period`` on (a
-    period over budget changes it from the next one, as the run report counts), and
-    ``reason``, in the bus's words."""
+    """A callback's change of state through the bus, from health-check period ``period`` on."""
 
     period: int
     state: str
@@ -66,16 +55,8 @@ class StateChange(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
-    """One callback method of one callback instance, named as a live run names its
-    subscription (a second instance of a class: ``EarlyStopping.after_report#2``).
-    Per call, timed directly with no runtime (``calls``, ``*_us``; ``faults``: the
-    calls that raised, ``first_error`` the first one's ``Type: message`` on one
-    line); through the bus, as its accounting saw it (``bus_calls``,
-    ``bus_total_ms``, ``bus_faults``; ``bus_skipped``: deliveries the bus did not
-    make, ``bus_note`` why: disabled, coalescing; ``over_budget``: the policy the bus
-    applied, ``state_changes`` what it did, in order) and per health-check period
-    (``period_share_*_pct``: its time as a percentage of a period; the mean is over
-    the run's time, so a partial last period weighs by its length)."""
+    """One callback method of one callback instance (``EarlyStopping.after_report#2``):
+    timed directly, through the bus, and per period (fields: docs/guides/benchmarking.md)."""
 
     name: str
     calls: int
@@ -99,16 +80,8 @@ class CallbackFigures(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
-    """A bench run (what ``eventbus bench --json`` writes; README, "Benchmarking
-    your callbacks", lists the fields). ``periods`` are whole periods of
-    ``period_s``; ``partial_period_s`` is the length of the last, partial one (0:
-    none). Timings are ``Spread``s over ``repeats`` runs; ``floor_ratio`` is
-    ``None`` when ``floor_ratio_note`` says why there is none. What the runtime adds
-    per event is never below 0 (a run that timed less is noise); ``overhead_note``
-    says why it is not measured at all (a callback the bus disabled did less work
-    than the floor). ``metrics``: the names the workload's reports carry;
-    ``builtins_metric``: the one the built-ins that watch a metric watched (``""``:
-    none was benched); ``notes``: what the command said about what it timed."""
+    """A bench run: what ``eventbus bench --json`` writes (fields:
+    docs/guides/benchmarking.md)."""
 
     events: int
     rounds: int
@@ -136,8 +109,7 @@ class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Timings(msgspec.Struct, kw_only=True):
-    """Seconds per run: the workload through the bus with the callbacks, with nothing
-    attached (driving it), and the callbacks called directly (the floor)."""
+    """Seconds per run: through the bus, the workload alone, and the floor."""
 
     bus: list[float] = msgspec.field(default_factory=list)
     baseline: list[float] = msgspec.field(default_factory=list)
@@ -177,15 +149,9 @@ def bench_result(
 ) -> BenchResult:
     """The figures of the measured pass's budget reports and of the timed runs.
 
-    ``faults``, ``first_errors``: per callback, the direct calls that raised and the
-    first error. ``short``: the callbacks the bus did not give every delivery in
-    some pass, and why; then the runtime's cost per event is not measured.
-    ``changes``: the measured pass's changes of state, each with the period it holds
-    from; ``policies``: each callback's over-budget policy.
-
-    Shares are of the run's time (``period_share_mean_pct``) or of one whole
-    period (per period, worst): a partial period's time is neither lost nor
-    blown up by its shortness, and share x period adds up to the time spent."""
+    ``short``: the callbacks the bus did not give every delivery, and why (the runtime's
+    cost per event is then not measured). Mean shares are of the run's time, so a
+    partial period is neither lost nor blown up."""
     reports = sorted(reports, key=lambda r: (r.partial, r.start))
     lengths = [r.end - r.start for r in reports]
     timeline = sum(lengths)
@@ -275,14 +241,12 @@ def bench_result(
     )
 
 
-#: How many callbacks a "not measured" line names before it counts the rest.
 NAMED_AT_MOST = 3
 
 
 def not_measured(callbacks: Sequence[CallbackFigures], short: dict[str, str]) -> str:
-    """Why the runtime's cost per event cannot be measured, or ``""``: the bus did not
-    make every call the floor makes (it disabled a callback, say), so the difference of
-    the two is not what the runtime adds."""
+    """Why the runtime's cost per event cannot be measured (the bus did not make every
+    call the floor makes), or ``""``."""
     if not short:
         return ""
     made = {f.name: f for f in callbacks}
@@ -297,11 +261,9 @@ def not_measured(callbacks: Sequence[CallbackFigures], short: dict[str, str]) ->
 
 
 def runtime_cost(timings: Timings, events: int) -> tuple[Spread, Spread | None, str]:
-    """What the runtime adds per event (ns) and its ratio to the floor, run by run; the
-    ratio only when there is enough to trust it, else the reason there is none."""
+    """What the runtime adds per event (ns) and its ratio to the floor, or why none."""
     runs = list(zip(timings.bus, timings.baseline, timings.floor, strict=True))
-    # A cost is never below 0: a run that timed less than the floor and the workload
-    # alone is noise, within which the runtime's cost lies.
+    # Never below 0: a run that timed less is noise.
     overhead = Spread.of(
         [max(0.0, (bus - base - floor) / events * 1e9) for bus, base, floor in runs]
     )
@@ -334,16 +296,14 @@ def _quantile(ordered: list[float], q: float) -> float:
 
 def state_spans(figures: CallbackFigures, periods: int) -> list[tuple[int, int, StateChange]]:
     """The stretches of periods ``[start, end)`` in which the bus disabled or coalesced
-    the callback, each with the change that began it; ``periods``: how many the bench
-    had (the last stretch may run to its end)."""
+    the callback, each with the change that began it."""
     changes = figures.state_changes
     ends = [c.period for c in changes[1:]] + [periods] if changes else []
     return [(c.period, end, c) for c, end in zip(changes, ends, strict=True) if c.state != "normal"]
 
 
 def states_text(figures: CallbackFigures, periods: int) -> str:
-    """Where the bus disabled or coalesced the callback, by state, in the order it did:
-    ``coalescing in periods 1-3 and 6-9``; ``""`` if it never did."""
+    """``coalescing in periods 1-3 and 6-9``; ``""`` if it never was."""
     stretches: dict[str, list[str]] = {}
     for start, end, change in state_spans(figures, periods):
         last = max(start, end - 1)
@@ -361,5 +321,4 @@ def states_text(figures: CallbackFigures, periods: int) -> str:
     return "; ".join(said)
 
 
-#: How many stretches of one state a line names before it counts the rest.
 STRETCHES_SHOWN = 8

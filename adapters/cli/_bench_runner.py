@@ -1,12 +1,5 @@
-"""What ``eventbus bench`` measures: a stack of callbacks' overhead, per health-check period.
-
-A workload (synthetic, or a recorded log's events) is driven through a real bus with the
-callbacks attached as in a run, under a ``FastForwardClock`` (idle gaps skipped, every call
-costing what it really costs); its budget reports give each callback's share of each period.
-The same rounds are then fed to the callbacks in a plain loop, timing each call: the floor
-and the per-call distribution. The timings are taken ``repeats`` times, interleaved;
-``_bench_figures`` turns it all into a ``BenchResult``.
-"""
+"""What ``eventbus bench`` measures (docs/guides/benchmarking.md): a workload driven through a
+real bus under a ``FastForwardClock``, then the same calls in a plain loop (the floor)."""
 
 from __future__ import annotations
 
@@ -65,15 +58,12 @@ __all__ = [
 Progress = Callable[[float], None]
 
 
-#: The most reports a synthetic workload makes: its events are built in memory.
+#: Bounds of a synthetic workload, built in memory.
 MAX_REPORTS = 2_000_000
-#: The most metrics a synthetic report carries.
 MAX_METRICS = 1000
-#: The most metric values a synthetic workload holds (reports x metrics), in memory.
 MAX_VALUES = 20_000_000
-#: What a synthetic report carries, by default and for ``metrics=N`` (the first N, then
-#: ``metric_8``, ...): names a training job reports, the loss first, so that a callback
-#: reading ``metrics["loss"]`` is timed doing what it does in a run.
+#: What a synthetic report carries, the loss first, so that a callback reading
+#: ``metrics["loss"]`` is timed doing what it does in a run.
 DEFAULT_METRICS = (
     "loss",
     "accuracy",
@@ -86,22 +76,20 @@ DEFAULT_METRICS = (
 )
 
 MetricCount = Annotated[int, Meta(ge=1, le=MAX_METRICS, description="whole number of metrics")]
-#: How ``metrics`` is said when it is refused.
+
 _METRICS_FORM = (
     f"a whole number of metrics from 1 to {MAX_METRICS:,}, or their names (loss,accuracy)"
 )
 
 
 class Workload(Options, frozen=True, kw_only=True):
-    """A synthetic run: ``world_size`` ranks reporting ``rate`` times a second each,
-    each field checked against its range when made (as every option is).
+    """A synthetic run: ``world_size`` ranks reporting ``rate`` times a second each.
 
     Attributes:
         world_size: ranks reporting.
         rate: reports per second of each rank.
-        metrics: what each report carries: their names, or how many (the first of
-            ``DEFAULT_METRICS``, then ``metric_8``, ``metric_9``, ...); each a random
-            number.
+        metrics: the names each report carries, or how many (``DEFAULT_METRICS``
+            first); each a random number.
         checkpoint_every: rounds between checkpoints (0: none).
         failure_rate: the chance that a report comes with a worker failure.
         duration: seconds of the run (``events`` instead: that many reports).
@@ -139,7 +127,7 @@ class Workload(Options, frozen=True, kw_only=True):
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        """The names each report carries, in order."""
+
         if not isinstance(self.metrics, int):
             return tuple(self.metrics)  # a list, given from code, is checked as a tuple
         more = tuple(f"metric_{i}" for i in range(len(DEFAULT_METRICS), self.metrics))
@@ -147,9 +135,7 @@ class Workload(Options, frozen=True, kw_only=True):
 
 
 def _check_metrics(metrics: object) -> None:
-    """A count in range, or names: at least one, none empty, none twice, none a number
-    (``--metrics 8.5`` is a mistyped count, not a metric). Other types are left to the
-    struct's own check."""
+    """A count in range, or distinct non-empty names, none a number (a mistyped count)."""
     if isinstance(metrics, int) and not isinstance(metrics, bool):
         if not 1 <= metrics <= MAX_METRICS:
             raise OptionError("metrics", f"metrics must be {_METRICS_FORM}, got {metrics!r}")
@@ -186,8 +172,7 @@ def _is_number(text: str) -> bool:
 
 
 def report_metrics(events: Iterable[Event]) -> tuple[str, ...]:
-    """The metric names the workload's reports (or, without reports, its rounds) carry,
-    in the order they first appear; at most ``MAX_METRICS``."""
+    """The metric names the workload's reports (or rounds) carry, at most ``MAX_METRICS``."""
     seen: dict[str, None] = {}
     rounds: dict[str, None] = {}
     for event in events:
@@ -273,24 +258,15 @@ def run_bench(
     over_budget: Sequence[OverBudgetPolicy | None] = (),
     **keywords: Unpack[BusKeywords],
 ) -> BenchResult:
-    """Benchmark fresh callbacks from ``make_callbacks`` on ``events`` (see the module doc).
+    """Benchmark fresh callbacks from ``make_callbacks`` on ``events``.
 
-    ``options`` (or its keywords: ``period``, ``budget``, ``timeout``, ...) are the
-    bench bus's, checked before anything runs.
-    ``start``: when the first period starts (a recorded log's bus start, so that
-    periods fall where the run's did); the first event's time by default.
-    ``repeats``: how many times each timing is taken, interleaved.
-
-    Each callback instance has its own figures, named as a live run names its
-    subscriptions (``...#2`` for a second); a callback that raises is timed raising.
-    ``over_budget``: per callback of ``make_callbacks()`` (in order), the policy the bus
-    applies when it is over budget (``None``: its class's), so the bench compares
-    policies without editing the class.
+    ``options`` (or its keywords) are the bench bus's. ``start``: when the first period
+    starts (default: the first event's time). ``repeats``: timings taken, interleaved.
+    ``over_budget``: per callback, the bus's policy over budget (``None``: its class's).
     """
     bus_options = BusOptions.build(options, **keywords)
     repeats = checked("repeats", repeats, Annotated[int, Meta(ge=1, le=1000)])
-    # What a bus makes itself (ticks, budget reports, faults) is not workload: the
-    # bench bus makes its own, and a recorded one would be counted as ours.
+    # What a bus makes itself is not workload: the bench bus makes its own.
     workload = [e for e in events if not isinstance(e, (*BUS_DIAGNOSTICS, EventPlaceholder))]
     if not workload:
         raise ValueError("the workload has no events")
@@ -332,8 +308,7 @@ def run_bench(
         step()
     direct = anyio.run(_per_call, _direct_calls(make_callbacks(), measured.rounds, workload, names))
     step()
-    # A handler the bus disabled (or coalesced) in any pass got fewer calls there than
-    # the floor makes: said per handler, the measured pass's words first.
+    # A handler the bus disabled or coalesced got fewer calls than the floor makes.
     short: dict[str, str] = {}
     for found in shortfalls:
         for name, why in found.items():
@@ -360,8 +335,7 @@ Rounds = list[tuple[list[dict[str, Any]], str | None]]
 
 
 class _Names(NamedTuple):
-    """How the bus named each callback's subscriptions: per training callback (in
-    order), its hooks' names; per plain handler, its name."""
+    """How the bus named each callback's subscriptions."""
 
     training: list[dict[str, str]]
     plain: list[str]
@@ -380,8 +354,7 @@ class _Pass(NamedTuple):
 
 
 def _shortfalls(measured: _Pass) -> dict[str, str]:
-    """The handlers that did not get every delivery in a pass, and why (their first
-    change of state, and how many there were)."""
+    """The handlers that did not get every delivery in a pass, and why."""
     skipped: dict[str, int] = {}
     for report in measured.reports:
         for usage in report.handlers:
@@ -412,9 +385,7 @@ async def _through_bus(
     over_budget: Sequence[OverBudgetPolicy | None] = (),
 ) -> _Pass:
     """One pass through a bus, timed from the first publish until the last event is
-    handled (starting and closing the bus are not the workload's cost). The bus
-    closes at the workload's last event: its last period is partial, cut there,
-    and no empty period follows the workload."""
+    handled; the bus closes at the workload's last event."""
     world_size = max((getattr(e, "world_size", 0) for e in events), default=0) or None
     chosen = {
         id(cb): policy
@@ -453,8 +424,7 @@ async def _through_bus(
                 for subs in attachment.user.subscriptions_by_callback
                 for sub in subs
             )
-            # The rounds, kept to feed the same ones to the floor loop: a subscriber
-            # of the rounds like the callbacks, after them.
+            # The rounds, kept to feed the same ones to the floor loop.
             bus.subscribe(
                 RoundGathered,
                 lambda e: rounds.append((e.metrics, e.checkpoint)),
@@ -484,7 +454,7 @@ async def _through_bus(
 
 
 def _set_policy(callback: Any, policy: OverBudgetPolicy) -> None:
-    """``callback``'s over-budget policy, as its class would set it (attach checks it)."""
+
     try:
         callback.over_budget = policy
     except (AttributeError, TypeError) as exc:
@@ -494,9 +464,8 @@ def _set_policy(callback: Any, policy: OverBudgetPolicy) -> None:
 
 
 class _States:
-    """The handlers' changes of state, each with the period it holds from, counted as
-    the run report counts them: a budget verdict (made as period k closes, between its
-    tick and its report) and any change after it hold from period k + 1."""
+    """The handlers' changes of state, each with the period it holds from, as the run
+    report counts them (a verdict as period k closes holds from k + 1)."""
 
     def __init__(self) -> None:
         self.changes: list[tuple[int, HandlerStateChanged]] = []
@@ -510,14 +479,12 @@ class _States:
 
 
 def _hook_of(subscription: str) -> str:
-    """The hook a training callback's subscription is for: ``after_report`` of
-    ``EarlyStopping.after_report#2``."""
+    """``after_report`` of ``EarlyStopping.after_report#2``."""
     return subscription.split("#", 1)[0].rsplit(".", 1)[-1]
 
 
 def _plain_names(plain: list[Any]) -> list[str]:
-    """Each plain handler's name; a second one of the same name is ``name#2``, as a
-    live run tells a second callback of one class apart."""
+    """Each plain handler's name; a second one of the same name is ``name#2``."""
     counts: dict[str, int] = {}
     names = []
     for handler in plain:
@@ -528,10 +495,8 @@ def _plain_names(plain: list[Any]) -> list[str]:
 
 
 class _StartClock(FastForwardClock):
-    """A ``FastForwardClock`` that reads ``start`` until ``go()``: the bus begins its
-    first period exactly there, not the microseconds later that real time would
-    make it, so periods fall where the recorded run's did (events on a boundary
-    included) and a synthetic workload's fall on round numbers."""
+    """A ``FastForwardClock`` that reads ``start`` until ``go()``, so periods fall
+    exactly where the recorded run's did."""
 
     def __init__(self, start: float) -> None:
         super().__init__(start)
@@ -547,10 +512,8 @@ class _StartClock(FastForwardClock):
 async def _drive(
     bus: EventBus, clock: FastForwardClock, events: list[Event], progress: Progress | None
 ) -> None:
-    """Publish the workload at as little cost as possible (unlike ``replay``, which
-    moves the clock to every event): time runs for real within a period and jumps
-    only to the period the next event belongs to, once the bus is idle, so every
-    call is accounted to its period and the figures are the runtime's, not ours."""
+    """Publish the workload cheaply: time runs for real within a period and jumps to the
+    next event's period once the bus is idle, so every call counts in its period."""
     publish = bus.publish
     step = max(1, len(events) // 100)
     for i, event in enumerate(events):
@@ -570,8 +533,7 @@ Call = tuple[str, Callable[..., Any], tuple[Any, ...]]
 def _direct_calls(
     callbacks: list[Any], rounds: Rounds, events: list[Event], names: _Names
 ) -> list[Call]:
-    """The calls the run made to each callback, to make again with no runtime around,
-    each named as the bus named the callback's subscription (``names``)."""
+    """The calls the run made to each callback, to make again with no runtime around."""
     started = next((e for e in events if isinstance(e, RunStarted)), None)
     context = (
         TrainRunContext.from_started(started)
@@ -600,8 +562,7 @@ def _direct_calls(
 
 
 async def _floor(calls: list[Call]) -> float:
-    """The floor: the same calls in a plain loop, timed as a whole; a call that raises
-    is timed raising (``_per_call`` counts it)."""
+    """The floor: the same calls in a plain loop, timed as a whole."""
     start = time.perf_counter()
     for _, method, args in calls:
         try:
@@ -614,20 +575,18 @@ async def _floor(calls: list[Call]) -> float:
 
 
 class _Direct(NamedTuple):
-    """Each call timed on its own, by callback: its durations, how many raised, and
-    the first error, in one line."""
+    """Each call timed on its own, by callback: durations, raises, the first error."""
 
     durations: dict[str, list[float]]
     faults: dict[str, int]
     first_errors: dict[str, str]
 
 
-#: The longest first error a figure keeps: one line of a table.
 MAX_ERROR = 160
 
 
 async def _per_call(calls: list[Call]) -> _Direct:
-    """Each call timed on its own: the distribution (mean, p50, p99) per callback."""
+
     per_call: dict[str, list[float]] = {}
     faults: dict[str, int] = {}
     first_errors: dict[str, str] = {}

@@ -1,12 +1,6 @@
 """Shared pieces of the command-line modules: errors, loading callbacks, opening logs,
-checking and writing outputs.
-
-Inputs and outputs are told apart in every error: a log that cannot be read
-is named as the input, an output that cannot be written (a missing
-directory, a full disk, stdout on ``/dev/full``) as the output, and a file is
-never written while it is read (compared by identity, device and inode:
-a hard link or ``/dev/stdout`` is the same file under another name).
-"""
+checking and writing outputs. Errors tell inputs from outputs, and a file is never written
+while it is read (compared by device and inode)."""
 
 from __future__ import annotations
 
@@ -45,7 +39,7 @@ __all__ = [
     "writing",
 ]
 
-#: How messages name a command's standard output.
+
 STDOUT = "standard output"
 
 
@@ -58,8 +52,7 @@ FLAGS = {"repeats": "--repeat"}
 
 
 def as_cli_error(exc: Exception) -> CliError:
-    """A library error as the command's one line; an option out of its range names the
-    flag the user typed (``--period must be ...``), not the library's name for it."""
+    """A library error as the command's one line, naming the flag the user typed."""
     if isinstance(exc, OptionError | OptionTypeError):
         option = exc.option
         flag = FLAGS.get(option, "--" + option.replace("_", "-"))
@@ -69,8 +62,7 @@ def as_cli_error(exc: Exception) -> CliError:
 
 
 def given(args: Any, *names: str) -> dict[str, Any]:
-    """The options among ``names`` given on the command line; the others keep the
-    defaults their options struct declares (written once, there)."""
+    """The options among ``names`` given on the command line (the others keep defaults)."""
     return {name: value for name in names if (value := getattr(args, name, None)) is not None}
 
 
@@ -81,8 +73,8 @@ def cannot_write(output: str | Path, exc: OSError) -> CliError:
 
 @contextlib.contextmanager
 def writing(output: str | Path) -> Iterator[None]:
-    """Writes to ``output`` inside: an ``OSError`` is the output's, one line naming it.
-    A closed stdout (``| head``) stays a ``BrokenPipeError``: ``main`` ends quietly."""
+    """Writes to ``output`` inside: an ``OSError`` is the output's, one line naming it
+    (a ``BrokenPipeError`` stays one: ``main`` ends quietly)."""
     try:
         yield
     except BrokenPipeError:
@@ -92,8 +84,7 @@ def writing(output: str | Path) -> Iterator[None]:
 
 
 def stdout_writer() -> Callable[[str], None]:
-    """``sys.stdout.write`` whose failures are stdout's (a full disk), not the log's being
-    read between two writes (``writing`` around a loop would take both for its own)."""
+    """``sys.stdout.write`` whose failures are stdout's, not the log's read in between."""
     write = sys.stdout.write
 
     def write_checked(text: str) -> None:
@@ -108,8 +99,7 @@ def stdout_writer() -> Callable[[str], None]:
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
-    """Whether two names are one file (device and inode: a hard link, a symlink,
-    ``/dev/stdin`` or a bind mount are caught, which comparing paths misses)."""
+    """Whether two names are one file (device and inode)."""
     try:
         return os.path.samefile(a, b)
     except (OSError, ValueError):  # either is missing: not one file
@@ -138,10 +128,8 @@ def _check_stdout(inputs: Sequence[Path]) -> None:
 def check_output(
     output: Path, *, inputs: Sequence[Path] = (), option: str = "-o", make_parents: bool = False
 ) -> None:
-    """Refuse, before any work, an output that cannot be written or is an input:
-    ``-`` (stdout) onto a log read, a directory, a missing (or not a) directory to
-    put it in (``make_parents``: one that cannot be made), no permission.
-    ``option`` names the option that gave it, for the hint."""
+    """Refuse, before any work, an output that cannot be written or is an input;
+    ``option`` names the option that gave it."""
     if str(output) == "-":
         _check_stdout(inputs)
         return
@@ -164,12 +152,8 @@ def check_output(
 
 @contextlib.contextmanager
 def local_log(path: Path) -> Iterator[Path]:
-    """The log at ``path`` as a file that can be read more than once: ``path`` itself,
-    or, for a pipe, a FIFO or a device (``cat LOG | eventbus stats /dev/stdin``), a
-    temporary copy made in one pass and deleted afterwards. The stream's header is
-    read and checked first, so one that is no log (``/dev/zero``) is refused at its
-    first bytes, never copied on and on. Errors raised inside name ``path``, not the
-    copy. A missing file or a directory is left to the reader."""
+    """The log at ``path`` as a file that can be read more than once: itself, or for a
+    stream a temporary copy (its header checked first). Errors inside name ``path``."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -205,8 +189,7 @@ def _cannot_copy(path: Path, exc: OSError) -> CliError:
 
 @contextlib.contextmanager
 def reading_log(path: Path, *, skip_corrupt: bool = False) -> Iterator[LogReader]:
-    """Open a log; every way a user's file can be bad becomes a one-line ``CliError``,
-    and so does our stdout being the log itself (what is written would be read)."""
+    """Open a log; every way a user's file can be bad becomes a one-line ``CliError``."""
     _check_stdout((path,))
     try:
         reader = LogReader(path, skip_corrupt=skip_corrupt)
@@ -230,9 +213,7 @@ def reading_log(path: Path, *, skip_corrupt: bool = False) -> Iterator[LogReader
 
 
 def check_log_tail(reader: LogReader, name: Path | None = None) -> None:
-    """After the output: a torn tail or skipped records are an error the user sees;
-    placeholders (records that did not decode as their type) are a note on stderr.
-    ``name``: the log as the user gave it, when the reader read a copy (``local_log``)."""
+    """After the output: a torn tail or skipped records are an error; placeholders a note."""
     note = (
         f"{reader.placeholders} record(s) shown as EventPlaceholder (not decodable as "
         "their type; see their reason)"
@@ -289,12 +270,8 @@ def takes_no_arguments(func: Callable[..., Any]) -> bool:
 
 
 def is_training_callback(obj: Any) -> bool:
-    """Whether ``obj`` is wired as a training callback or as a plain bus handler.
-
-    One rule, ``handlers``'s own: an object that implements a training hook
-    (``implemented_hooks``) is a training callback; anything else must be a
-    callable, a handler that gets every event. ``ValueError`` otherwise.
-    """
+    """Whether ``obj`` implements a training hook (else it must be a callable bus
+    handler: ``ValueError`` otherwise)."""
     if implemented_hooks(obj):
         return True
     if callable(obj):
@@ -306,7 +283,7 @@ def is_training_callback(obj: Any) -> bool:
 
 
 def split_callbacks(callbacks: Iterable[Any]) -> tuple[list[Any], list[Any]]:
-    """Training callbacks and plain bus handlers (see ``is_training_callback``)."""
+
     training: list[Any] = []
     plain: list[Any] = []
     for callback in callbacks:

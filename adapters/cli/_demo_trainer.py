@@ -1,18 +1,9 @@
 """The demo trainer behind ``eventbus demo``: data-parallel linear regression in pure Python.
 
-N workers (anyio tasks) each fit a linear model by minibatch SGD on their own
-shard of generated data, report the loss every step, and write a JSON
-checkpoint every few steps; one rank may be told to fail once, in which case
-the group restarts from the latest complete checkpoint. The built-in
-callbacks are attached; the summary comes from the run's own figures.
-``examples/demo_trainer.py`` is the short version to copy.
-
-It is the reference trainer of the resume guarantee, so it is deterministic
-for a seed: each step's minibatch comes from a generator seeded by (seed,
-rank, step), not from one carried along (a resumed run draws what the
-uninterrupted one drew), and the ranks meet after every report
-(``Reporter.sync``, as data-parallel ranks meet at every all-reduce), so a
-callback's stop is seen at the same step whatever the scheduling.
+It is the reference trainer of the resume guarantee, so it is deterministic for a seed:
+each step's minibatch comes from a generator seeded by (seed, rank, step), and the ranks
+meet after every report, so a callback's stop is seen at the same step whatever the
+scheduling.
 """
 
 from __future__ import annotations
@@ -107,9 +98,8 @@ class LinearModel:
 
 
 class FinalLoss(UserCallback, StatefulCallback, state_name="eventbus.demo.FinalLoss"):
-    """The mean loss of the latest round: stateful, so a resumed run that has nothing
-    left to train still knows the loss its history ended with. Saved under a stable
-    name, as this module is private and may move."""
+    """The mean loss of the latest round, stateful: a resumed run with nothing left to
+    train still knows it."""
 
     state_attributes = ("loss",)
 
@@ -148,9 +138,8 @@ class DemoSummary:
     states: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """What ``--summary`` writes: what an uninterrupted run and a resumed one must
-        agree on (no times or run ids), and, apart under ``callback_costs``, what each
-        callback cost this process (times and calls: they differ from run to run)."""
+        """What ``--summary`` writes: what an uninterrupted run and a resumed one must agree
+        on, and apart, under ``callback_costs``, what differs from run to run."""
         return {
             "status": self.status,
             "rounds": self.rounds,
@@ -190,7 +179,7 @@ class DemoSummary:
         ]
 
     def _cost_lines(self) -> list[str]:
-        """Each callback hook's figures, one line each (none without callbacks)."""
+
         if not self.callbacks:
             return []
         lines = ["callbacks:"]
@@ -242,11 +231,9 @@ def _class_names(keys: tuple[str, ...]) -> str:
 
 
 def _demo_checkpoint(path: Path, workers: int, out: Path | None) -> tuple[Path, Path]:
-    """(what to resume from, the run directory): ``path`` as given (checkpoint
-    locations keep the form the run gave them), once it is known to hold a
-    checkpoint of every rank; for a run directory, its latest complete checkpoint
-    (said on the console), or, when it has none yet (a kill came before the first),
-    the directory itself, where ``open_run`` starts the run fresh and says so."""
+    """(what to resume from, the run directory): ``path`` if it holds every rank's
+    checkpoint; for a run directory, its latest complete checkpoint, or with none yet
+    the directory itself (``open_run`` then starts fresh)."""
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such checkpoint or run directory to resume")
     if not (path / "rank_0.json").is_file():
@@ -308,15 +295,11 @@ async def run_demo(
     sync: bool = True,
     **keywords: Any,
 ) -> DemoSummary:
-    """Train, and return what happened (see the module docstring).
+    """Train, and return what happened.
 
-    ``options`` (or its keywords: ``workers``, ``steps``, ...), checked first.
-    ``resume``: a checkpoint of an earlier demo run, or its run directory (its
-    latest complete checkpoint); the run continues from it (weights,
-    callbacks, rounds, its log), in the same run directory (unless ``out``
-    says otherwise). ``log``: record the run's events to
-    ``<out>/<run id>.evlog``. ``sync=False``: ranks run ahead of each other
-    (reports are still gathered in order; when a stop is seen then depends
+    ``resume``: a checkpoint of an earlier demo run, or its run directory; the run
+    continues from it. ``log``: record the run's events to ``<out>/<run id>.evlog``.
+    ``sync=False``: ranks run ahead of each other (when a stop is seen then depends
     on scheduling).
     """
     opts = DemoOptions.build(options, **keywords)
@@ -357,11 +340,11 @@ async def run_demo(
             batch = random.Random(f"{seed}:{rank}:{model.step}").sample(data, 16)
             loss = model.sgd_step(batch, lr)
             checkpoint = None
-            # And where SIGTERM asked every rank to save where it stands (a preemption).
+            # And where SIGTERM asked every rank to save.
             if model.step % checkpoint_every == 0 or reporter.should_checkpoint:
                 folder = anyio.Path(out, f"checkpoint_{model.step:06d}")
                 await folder.mkdir(exist_ok=True)
-                # Whole or not at all (a crash mid-write must not leave half a checkpoint).
+                # Whole or not at all.
                 partial = folder / f"rank_{rank}.json.partial"
                 await partial.write_text(model.to_json())
                 await partial.rename(folder / f"rank_{rank}.json")
@@ -398,7 +381,6 @@ async def run_demo(
         run.bus.subscribe(CheckpointSaved, on_checkpoint, name="demo.checkpoints")
         await run.workers(train, max_restarts=1)
 
-    # Each handler's time over the run, as the bus accounted it period by period.
     summary.callback_seconds = {s.name: s.total for s in run.bus.stats().subscriptions if s.total}
 
     result = run.result

@@ -1,12 +1,8 @@
 """What the callbacks cost over a run, from its budget reports, in bounded memory.
 
-A log keeps one ``BudgetReport`` per handler and period, so the per-call percentiles here are
-those of each period's mean call, weighted by its calls (on a log scale of 16 steps an
-octave); the longest call is exact (``eventbus bench`` times every call). A report counts
-skipped deliveries without their cause: a period's skips are put down to the one state the
-handler was in during it (``HandlerStateChanged``; a change logged between a period's tick
-and its report is that period's verdict and holds from the next); under none or two, no
-cause. The library's own handlers are told from the user's by name (``is_library``).
+A log keeps one report per handler and period, so per-call percentiles are of each period's
+mean call, weighted by its calls (``eventbus bench`` times every call). A period's skips are
+put down to the one state the handler was in during it; under none or two, no cause.
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ LIBRARY_TOTAL = "the library's handlers together"
 BUDGET = "budget"
 OTHER_HANDLERS = "(other handlers)"
 
-#: Why deliveries were skipped, as a log can tell it: each cause's incident kind (its
-#: marker on the chart) and how the page names it.
+#: Why deliveries were skipped, as a log can tell it.
 COALESCED = "coalesced"
 DISABLED = "disabled"
 FAULT_POLICY = "fault policy"
@@ -51,14 +46,10 @@ SKIP_CAUSES: dict[str, tuple[str, str]] = {
     FAULT_POLICY: ("skipped-fault-policy", "stopped by the fault policy"),
     UNKNOWN_CAUSE: ("skipped", ""),  # the log does not say: "skipped", no cause
 }
-#: Words of the reasons the fault policy gives when it disables a handler
-#: (``3 faults (max_faults=3)``, ``on_error='raise': it failed the run``, ``raised
-#: ValueError: the run ends``); the budget policy's name the budget.
+#: Words of the fault policy's reasons (``3 faults (max_faults=3)``).
 _FAULT_WORDS = re.compile(r"fault|on_error|the run ends")
 
-#: Handlers the library subscribes itself, by exact name, and the prefixes of the
-#: names of this project's packages' handlers (``eventbus.recorder.fsync``,
-#: ``handlers.ReportCallbackHandler``, ``adapters.transformers.trainer_state``).
+#: Handlers the library subscribes itself, by exact name, and its packages' prefixes.
 LIBRARY_NAMES = frozenset(
     {"state-store", "Reporter.sync", "bench.budget_reports", "bench.rounds", "bench.state_changes"}
 )
@@ -66,8 +57,7 @@ LIBRARY_PREFIXES = ("eventbus.", "handlers.", "adapters.")
 
 
 def is_library(name: str) -> bool:
-    """Whether ``name`` is one of the library's own handlers (the event log's, the
-    gathering's, the state store's...), not one of the user's callbacks."""
+    """Whether ``name`` is one of the library's own handlers, not a user's callback."""
     return name in LIBRARY_NAMES or name.startswith(LIBRARY_PREFIXES)
 
 
@@ -82,7 +72,7 @@ def skip_cause(state: str, reason: str) -> str | None:
     return None
 
 
-#: Histogram steps per octave of the mean call time (2 ** (1/16): 4.4% apart).
+#: Histogram steps per octave of the mean call time.
 STEPS = 16
 
 
@@ -112,12 +102,12 @@ class CallbackCost:
         self.timeouts = 0
         self.faults = 0
         self.skipped = 0
-        #: skipped deliveries by cause (``SKIP_CAUSES``)
+
         self.skipped_by: dict[str, int] = {}
         self.periods = 0
         self.periods_over = 0
         self.budget_pct = 0.0
-        #: log-scale step of a period's mean call -> calls at that mean
+        #: Log-scale step of a period's mean call -> calls at that mean.
         self.histogram: dict[int, int] = {}
 
     @property
@@ -149,8 +139,7 @@ def weighted_quantile(histogram: dict[int, int], q: float) -> float:
 
 
 class Span:
-    """Periods during which a handler was disabled or coalescing (``end`` None: to the
-    end of the run)."""
+    """Periods during which a handler was disabled or coalescing (``end`` None: to the end)."""
 
     __slots__ = ("end", "handler", "reason", "start", "state")
 
@@ -172,8 +161,7 @@ class CostDigest:
         self._all = self.shares.series(ALL_CALLBACKS)
         self._budget = self.shares.series(BUDGET)
         self._library = self.shares.series(LIBRARY_TOTAL)
-        #: Timeouts, faults and skipped deliveries (by cause) per period (their sums per
-        #: bucket).
+        #: Timeouts, faults and skipped deliveries (by cause) per period.
         self.incidents = SeriesGroup(buckets)
         self._timeouts = self.incidents.series("timeouts")
         self._faults = self.incidents.series("faults")
@@ -189,14 +177,11 @@ class CostDigest:
         self.spans: list[Span] = []
         self.spans_dropped = 0
         self._open_spans: dict[str, Span] = {}
-        #: The cause of each handler's skips now (not normal), and the causes it was
-        #: under in the open period (``MAX_STATES`` handlers followed: the skips of
-        #: the rest have no cause).
+        #: The cause of each handler's skips now, and those of the open period.
         self._cause_now: dict[str, str] = {}
         self._causes: dict[str, set[str]] = {}
         self._followed: set[str] = set()
-        #: The period whose tick came and whose report has not: its verdicts hold
-        #: from the next period.
+        #: The period whose tick came and whose report has not.
         self._closing: int | None = None
 
     def add_report(self, report: BudgetReport) -> None:
@@ -267,7 +252,7 @@ class CostDigest:
         return cause
 
     def _next_period(self) -> None:
-        """A report closed the open period: the next one starts under today's states."""
+
         self._closing = None
         self._causes = {handler: {cause} for handler, cause in self._cause_now.items()}
 
@@ -278,8 +263,7 @@ class CostDigest:
         self._closing = None
 
     def tick(self, event: HealthCheckTick) -> None:
-        """Period ``event.period`` ended: the state changes until its report are its
-        budget verdicts."""
+        """Period ``event.period`` ended: changes until its report are its verdicts."""
         self._closing = event.period
 
     def _follow(self, handler: str, cause: str | None, *, verdict: bool) -> None:
@@ -305,10 +289,8 @@ class CostDigest:
         return cost
 
     def state_changed(self, event: HandlerStateChanged) -> None:
-        """A handler was disabled, started coalescing, or went back to normal: spans
-        from the period it holds from (the one after the last reported, or for a
-        budget verdict the one after the period it judged), and the cause of its skips.
-        """
+        """A handler's state changed: spans from the period it holds from, and the cause
+        of its skips."""
         verdict = self._closing is not None
         period = self._closing + 1 if self._closing is not None else self.last_period + 1
         handler = clip(event.handler)
@@ -326,7 +308,6 @@ class CostDigest:
         self._open_spans[handler] = span
 
     def ranked(self, *, library: bool | None = None) -> list[CallbackCost]:
-        """The handlers, the costliest first: all, or only the library's own
-        (``library=True``) or only the user's (``False``)."""
+        """The handlers, the costliest first (``library``: only the library's, or the user's)."""
         chosen = [c for c in self.handlers.values() if library is None or c.library == library]
         return sorted(chosen, key=lambda cost: (-cost.total, cost.name))

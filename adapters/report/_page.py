@@ -1,19 +1,5 @@
-"""The page's building blocks: the document, its charts, tables and facts.
-
-One HTML file holds everything: the styles, the data (one JSON block), the
-vendored chart library (uPlot, MIT; its licence is in the page's footer and
-beside it in ``_assets``) and the script that draws. A Content Security
-Policy forbids every fetch, so the page works offline and cannot call out.
-Every text from the log is escaped; the JSON block escapes ``<``, so no
-value can end it.
-
-Lines take the Okabe-Ito palette, distinguishable with the common kinds of
-colour blindness, then four dark colours of Paul Tol's: no two lines of a
-chart share a colour (past those ten, hues are made far apart, and dashed).
-An axis's ticks carry its unit (``2%``, ``5 ms``). Each chart has a text
-alternative: a sentence for screen readers and, one click away, its figures
-as a table.
-"""
+"""The page's building blocks: the document, its charts, tables and facts, in one offline
+HTML file (docs/report.md). Every text from the log is escaped."""
 
 from __future__ import annotations
 

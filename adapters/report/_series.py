@@ -1,15 +1,6 @@
-"""Long series kept in bounded memory without losing their spikes.
-
-A report charts series whose length is known only at the end of the log
-(rounds, health-check periods). ``SeriesGroup`` keeps every series of one
-chart in at most ``buckets`` buckets of a shared width along x: each bucket
-holds the lowest and the highest value with where they were, and the sum
-and count for the mean. When a point lands past the last bucket, the width
-doubles and neighbouring buckets merge (min of mins, max of maxes), so
-memory stays bounded and a one-round spike survives any number of merges.
-Sharing the width keeps the series of a chart on one x grid, and two runs
-are put on one grid by widening the finer (``align``).
-"""
+"""Long series kept in bounded memory without losing their spikes: each bucket keeps its
+lowest and highest value with where they were, and when a point lands past the last bucket
+the width doubles and neighbours merge, so a one-round spike survives any number of merges."""
 
 from __future__ import annotations
 
@@ -49,12 +40,8 @@ class Band:
 
 
 class SeriesGroup:
-    """The series of one chart, downsampled together (see the module's docstring).
-
-    ``x`` must be finite and at least 0 (rounds, periods) and ``y`` finite; a
-    point that is not is left out and counted in ``dropped``. ``width`` is a
-    power of two.
-    """
+    """The series of one chart, downsampled together on one x grid; a point off the axis
+    or not finite is counted in ``dropped``. ``width`` is a power of two."""
 
     __slots__ = ("_buckets", "_data", "buckets", "dropped", "names", "width")
 
@@ -81,17 +68,14 @@ class SeriesGroup:
         return len(self.names)
 
     def add(self, index: int, x: float, y: float) -> None:
-        """Add point (``x``, ``y``) to series ``index``; a point off the axis or not
-        finite is counted in ``dropped`` (a caller that means something by a NaN
-        counts it first)."""
+        """Add point (``x``, ``y``) to series ``index``."""
         if y - y != 0.0:  # NaN for NaN and the infinities
             self.dropped += 1
             return
         self.add_pooled(index, x, (y, y, y, 1.0))
 
     def add_pooled(self, index: int, x: float, pool: Sequence[float]) -> None:
-        """Add several values at ``x`` at once, given as ``pool``: their lowest, highest,
-        sum and count (the ranks of one round, pooled by the caller; finite)."""
+        """Add several values at ``x`` at once, as their (lowest, highest, sum, count)."""
         low, high, total, count = pool
         if not 0.0 <= x < math.inf:
             self.dropped += int(count)
@@ -120,8 +104,7 @@ class SeriesGroup:
         self.widen_to(width)
 
     def widen_to(self, width: float) -> None:
-        """Merge buckets until they are ``width`` wide (a power of two, at least the
-        current width): what ``align`` does to the finer of two groups."""
+        """Merge buckets until they are ``width`` wide (a power of two)."""
         if width < self.width:
             raise ValueError(f"cannot narrow buckets from {self.width} to {width}")
         factor = width / self.width
@@ -131,13 +114,8 @@ class SeriesGroup:
         self._data = [_merged(data, factor) for data in self._data]
 
     def lines(self, indices: Sequence[int] | None = None) -> Lines:
-        """The series (all, or ``indices``) as lines that keep each bucket's spikes.
-
-        A bucket of one value (or of equal values) gives one point, at its x when
-        the buckets are one unit wide; otherwise its low and high, in the order
-        they came, at the bucket's start and middle: every series of the group
-        lands on the same x grid, at most two points per bucket.
-        """
+        """The series (all, or ``indices``) as lines that keep each bucket's spikes: at
+        most two points per bucket (its low and high, in order), on one x grid."""
         chosen = list(range(len(self.names))) if indices is None else list(indices)
         width = self.width
         half = width / 2.0
@@ -161,8 +139,7 @@ class SeriesGroup:
         return Lines(xs, columns, [self.names[i] for i in chosen])
 
     def band(self, index: int) -> Band:
-        """Series ``index`` as a band, one point per bucket at the bucket's middle (its
-        x when buckets are one unit wide): lowest, mean, highest."""
+        """Series ``index`` as a band, one point per bucket: lowest, mean, highest."""
         width = self.width
         data = self._data[index]
         keys = sorted(data)
@@ -217,8 +194,7 @@ def _merged(data: dict[int, list[float]], factor: float) -> dict[int, list[float
 
 
 def align(*groups: SeriesGroup) -> float:
-    """Put groups (say, one chart's series from two runs) on one x grid: each is
-    widened to the widest's buckets. Returns that width."""
+    """Put groups (one chart's series from two runs) on one x grid; returns its width."""
     width = max(group.width for group in groups)
     for group in groups:
         group.widen_to(width)

@@ -1,13 +1,6 @@
-"""Charging handlers a cost in a replay, so that a budget policy can be tested.
-
-On a virtual clock a call costs nothing, so nothing is ever over budget. A
-charged handler's calls advance the replay's clock by their cost, and the bus
-times, judges and polices them as it would live calls of that length. A plain
-sync call blocks the event loop live: its charge moves the clock as a blocked
-loop does (``VirtualClock.set(blocked=True)``), so a period ends during it only
-once it returns; an async or blocking (threaded) call leaves the loop free, and
-a period ends during it, as live.
-"""
+"""Charging handlers a cost in a replay, so that a budget policy can be tested
+(docs/guides/testing.md): a charged call advances the virtual clock by its cost, as a live
+call of that length would take."""
 
 from __future__ import annotations
 
@@ -26,26 +19,16 @@ from ..options import OptionError, checked
 
 __all__ = ["Charges", "Costs"]
 
-#: What handlers cost in a replay (``costs=``): seconds per call by handler name (as the
-#: bus names it: ``Subscription.name``, ``"EarlyStopping.after_report"``, ``"...#2"`` for a
-#: second instance), a function of (handler name, event) giving seconds, or ``"measured"``:
-#: each call its own wall time. Handlers not named cost 0. A cost is a ``WaitSeconds``
-#: (0 s to a week, the longest deadline).
+#: What handlers cost in a replay: seconds per call by handler name, a function of
+#: (handler name, event), or ``"measured"`` (each call its own wall time).
 Costs = Mapping[str, float] | Callable[[str, Event], float] | Literal["measured"]
 
 
 class Charges:
-    """Handlers' costs charged to a replay's virtual clock, during each call.
+    """Handlers' costs charged to a replay's virtual clock as each call ends.
 
-    Each charged subscription's handler is wrapped, sync or async as it was,
-    so that the clock advances by the call's cost as the call ends (also when
-    it raised): the runner that times it on the bus's clock measures exactly
-    that, as it would a live call of that length. A blocking handler's call
-    runs in a worker thread, which has the event loop advance the clock.
-    ``remove()`` puts the handlers back. A cost function that raises, or gives
-    a cost out of range, cannot fail the handler it costs (the bus would take
-    it for the handler's fault): the call is charged nothing, and ``error``
-    keeps the first such error, for the replay to stop and raise.
+    A cost function that raises cannot fail the handler it costs (the bus would blame
+    the handler): the call is charged nothing, and ``error`` keeps it for the replay.
     """
 
     def __init__(self, clock: VirtualClock, cost_of: Callable[[Subscription, Event], float]):
@@ -56,8 +39,7 @@ class Charges:
 
     @classmethod
     def of(cls, costs: Costs, subs: Iterable[Subscription], clock: VirtualClock) -> Charges:
-        """The charges ``costs`` asks for on ``subs``, checked: a name no handler has
-        or a cost out of range is an ``OptionError`` here, before any event."""
+        """The charges ``costs`` asks for on ``subs``; ``OptionError`` before any event."""
         subs = tuple(subs)
         if isinstance(costs, str):
             if costs != "measured":
@@ -164,10 +146,8 @@ class Charges:
 
     @property
     def hold_the_trainer(self) -> bool:
-        """Whether a charged handler is plain sync and inline: live, such a call blocks
-        the event loop, so the trainer reports nothing more until it returns (an
-        async or threaded one leaves the trainer going, its events waiting in the
-        inbox; a lane's backlog is its own)."""
+        """Whether a charged handler is plain sync and inline: live, it would block the
+        trainer's loop until it returns."""
         return any(
             not (sub.is_async or sub.blocking) and sub.delivery == "inline"
             for sub, _, _ in self.wrapped
@@ -197,8 +177,7 @@ def _no_cost(sub: Subscription, event: Event) -> float:
 
 
 def _checked_cost(name: str, value: Any) -> float:
-    """``value`` as seconds if it is a cost (``WaitSeconds``), else the ``OptionError``
-    naming ``name``."""
+
     if (type(value) is float or type(value) is int) and 0 <= value <= MAX_SECONDS:
         return float(value)  # the usual case, without msgspec's conversion
     cost: float = checked(f"costs[{name!r}]", value, WaitSeconds)
@@ -220,9 +199,8 @@ def _checked_costs(costs: Mapping[Any, Any], subs: tuple[Subscription, ...]) -> 
 
 
 def _check_deadline(sub: Subscription, cost: float) -> None:
-    """An async or blocking call is cancelled at its deadline: a cost there cannot be
-    charged as it would go live (a plain sync call runs on, and is reported as an
-    overrun, as live)."""
+    """Refuse a cost that reaches an async or blocking call's deadline (live, it is
+    cancelled there)."""
     if (sub.is_async or sub.blocking) and cost >= sub.timeout:
         kind = "blocking" if sub.blocking else "async"
         raise OptionError(

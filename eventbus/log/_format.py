@@ -1,11 +1,5 @@
-"""The event-log file format: header, record framing, limits, errors.
-
-Two encodings of one log (``docs/log-format.md`` describes both byte by byte): *msgpack* (the
-default), a fixed binary header then one framed record per event, each with a sync marker, a
-length check and a CRC-32, so a damaged record is detected and the next intact one found;
-and *JSON Lines* (``.jsonl``), for people and other tools. Only this module knows the
-framing; the recorder and the reader share it.
-"""
+"""The event-log file format: header, record framing, limits, errors, in msgpack (framed
+records) or JSON Lines; docs/log-format.md describes both byte by byte."""
 
 from __future__ import annotations
 
@@ -38,41 +32,30 @@ LOG_MAGIC = b"\x89EVB\r\n\x1a\n"
 LOG_FORMAT_VERSION = 2
 #: ``LOG_MAGIC``, format version (u16), schema version (u16), metadata length (u32), little-endian.
 PREFIX = struct.Struct("<8sHHI")
-#: A record header: marker (u16), length check (u16), payload length (u32),
-#: CRC-32 of the payload (u32), little-endian; the payload follows.
+#: A record header: marker, length check (u16s), payload length, CRC-32 (u32s), little-endian.
 RECORD_HEADER = struct.Struct("<HHII")
-#: The first bytes of every record. 0xC1 is the one byte msgpack never
-#: uses and it never occurs in UTF-8, so no string inside a payload can hold it.
+#: The first bytes of every record: 0xC1 occurs in neither msgpack nor UTF-8.
 RECORD_MARK = b"\xc1\xeb"
 RECORD_MARK_VALUE: int = int.from_bytes(RECORD_MARK, "little")
-#: Longer payloads are not events: the length itself is damaged. Also the limit of a
-#: JSON line (without its newline): the recorder writes a placeholder instead.
+#: Longer payloads are not events (the length is damaged); also a JSON line's limit.
 MAX_RECORD = 64 * 1024 * 1024
 MAX_LINE = MAX_RECORD
-#: The JSON Lines header line (a few hundred bytes in practice).
+
 MAX_HEADER_LINE = 1024 * 1024
-#: The key of a JSON Lines header line that marks it as an event log.
+
 JSONL_MARKER = "eventbus_log"
 
 LogFormat = Literal["msgpack", "jsonl"]
 
 
 def length_check(size: int) -> int:
-    """The 16-bit check of a record length: every bit of the length changes it.
-
-    It lets a reader trust a length (and so the span it checksums) before
-    checksumming a payload, which keeps resynchronising cheap on garbage.
-    """
+    """The 16-bit check of a record length, so a reader trusts a length before checksumming."""
     return (size ^ size >> 16) & 0xFFFF
 
 
 class LogHeader(msgspec.Struct, frozen=True, kw_only=True):
-    """What a log says about itself. ``created`` is wall time (Unix seconds).
-
-    ``event_types`` maps each event type tag known when the log was created to
-    the module defining it, so a reader can say (or, for this library's own
-    packages, import) what it needs to decode them.
-    """
+    """What a log says about itself. ``created`` is wall time (Unix seconds);
+    ``event_types`` maps each known type tag to the module defining it."""
 
     format_version: int = LOG_FORMAT_VERSION
     schema_version: int = SCHEMA_VERSION
@@ -83,11 +66,8 @@ class LogHeader(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TruncatedTail(msgspec.Struct, frozen=True, kw_only=True):
-    """A record cut short at the end of the file (a crash mid-write).
-
-    ``offset`` is where the partial record starts, ``index`` the record number
-    it would have had, ``size`` how many of its bytes are there.
-    """
+    """A record cut short at the end of the file (a crash mid-write): at ``offset``,
+    record number ``index``, ``size`` bytes of it there."""
 
     offset: int
     index: int
@@ -203,13 +183,8 @@ def decode_jsonl_header(path: str | Path, line: bytes) -> LogHeader:
 
 
 def intact_record_in(data: bytes, start: int, end: int) -> bool:
-    """Whether ``data[start:end]`` holds a whole record whose header and CRC check.
-
-    Tells a torn tail (a record cut short by a crash is the last thing in
-    the file) from a damaged length that claims past the end of the file.
-    Checksums at most a few times the span, so a crafted tail stays cheap
-    (past that, the tail counts as torn).
-    """
+    """Whether ``data[start:end]`` holds a whole, intact record: a torn tail holds none,
+    a damaged length claiming past the end may. Bounded work on a crafted tail."""
     hsize = RECORD_HEADER.size
     budget = 4 * (end - start) + (1 << 20)
     q = data.find(RECORD_MARK, start, end)

@@ -1,9 +1,5 @@
-"""One history per run across resumes: where a log ends, and what its resumes rolled back.
-
-A resumed run appends to the log it was recording, so the log holds the events the crash
-undid too; ``rollbacks`` marks them so that a replay or a tool can leave them out. Most logs
-never resumed, so finding that out costs a byte search, not a decoding.
-"""
+"""One history per run across resumes: where a log ends, and what its resumes rolled back
+(a resumed run appends to its log, so the log holds what the crash undid too)."""
 
 from __future__ import annotations
 
@@ -30,7 +26,7 @@ __all__ = ["LogTail", "Rollbacks", "rollbacks", "scan_tail"]
 
 #: The type tag every ``RunResumed`` record holds (msgpack and JSON alike).
 RESUMED_TAG = b"RunResumed"
-#: Bytes read at a time when looking for it.
+
 SEARCH_BLOCK = 1 << 20
 
 
@@ -42,11 +38,9 @@ class LogTail(msgspec.Struct, frozen=True, kw_only=True):
         events: the intact records found (placeholders included).
         last_seq: the highest ``seq`` among them (-1 if none).
         last_time: the time of the last of them (``None`` if none).
-        last_period: the highest health-check period of a ``HealthCheckTick`` or
-            ``BudgetReport`` (-1 if none); ``period_end`` is when it ended.
-        closed: whether the recorded bus closed (its last budget report is the
-            partial one of a bus closing after its run finished), so that no
-            period was cut by a crash.
+        last_period: the highest health-check period recorded (-1 if none);
+            ``period_end`` is when it ended.
+        closed: whether the recorded bus closed (no period was cut by a crash).
         dropped_bytes: what a torn last record held, cut off before appending.
         skipped: corrupt records passed over (they stay in the file).
     """
@@ -61,9 +55,8 @@ class LogTail(msgspec.Struct, frozen=True, kw_only=True):
     skipped: int = 0
 
     def cut_period(self, *, period: float, budget: float) -> BudgetReport | None:
-        """The report of the period a crash cut (``None`` if the recorded bus closed):
-        partial, judged as a closing bus's last period is, and with no handlers, since
-        what they cost died with the process. ``period`` and ``budget``: the bus's."""
+        """The partial report of the period a crash cut (``None`` if the bus closed), with
+        no handlers: what they cost died with the process."""
         if self.closed or self.last_time is None:
             return None
         start = self.period_end if self.period_end is not None else self.last_time
@@ -73,10 +66,7 @@ class LogTail(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def scan_tail(reader: LogReader) -> LogTail:
-    """Read ``reader`` to its end for the figures a resumed run continues from.
-
-    ``dropped_bytes`` is left at 0: cutting a torn tail is the recorder's business.
-    """
+    """Read ``reader`` to its end for the figures a resumed run continues from."""
     last_seq = -1
     last_time: float | None = None
     last_period = -1
@@ -109,17 +99,10 @@ def scan_tail(reader: LogReader) -> LogTail:
 class Rollbacks:
     """The resumes of a log, and which of its events they rolled back.
 
-    For each ``RunResumed`` R (``seq`` s, ``position`` p): a ``Report`` E
-    recorded before it (``E.seq < s``) is rolled back when its rank is one of
-    ``p.next_index`` and ``E.index >= p.next_index[E.rank]`` (the resumed run
-    makes that report again; a rank not required then, ``-1``, goes by
-    ``seq`` as other events do); any other event is rolled back when
-    ``p.checkpoint_seq >= 0`` and ``p.checkpoint_seq < E.seq < s``. An event
-    is rolled back if any resume says so; ``RunStarted`` and ``RunResumed``
-    never are (they tell the history itself).
-
-    The resumes are folded on construction into sorted spans and suffix minimums, so
-    each event costs one bisection, not a question to every resume.
+    For a ``RunResumed`` at ``seq`` s with ``position`` p, an earlier ``Report`` E is
+    rolled back when ``E.index >= p.next_index[E.rank]``; any other event when
+    ``p.checkpoint_seq < E.seq < s``. ``RunStarted`` and ``RunResumed`` never are.
+    Each event costs one bisection.
 
     Args:
         resumes: the log's ``RunResumed`` events, in log order.
@@ -128,7 +111,7 @@ class Rollbacks:
     __slots__ = ("_ahead", "_last", "_spans", "_unrequired", "resumes")
 
     def __init__(self, resumes: Iterable[RunResumed]) -> None:
-        #: The resumes, in log order.
+
         self.resumes: tuple[RunResumed, ...] = tuple(resumes)
         # No event at or past the last resume is rolled back: one comparison for most.
         self._last = max((r.seq for r in self.resumes), default=-1)
@@ -150,7 +133,7 @@ class Rollbacks:
         self._unrequired = {rank: _Spans(plans) for rank, plans in unrequired.items()}
 
     def is_rolled_back(self, event: Event) -> bool:
-        """Whether a resume rolled ``event`` back (it stays in the log, but did not count)."""
+        """Whether a resume rolled ``event`` back."""
         seq = event.seq
         if seq >= self._last:
             return False
@@ -169,8 +152,7 @@ class Rollbacks:
 
 
 class _Spans:
-    """Closed spans of ``seq`` (``(first, last)``), merged into sorted disjoint ones:
-    whether a ``seq`` lies in any is one bisection."""
+    """Closed spans of ``seq``, merged into sorted disjoint ones (one bisection a lookup)."""
 
     __slots__ = ("_firsts", "_lasts")
 
@@ -192,8 +174,7 @@ class _Spans:
 
 
 class _LeastAfter:
-    """Resumes of one rank as ``(resume seq, next index)``: the least next index among
-    those after a ``seq`` is one bisection (a suffix minimum over them sorted by seq)."""
+    """Resumes of one rank as ``(resume seq, next index)``, with suffix minimums."""
 
     __slots__ = ("_least", "_seqs")
 
@@ -211,11 +192,7 @@ class _LeastAfter:
 
 
 def _mentions_resumed(path: str | os.PathLike[str], offset: int) -> bool:
-    """Whether the bytes of the file past ``offset`` (the header) hold the type tag.
-
-    Read a block at a time, the tail of the last block kept so a tag across two blocks is
-    found (a mapping of the file would count every page in the process's memory).
-    """
+    """Whether the bytes of the file past ``offset`` (the header) hold the type tag."""
     overlap = len(RESUMED_TAG) - 1
     block = bytearray(SEARCH_BLOCK + overlap)
     with open(path, "rb") as f, memoryview(block) as view:
@@ -231,14 +208,9 @@ def _mentions_resumed(path: str | os.PathLike[str], offset: int) -> bool:
 
 
 def rollbacks(path: str | os.PathLike[str]) -> Rollbacks | None:
-    """The resumes of the log at ``path`` and what they rolled back; ``None`` if it has none.
-
-    Costs one byte search for a log without a ``RunResumed`` (the header is
-    skipped: it names every event type). Otherwise the log is decoded once,
-    corrupt records skipped (whoever reads the log next reports them).
-    ``LogFormatError`` for a file that is not an event log; ``LogStreamError`` for
-    one that can be read only once (a pipe: copy it to a file first).
-    """
+    """The resumes of the log at ``path`` and what they rolled back; ``None`` if it has none
+    (one byte search, no decoding). ``LogFormatError`` for a file that is not an event log;
+    ``LogStreamError`` for one that can be read only once."""
     require_file(path, "finding a log's rollbacks")
     with LogReader(path) as reader:
         offset = reader.data_offset

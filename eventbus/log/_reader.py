@@ -1,11 +1,5 @@
-"""Reading event logs: streamed, validated, and honest about damage.
-
-A log may be longer than memory, so it is read in chunks and decoded a record at a time. A
-log may be damaged, so the reader says what it lost instead of failing or guessing: a torn
-last record is ``truncated``, a damaged record raises ``CorruptLogError`` or, when
-skipping, costs only itself, and an intact record that is not an event becomes an
-``EventPlaceholder``.
-"""
+"""Reading event logs: streamed in chunks, validated, and honest about damage (the reading
+rules are docs/log-format.md's)."""
 
 from __future__ import annotations
 
@@ -49,15 +43,11 @@ __all__ = ["LogContents", "LogReader", "LogStreamError", "read_log", "require_fi
 
 #: Corrupt records kept (as errors) when skipping; the rest are only counted.
 KEEP_ERRORS = 100
-#: A damaged record whose header holds costs the CRC of the span its length claims
-#: (up to ``MAX_RECORD``). Up to this many such bytes, plus ``RESYNC_BUDGET_PER_BYTE``
-#: for each byte of the log read so far, the reader looks for the next record inside
-#: a damaged one; past that (only a file crafted to be expensive gets there), it
-#: skips a damaged record by its length, so that reading stays linear.
+#: Bytes checksummed for damaged records (plus ``RESYNC_BUDGET_PER_BYTE`` per byte read)
+#: before the reader skips them by their length instead, so that reading stays linear.
 RESYNC_BUDGET = MAX_RECORD
 RESYNC_BUDGET_PER_BYTE = 8
-#: The most one read of a stream (a pipe: no size to bound it by) may ask for: a whole
-#: record of the longest length a record may have, and its header.
+#: The most one read of a stream (no size to bound it by) may ask for: the longest record.
 STREAM_READ = MAX_RECORD + RECORD_HEADER.size
 
 
@@ -66,9 +56,8 @@ class LogStreamError(LogError):
 
 
 def require_file(path: str | os.PathLike[str], purpose: str) -> None:
-    """Refuse a log that can be read only once before opening it (opening a FIFO would
-    wait for a writer), naming it, what it is and what to do; ``purpose`` says what
-    reads it twice. A missing file or a directory is left to opening it to report."""
+    """Refuse, before opening it (a FIFO would wait for a writer), a log that can be read
+    only once; ``purpose`` says what reads it twice."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -82,7 +71,7 @@ def require_file(path: str | os.PathLike[str], purpose: str) -> None:
 
 
 def _file_kind(mode: int) -> str:
-    """What a file that is not a regular one is, for messages."""
+
     if stat.S_ISFIFO(mode):
         return "a pipe"
     if stat.S_ISSOCK(mode):
@@ -95,11 +84,9 @@ def _file_kind(mode: int) -> str:
 
 
 class LogReader:
-    """Iterates the events of a log, in either encoding (told apart by content).
+    """Iterates the events of a log, in either encoding (told apart by content), once.
 
-    The header is read when the reader is made, so a file that is not a log, or of a
-    format or schema this library cannot read, is a ``LogError`` at once. Iterate once;
-    the file closes when the events end.
+    Raises ``LogError`` at once for a file that is not a log this library can read.
 
     Args:
         path: the log; a pipe or FIFO is read as a file is.
@@ -107,10 +94,8 @@ class LogReader:
             first ones kept in ``errors``) instead of raising a ``LogError``.
         chunk_size: bytes read at a time.
 
-    After the iteration, ``count`` is the number of events yielded
-    (placeholders included), ``placeholders`` the number of placeholders the
-    reader made for intact records that did not decode as their type, and
-    ``truncated`` says where a torn last record starts (``None`` if none).
+    After the iteration, ``count`` is the events yielded (placeholders included) and
+    ``truncated`` where a torn last record starts (``None`` if none).
     """
 
     def __init__(
@@ -129,17 +114,16 @@ class LogReader:
         self.truncated: TruncatedTail | None = None
         self._file: io.BufferedReader = open(self.path, "rb")  # noqa: SIM115 (closed by close())
         self._iterated = False
-        #: The header's bytes as read from a stream (which cannot be read again): ``copy_to``.
+        #: The header's bytes as read from a stream, for ``copy_to``.
         self._head = b""
         try:
-            #: Not a regular file (a pipe...): no size, reads bounded by ``STREAM_READ``.
             self.stream = not stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
             self.format, self.header, self.data_offset = self._read_header()
         except BaseException:
             self._file.close()
             raise
         self._fallback = DecodeFallback(self.path, self.header.event_types)
-        #: Bytes checksummed for damaged records (see ``RESYNC_BUDGET``).
+
         self._failed_checksums = 0
 
     @property
@@ -148,13 +132,10 @@ class LogReader:
         return self._fallback.placeholders
 
     def _read_header(self) -> tuple[LogFormat, LogHeader, int]:
-        """The header, read no further than it may reach: a file, a pipe or a device
-        (``/dev/zero``, a FIFO whose writer sends garbage and never closes) that does
-        not start as a log is refused at its first bytes, and a JSON Lines header line
-        is read to ``MAX_HEADER_LINE`` at most."""
+        """The header; what does not start as a log (``/dev/zero``) is refused at its
+        first bytes."""
         f = self._file
-        # What one read gives (a stream: what its writer has sent so far, never waiting
-        # for more), enough to refuse most that is no log without waiting for a prefix.
+        # One read, never waiting for more: enough to refuse most that is no log.
         first = f.peek(PREFIX.size)[: PREFIX.size]
         if first and not _may_start_log(first):
             raise self._not_a_log(first)
@@ -213,7 +194,7 @@ class LogReader:
         return self._jsonl_events() if self.format == "jsonl" else self._msgpack_events()
 
     def _corrupt(self, offset: int, index: int, reason: str) -> None:
-        """Raise, or count and keep the error when skipping corrupt records."""
+
         error = CorruptLogError(self.path, offset, index, reason)
         if not self.skip_corrupt:
             raise error
@@ -224,9 +205,7 @@ class LogReader:
     # --- msgpack -------------------------------------------------------------------------
 
     def _msgpack_events(self) -> Iterator[Event]:
-        """Each record in turn: its header, its CRC, its event. Whatever stops that (the
-        end of what was read, the end of the log, a torn tail, damage) is
-        ``_next_record``'s to sort out."""
+        """Each record in turn; whatever stops that is ``_next_record``'s to sort out."""
         try:
             buffer = _Buffer(self._file, self.data_offset, self.chunk_size, self._remaining)
             unpack = RECORD_HEADER.unpack_from
@@ -270,9 +249,7 @@ class LogReader:
             self.close()
 
     def _examine(self, buffer: _Buffer, at: int) -> tuple[_Found, int, str]:
-        """What starts at file offset ``at``, read as far as its header claims: a whole,
-        intact record, the end of the log, a torn tail, or damage (with its reason,
-        and where the record ends if its header holds: else -1)."""
+        """What starts at file offset ``at``: a record, the end, a torn tail, or damage."""
         hsize = RECORD_HEADER.size
         data, pos = buffer.hold(at, hsize)
         if len(data) - pos < hsize:  # the end of the file
@@ -311,11 +288,8 @@ class LogReader:
         )
 
     def _next_record(self, buffer: _Buffer, at: int, index: int) -> tuple[int, int]:
-        """Where the next intact record starts, from file offset ``at`` on (-1: the log
-        ended, torn or not), and its index. Damage there is reported, and the next
-        record searched for by its marker: the next one whose header holds and whose
-        payload matches its CRC. A marker whose header holds and whose CRC fails is
-        another damaged record; one whose header fails starts no record."""
+        """Where the next intact record starts from file offset ``at`` (-1: the log ended),
+        and its index; damage there is reported and resynchronised past."""
         found, stop, reason = self._examine(buffer, at)
         searching = False
         while found is _Found.DAMAGE:
@@ -332,18 +306,15 @@ class LogReader:
         return (at if found is _Found.RECORD else -1), index
 
     def _past(self, at: int, stop: int) -> int:
-        """Where to look for the next record after the damaged one at ``at`` (whose
-        header claims it ends at ``stop``, or -1): inside it, so that damage costs
-        only the records it hit, unless damaged records have cost more checksumming
-        than ``RESYNC_BUDGET`` allows, which only a file crafted to be expensive
-        does (then past it, so that reading stays linear)."""
+        """Where to look after the damaged record at ``at``: inside it, or past ``stop``
+        once ``RESYNC_BUDGET`` is spent."""
         budget = RESYNC_BUDGET + RESYNC_BUDGET_PER_BYTE * (at - self.data_offset)
         return stop if stop >= 0 and self._failed_checksums > budget else at + 1
 
     # --- JSON Lines --------------------------------------------------------------------
 
     def _jsonl_events(self) -> Iterator[Event]:
-        """Each line, one event; a line that is not one is reported and skipped."""
+
         try:
             max_line = _format.MAX_LINE  # looked up here, so a test can lower it
             readline = self._file.readline
@@ -392,10 +363,8 @@ class LogReader:
             self.close()
 
     def copy_to(self, target: IO[bytes]) -> None:
-        """Write the whole log, header included, to ``target`` as it is, instead of
-        iterating it: how a log that can be read only once (a pipe, ``/dev/stdin``)
-        becomes a file to read again. Its header was checked when the reader was made,
-        so a stream that is no log is refused before anything is copied."""
+        """Write the whole log, header included, to ``target`` instead of iterating it:
+        how a log that can be read only once (``/dev/stdin``) becomes a file."""
         if self._iterated:
             raise RuntimeError(f"{self.path}: a LogReader is iterated once; open a new one")
         self._iterated = True
@@ -411,8 +380,7 @@ class LogReader:
     # --- the file ------------------------------------------------------------------------
 
     def _remaining(self, offset: int) -> int:
-        """The most a read at ``offset`` may ask for: what the file still holds (it may
-        grow while read), or, for a stream, what one record may be."""
+        """The most a read at ``offset`` may ask for (a file may grow while read)."""
         if self.stream:
             return STREAM_READ
         return max(0, os.fstat(self._file.fileno()).st_size - offset)
@@ -431,8 +399,7 @@ class LogReader:
 
 
 def _may_start_log(start: bytes) -> bool:
-    """Whether a log may begin with ``start``: the magic (or part of it), or a JSON
-    object's first key (``{"``) after any whitespace."""
+    """Whether a log may begin with ``start``: the magic or part of it, or ``{"``."""
     if start.startswith(LOG_MAGIC) or LOG_MAGIC.startswith(start):
         return True
     text = start.lstrip()
@@ -445,8 +412,7 @@ def _may_start_log(start: bytes) -> bool:
 
 
 def _rest_of_line(file: IO[bytes], start: bytes, limit: int, chunk: int) -> bytes | bytearray:
-    """A line longer than one read, gathered up to ``limit`` bytes (in one buffer:
-    ``readline(limit)`` would hold it twice)."""
+    """A line longer than one read, up to ``limit`` bytes, in one buffer."""
     line = bytearray(start)
     piece = start
     while len(line) < limit and piece[-1] != 10:
@@ -458,7 +424,7 @@ def _rest_of_line(file: IO[bytes], start: bytes, limit: int, chunk: int) -> byte
 
 
 def _skip_line(file: IO[bytes], chunk: int) -> int:
-    """Read past the rest of a line, a chunk at a time; the bytes it held."""
+    """Read past the rest of a line; returns its size in bytes."""
     skipped = 0
     while piece := file.readline(chunk):
         skipped += len(piece)
@@ -491,8 +457,6 @@ def read_log(path: str | os.PathLike[str], *, skip_corrupt: bool = False) -> Log
 
 
 class _Found(enum.Enum):
-    """What a reader found where a record should start."""
-
     RECORD = "a whole, intact record"
     END = "the end of the log"
     TORN = "a record cut short at the end of the file"
@@ -500,12 +464,8 @@ class _Found(enum.Enum):
 
 
 class _Buffer:
-    """The bytes of a msgpack log that its reader still needs, from file offset ``base``.
-
-    It never reads more than the file still holds (a stream: than a record may be), so a
-    damaged length never makes it allocate what it claims; it holds at most a record and
-    a chunk.
-    """
+    """The bytes of a msgpack log its reader still needs, from file offset ``base``; never
+    more than the file holds, so a damaged length cannot make it allocate what it claims."""
 
     __slots__ = ("base", "chunk_size", "data", "eof", "read", "remaining")
 
@@ -521,12 +481,11 @@ class _Buffer:
 
     @property
     def end(self) -> int:
-        """The file offset just past the bytes read so far."""
+
         return self.base + len(self.data)
 
     def hold(self, at: int, size: int) -> tuple[bytes, int]:
-        """The buffer, holding the ``size`` bytes at file offset ``at`` if the file has
-        them, and where ``at`` is in it."""
+        """The buffer holding ``size`` bytes at ``at`` (if the file has them), and ``at`` in it."""
         while self.end < at + size and not self.eof:
             want = min(max(self.chunk_size, at + size - self.end), self.remaining(self.end))
             chunk = self.read(want) if want > 0 else b""
@@ -539,8 +498,7 @@ class _Buffer:
         return self.data, at - self.base
 
     def find(self, marker: bytes, at: int) -> int:
-        """The file offset of the next ``marker`` at or after ``at``, reading on as
-        needed; -1 if the file holds none."""
+        """The file offset of the next ``marker`` at or after ``at``; -1 if none."""
         while True:
             data, pos = self.hold(at, 0)
             found = data.find(marker, pos)

@@ -1,13 +1,5 @@
-"""Replaying a recorded log into a bus: instantly on virtual time, or at recorded speed.
-
-An instant replay is deterministic: on a ``VirtualClock`` each event is published at its
-recorded time, and the replay waits for the bus to be idle on both sides of every period's
-end, so ticks and budget reports fall between the same events every time. The bus's own
-recorded diagnostics are left out by default (the replay bus makes its own), and so are the
-derived events when the replay bus has a gathering that makes them again; placeholders and
-events a resume rolled back are never delivered. ``costs=`` charges handlers virtual time,
-so a budget policy can be tested (docs/guides/testing.md).
-"""
+"""Replaying a recorded log into a bus: instantly and deterministically on virtual time, or
+at recorded speed (docs/guides/testing.md)."""
 
 from __future__ import annotations
 
@@ -67,9 +59,8 @@ Speed = Annotated[float, msgspec.Meta(gt=0, le=1e6, description="multiple of rec
 
 
 class HandlerSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """One handler over a replay; ``total``/``max``: seconds spent in it, as the
-    bus measures them (on its clock, so zero on a virtual clock unless ``costs=``
-    charged it some)."""
+    """One handler over a replay; ``total``/``max``: seconds on the bus's clock (zero on a
+    virtual clock unless ``costs=`` charged some)."""
 
     name: str
     calls: int
@@ -82,10 +73,8 @@ class HandlerSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ReplaySummary(msgspec.Struct, frozen=True, kw_only=True):
-    """What a replay delivered. ``replayed`` events were published, ``filtered``
-    left out (by the filter, or as recorded diagnostics), ``placeholders``
-    skipped (records the log could not hold as their events), ``rolled_back``
-    skipped as rolled back by a resume recorded in the log."""
+    """What a replay delivered: ``replayed`` events published, ``filtered`` left out,
+    ``placeholders`` and ``rolled_back`` (by a recorded resume) skipped."""
 
     replayed: int
     filtered: int
@@ -129,24 +118,18 @@ async def replay(
     replayed event was handled.
 
     Args:
-        bus: the bus to publish into; an instant replay needs its clock to be a
-            ``VirtualClock``.
+        bus: the bus; an instant replay needs a ``VirtualClock``.
         source: a log's path, or events.
         speed: ``None`` replays instantly, keeping the recorded times; a number
-            replays at that multiple of the recorded pace on a real clock (``1.0``
-            as recorded, ``2.0`` twice as fast), and the bus stamps its own times.
+            replays at that multiple of the recorded pace on a real clock.
         filter: only the events it keeps are published.
-        include_diagnostics: publish the bus's own recorded diagnostics too
-            (ticks, budget reports, handler faults), which the replay bus makes
-            again otherwise.
+        include_diagnostics: publish the bus's own recorded diagnostics too (ticks,
+            budget reports, faults), which the replay bus otherwise makes again.
         skip_corrupt: go on past damaged records instead of raising.
-        costs: what each call of the bus's handlers costs, charged to the virtual
-            clock during the call (``Costs``: seconds by handler name, a function
-            of the handler's name and the event, or ``"measured"``); handlers not
-            named cost 0. A name no handler has is an ``OptionError`` listing the
-            handlers; so is a cost out of range (0 s to a week), or one that reaches
-            the deadline of an async or blocking handler (which a live run would
-            cancel there). Only for an instant replay.
+        costs: seconds each handler call is charged on the virtual clock (by handler
+            name, a function of name and event, or ``"measured"``; instant replays
+            only). ``OptionError`` for an unknown name, a cost out of range, or one
+            that reaches an async or blocking handler's deadline.
     """
     instant = speed is None
     if instant and not isinstance(bus.clock, VirtualClock):
@@ -175,8 +158,7 @@ async def replay(
     else:
         events = source
     keep = None if filter is None or filter.empty else filter
-    # Events are published as they are: handlers get copies stamped by the bus, which
-    # keeps the recorded time of each (a publisher may bring its own).
+
     derived = bus.gathering is not None  # the bus makes the derived events again
     selection = _Selection(events, keep, include_diagnostics, derived, plan=plan)
     started = time.perf_counter()
@@ -234,14 +216,9 @@ async def replay(
 async def _replay_instant(
     bus: EventBus, clock: VirtualClock, selection: _Selection, charges: Charges | None
 ) -> None:
-    """Publish each event at its recorded time, moving the virtual clock to it.
-
-    With ``charges``, as a live run with those costs goes: before an event later than
-    the clock, the bus finishes what it has, whose charges may move the clock past
-    that event's time, which then waits behind the slow handlers. Events recorded at
-    one time (one batch on the recorded bus) are published together, to make one
-    batch again. Idle gaps are skipped either way.
-    """
+    """Publish each event at its recorded time, moving the virtual clock to it (with
+    ``charges``, an event may wait behind slow handlers, as in a live run). Events
+    recorded at one time are published together, as one batch again."""
     now = clock.now
     publish = bus.publish
     held = charges is not None and charges.hold_the_trainer
@@ -271,15 +248,13 @@ async def _replay_instant(
             return
     last_time = selection.last_time
     if last_time is not None and last_time > now():
-        # The recorded run went on (its last ticks): let the periods roll as they did.
+        # The recorded run went on (its last ticks): roll the periods as it did.
         await _cross_period(bus, clock, last_time, None)
 
 
 class _Selection:
-    """The events to replay, in order, counting what the filters left out and the
-    placeholders passed over, and noting the recorded time span. ``plan``: the log's
-    rollbacks; the events they mark are passed over in a generator of their own, so
-    that a log without any pays nothing per event."""
+    """The events to replay, in order, counting what was left out; ``plan``: the log's
+    rollbacks (a generator of their own, so a log without any pays nothing per event)."""
 
     def __init__(
         self,
@@ -302,8 +277,7 @@ class _Selection:
         keep = self.keep
         left_out = self.left_out
         derived = self.derived
-        # What to do with each event type, decided once per type: a dict lookup is a
-        # fraction of ``isinstance`` against a tuple of types (per event, on the hot path).
+        # Decided once per type: a dict lookup is cheaper than ``isinstance`` per event.
         verdicts: dict[type, int] = {EventPlaceholder: _PLACEHOLDER}
         for event in self.events:
             verdict = verdicts.get(type(event))
@@ -335,9 +309,8 @@ _DELIVER, _LEFT_OUT, _PLACEHOLDER = 0, 1, 2
 
 
 async def _cross_period(bus: EventBus, clock: VirtualClock, t: float, event: Event | None) -> None:
-    """Move past a period end with the bus idle before and after, so the
-    period's tick and budget report fall at the same place on every replay
-    (moving a virtual clock ends the bus's periods at once)."""
+    """Move past a period end with the bus idle before and after, so its tick and budget
+    report fall at the same place on every replay."""
     await bus.wait_idle()
     clock.set(t)
     if event is not None:
@@ -353,8 +326,8 @@ class LogTiming(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def log_timing(path: str | os.PathLike[str], *, skip_corrupt: bool = False) -> LogTiming:
-    """Read the start of a log until its first period report: a replay bus built
-    with this start and period rolls its periods where the recorded bus did."""
+    """Read a log until its first period report: the start and period a replay bus needs
+    to roll its periods where the recorded bus did."""
     first: float | None = None
     with LogReader(path, skip_corrupt=skip_corrupt) as reader:
         for event in reader:
@@ -384,8 +357,8 @@ async def replay_file(
     costs: Costs | None = None,
     **bus_options: Any,
 ) -> ReplaySummary:
-    """Replay a log into a fresh bus, whose clock starts where the recorded bus's did,
-    so that its ticks and budget reports fall where the recorded ones fell.
+    """Replay a log into a fresh bus whose clock starts where the recorded bus's did, so
+    its ticks and budget reports fall where the recorded ones fell.
 
     Args:
         path: the log.
@@ -395,12 +368,9 @@ async def replay_file(
         filter: only the events it keeps are published.
         include_diagnostics: as for ``replay``.
         skip_corrupt: go on past damaged records instead of raising.
-        real_time: time the handlers in real time (on a clock that is still
-            instant, idle gaps skipped), as the command line's replay reports them.
+        real_time: time the handlers in real time (idle gaps still skipped).
         costs: charge handlers' calls to the virtual clock, as for ``replay``
-            (``{"Slow.after_report": 0.05}``, a function of the handler's name and
-            the event, or ``"measured"``): the replay is then what a live run
-            with those costs does, periods, budget reports and policies included.
+            (``{"Slow.after_report": 0.05}``).
         **bus_options: the rest of the bus's options (``EventBus``).
     """
     require_file(path, "a replay")

@@ -1,10 +1,6 @@
-"""Stateful callbacks: the protocol, their keys, and taking their states.
-
-The format is Hugging Face's (``state()`` -> ``{"args": ..., "attributes": ...}``) so states
-move between the two, but every state has a unique key (a duplicate is an error, not a lost
-state), and states are checked as strict JSON when taken, so one that would not round-trip
-is reported then, naming the callback and the path, not discovered at resume. No I/O here.
-"""
+"""Stateful callbacks: the protocol (Hugging Face's format), their keys, and taking their
+states, checked as strict JSON when taken so that one that would not round-trip is
+reported then, not at resume."""
 
 from __future__ import annotations
 
@@ -21,15 +17,13 @@ from .._text import clip, describe, safe_str
 #: Bumped when the snapshot file changes shape incompatibly; files carry it.
 STATE_FORMAT_VERSION = 1
 
-#: Starts the ``errors`` entry of a state found malformed when a snapshot was read
-#: (as opposed to one that could not be saved).
+#: Starts the ``errors`` entry of a state found malformed when a snapshot was read.
 MALFORMED = "malformed in"
 
-#: Longest error message kept per callback: a ``state()`` that raises with a
-#: megabyte message must not make the snapshot (or a warning) that big.
+#: Longest error message kept per callback, in characters.
 MAX_REASON_CHARS = 2000
 
-#: How many names a warning lists before it only counts the rest.
+
 _MAX_LISTED = 20
 
 
@@ -60,13 +54,9 @@ class StateRestoreError(StateError):
 class Stateful(Protocol):
     """A callback whose state survives a resume.
 
-    ``state()`` returns ``{"args": {...}, "attributes": {...}}`` of JSON
-    values. Restoring calls ``cls.from_state(state)`` when the class defines
-    it, else ``cls(**args)`` (so ``__init__`` runs) then sets each attribute.
-    An instance may define ``state_key`` (a ``str``) to tell several instances
-    of one class apart. ``isinstance(x, Stateful)`` only checks that a
-    ``state`` attribute exists; the store uses ``is_stateful``, which wants a
-    method on the class.
+    ``state()`` returns ``{"args": {...}, "attributes": {...}}`` of JSON values.
+    Restoring calls ``cls.from_state(state)`` if defined, else ``cls(**args)`` then sets
+    each attribute. ``state_key`` (a ``str``) tells instances of one class apart.
     """
 
     def state(self) -> CallbackState: ...
@@ -75,19 +65,11 @@ class Stateful(Protocol):
 class StatefulCallback:
     """Base for stateful callbacks: list the names, get ``state``/``from_state``.
 
-    ``state_args`` names the ``__init__`` arguments to rebuild with (each
-    stored on the instance under the same name); ``state_attributes`` the
-    attributes set after ``__init__``. Those names are also all that a
-    restore sets: anything else in a saved state is ignored (and reported by
-    the store), so a tampered snapshot cannot set ``__dict__`` or replace a
-    hook. Override ``state``/``from_state`` for anything else; an overridden
-    ``from_state`` gets the saved state unfiltered and must validate it.
-
-    At a restore the saved args win over the ones the live callback was given (a resume
-    continues the saved run), with a warning naming each that differs.
-    ``state_live_args`` names the exceptions, whose live value always wins: options a
-    snapshot, which anyone who can write the checkpoint can edit, must not switch on
-    (``BestCheckpoints``' ``delete_worse``).
+    ``state_args`` names the ``__init__`` arguments to rebuild with (stored on the instance
+    under the same name); ``state_attributes`` the attributes set after. A restore sets only
+    those, so a tampered snapshot cannot set ``__dict__``; an overridden ``from_state`` gets
+    the state unfiltered and must validate it. Saved args win over live ones (with a
+    warning), except ``state_live_args``: options a snapshot must not switch on.
     """
 
     state_args: tuple[str, ...] = ()
@@ -95,8 +77,7 @@ class StatefulCallback:
     state_live_args: tuple[str, ...] = ()
 
     def __init_subclass__(cls, *, state_name: str | None = None, **kwargs: Any) -> None:
-        """``state_name``: the stable name its states are saved under (see
-        ``state_class_name``), so moving the class does not orphan its snapshots."""
+        """``state_name``: the stable name its states are saved under."""
         super().__init_subclass__(**kwargs)
         if state_name is not None:
             cls.__state_name__ = state_name  # type: ignore[attr-defined]
@@ -120,16 +101,13 @@ class StatefulCallback:
 
 
 def is_stateful(callback: object) -> bool:
-    """Whether ``callback`` has a ``state()`` method (looked up on its class, so a
-    plain data attribute named ``state`` does not count)."""
+    """Whether ``callback``'s class has a ``state()`` method."""
     return callable(getattr(type(callback), "state", None))
 
 
 def callback_name(callback: object) -> str:
-    """How messages and logs name a callback: its class name with its ``state_key``
-    (``EarlyStopping(metric='loss', mode='min')`` as is, a key not starting with the
-    class name as ``Trend[acc]``), or the class name alone. Never raises, so a
-    ``state_key`` that fails costs only the suffix, not the message naming it."""
+    """How messages name a callback: its class name with its ``state_key``
+    (``Trend[acc]``). Never raises: a failing ``state_key`` costs only the suffix."""
     cls = type(callback)
     try:
         extra = getattr(callback, "state_key", None)
@@ -141,9 +119,7 @@ def callback_name(callback: object) -> str:
     return extra if extra.startswith(cls.__name__) else f"{cls.__qualname__}[{extra}]"
 
 
-#: Class names that earlier versions wrote into snapshots -> the class's name now.
-#: A state key is a public format: when a class's saved name changes, its old name
-#: goes here, so snapshots taken before still restore (``current_state_key``).
+#: Saved class names -> the class's name now, so older snapshots still restore.
 RENAMED_STATE_CLASSES: dict[str, str] = {
     # 0.1: the built-ins keyed by their private modules, before and after they moved.
     "handlers._early_stopping.EarlyStopping": "handlers.EarlyStopping",
@@ -157,11 +133,8 @@ _STATE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 def state_class_name(cls: type) -> str:
-    """The name a class's states are saved under: its own ``__state_name__`` (set
-    with ``class C(StatefulCallback, state_name="pkg.C")``, or by hand on any
-    class), else ``module.QualName``. A stable name keeps snapshots restoring
-    when the class moves between modules; it is not inherited, so a subclass
-    never takes its parent's states."""
+    """The name a class's states are saved under: its own ``__state_name__`` (not
+    inherited), else ``module.QualName``."""
     name = cls.__dict__.get("__state_name__")
     if name is None:
         return f"{cls.__module__}.{cls.__qualname__}"
@@ -181,8 +154,7 @@ def current_state_key(key: str) -> str:
 
 
 def state_key_of(callback: object) -> str:
-    """The class's saved name (``state_class_name``), plus ``[state_key]`` when the
-    instance defines one."""
+    """The class's saved name, plus ``[state_key]`` when the instance defines one."""
     key = state_class_name(type(callback))
     extra = getattr(callback, "state_key", None)
     if extra is None:
@@ -236,11 +208,7 @@ def _round_trips(value: Any) -> bool:
 
 
 def _first_problem(value: Any, path: str, active: set[int]) -> str | None:
-    """Where and why ``value`` does not survive a JSON round trip (``None`` if it does).
-
-    Only called once the fast check failed, so building paths costs nothing
-    on the common path.
-    """
+    """Where and why ``value`` does not survive a JSON round trip (``None`` if it does)."""
     kind = type(value)
     if kind is str or kind is bool or kind is int or value is None:
         return None
@@ -278,7 +246,7 @@ def _first_problem(value: Any, path: str, active: set[int]) -> str | None:
 
 
 def listed(names: Sequence[str]) -> str:
-    """Names for a warning: each shortened, at most ``_MAX_LISTED`` of them, then a count."""
+
     shown = ", ".join(clip(name, 120) for name in names[:_MAX_LISTED])
     more = len(names) - _MAX_LISTED
     return f"{shown} and {more} more" if more > 0 else shown
@@ -286,13 +254,9 @@ def listed(names: Sequence[str]) -> str:
 
 def check_state(state: Any, where: str = "") -> CallbackState:
     """A copy of one state that JSON round-trips to an equal value, or ``ValueError``
-    naming the offending path (like ``attributes.best[2]``, prefixed by ``where``).
+    naming the offending path (``attributes.best[2]``).
 
-    The rule is "comes back equal": str, int, finite float, bool, None, and
-    lists and str-keyed dicts of them. NaN and infinities are refused (JSON has
-    no such numbers and msgspec would write ``null``), and so are tuples, sets,
-    bytes and other objects, which would come back as something else. The copy
-    is what gets saved, so later changes to the live state cannot leak into it.
+    Allowed: str, int, finite float, bool, None, and lists and str-keyed dicts of them.
     """
     if type(state) is not dict:
         raise ValueError(
@@ -322,8 +286,7 @@ def check_state(state: Any, where: str = "") -> CallbackState:
 
 
 def take_states(callbacks: dict[str, object]) -> tuple[dict[str, CallbackState], dict[str, str]]:
-    """Every callback's state, checked; one that fails goes to ``errors`` (key -> why),
-    the others are still taken."""
+    """Every callback's state, checked; one that fails goes to ``errors`` (key -> why)."""
     states: dict[str, CallbackState] = {}
     errors: dict[str, str] = {}
     for key, callback in callbacks.items():
@@ -347,11 +310,8 @@ def take_states(callbacks: dict[str, object]) -> tuple[dict[str, CallbackState],
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The states of one checkpoint, in callback order.
 
-    ``keyed_by`` is ``"qualname"`` for our keys (``module.QualName[state_key]``)
-    and ``"class_name"`` for a snapshot read from Hugging Face, which keys by
-    class name alone (``Name``, or ``Name[i]`` for its list form). ``errors``
-    names the callbacks whose state could not be saved, and why; ``run``
-    where the run stood, so a resume continues its rounds and report indices.
+    ``keyed_by``: ``"qualname"`` for our keys, ``"class_name"`` for Hugging Face's.
+    ``errors``: the callbacks whose state could not be saved, and why.
     """
 
     format: int = STATE_FORMAT_VERSION
@@ -360,7 +320,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     keyed_by: Literal["qualname", "class_name"] = "qualname"
     states: dict[str, CallbackState] = msgspec.field(default_factory=dict)
     errors: dict[str, str] = msgspec.field(default_factory=dict)
-    #: Where the run stood at the checkpoint (``None`` in a snapshot made without a run).
+    #: Where the run stood at the checkpoint (``None``: no run).
     run: RunPosition | None = None
 
 

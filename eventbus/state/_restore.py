@@ -1,12 +1,5 @@
-"""Putting saved states back: which live callback gets which state, and what of it.
-
-Restoring matches by key, never by position alone, keeps the callbacks'
-order and reports every mismatch instead of ``zip``-truncating (HF's list
-form, which grows on every save, is read from its newest entries). And it
-sets only what a callback declares as its state: a snapshot file is data
-anyone who can write the checkpoint can edit, so ``__dict__`` or a method
-name in it is ignored and reported, never set.
-"""
+"""Putting saved states back: matched by key, never by position alone, every mismatch
+reported; only what a callback declares as its state is set (a snapshot is editable data)."""
 
 from __future__ import annotations
 
@@ -41,16 +34,12 @@ __all__ = [
     "vet_state",
 ]
 
-#: The module of a script run as ``python script.py``: a class defined there and
-#: later imported from its module (or the reverse) is the same callback.
+#: A class defined in a script and later imported from its module is the same callback.
 MAIN_MODULE = "__main__"
 
 
 def _class_of_key(key: str) -> str:
-    """The class part of a key: ``pkg.mod.Cls[x]`` -> ``pkg.mod.Cls``.
-
-    Module paths and qualnames never contain ``[``, so the first one starts the suffix.
-    """
+    """The class part of a key: ``pkg.mod.Cls[x]`` -> ``pkg.mod.Cls``."""
     return key.split("[", 1)[0]
 
 
@@ -58,15 +47,13 @@ _POSITION = re.compile(r"(.*)\[([0-9]{1,18})\]\Z", re.DOTALL)
 
 
 def _hf_position(key: str) -> tuple[str, int]:
-    """(class name, position) of a key of a snapshot keyed by class name: ``Name`` is
-    HF's single form (position 0), ``Name[i]`` the i-th of its list form."""
+    """(class name, position) of an HF key: ``Name`` (0) or ``Name[i]``."""
     match = _POSITION.match(key)
     if match is None:
         return key, 0
     return match[1], int(match[2])
 
 
-#: How many ambiguous saved states are described one by one before only counting the rest.
 _MAX_AMBIGUOUS = 20
 
 _MOVED_WHY = "its class moved between a script run as __main__ and a module, and several match"
@@ -75,15 +62,9 @@ _MOVED_WHY = "its class moved between a script run as __main__ and a module, and
 def _match_moved(
     live: dict[str, type[Any]], saved: Sequence[str]
 ) -> tuple[dict[str, str], list[str]]:
-    """Unmatched live keys (-> their class) paired with unmatched saved keys of the same
-    class defined in a script run as ``__main__`` on one side and imported from its module
-    on the other: same qualname, same ``[state_key]``, module differing only by being
-    ``__main__``. Returns live key -> saved key, and a warning per ambiguous key.
-
-    Without this, moving a class into a module (or running its module as a script) would
-    drop every state of it. Only unique pairs match: a guess could hand one callback
-    another's state.
-    """
+    """Pair unmatched keys of a class that moved between ``__main__`` and its module
+    (unique pairs only: a guess could hand one callback another's state). Returns live
+    key -> saved key, and a warning per ambiguous key."""
     by_tail: dict[tuple[str, str], list[str]] = {}
     for key in saved:
         name = _class_of_key(key)
@@ -136,9 +117,9 @@ class RestorePlan(msgspec.Struct, frozen=True, kw_only=True):
     unsaved: tuple[str, ...]  # live keys with no saved state
     mismatched: tuple[str, ...]  # "Class: N saved, M live"
     warnings: tuple[str, ...]
-    #: Saved keys passed over as stale: the earlier entries of an HF list that grew.
+    #: Earlier entries of an HF list that grew, passed over.
     stale: tuple[str, ...] = ()
-    #: (saved key, live key) matched across a move between ``__main__`` and a module.
+
     moved: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -149,10 +130,8 @@ class RestorePlan(msgspec.Struct, frozen=True, kw_only=True):
 def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan:
     """Match live stateful callbacks to saved states by key, never by position alone.
 
-    For a Hugging Face snapshot (keyed by class name) the live instances of a class take
-    that class name's saved states by position; HF appends every save's states to its
-    list form, so the *last* ones are taken and the earlier reported as stale. Fewer
-    saved than live is a count mismatch, never truncated silently.
+    In a Hugging Face snapshot a class's instances take its *last* saved states (HF
+    appends every save's); fewer saved than live is a count mismatch.
     """
     live = stateful_keys(callbacks)
     positions = {id(cb): i for i, cb in enumerate(callbacks)}
@@ -281,14 +260,8 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
 
 
 class VettedState(msgspec.Struct, frozen=True, kw_only=True):
-    """A saved state cut down to the names the live callback declares, and what was cut.
-
-    ``ignored``: names in the saved state that its class does not declare
-    (``args.x``, ``attributes.__dict__``), left out. ``wrong_types``: declared
-    names whose saved JSON kind differs from the live value's. ``own_from_state``:
-    the class restores itself (``from_state``), so the state is passed whole.
-    ``args_note``: which args differed between saved and live, and which were used.
-    """
+    """A saved state cut down to the names the live callback declares, and what was cut
+    (``ignored``), or saved with another JSON kind (``wrong_types``)."""
 
     state: CallbackState
     ignored: tuple[str, ...] = ()
@@ -297,7 +270,7 @@ class VettedState(msgspec.Struct, frozen=True, kw_only=True):
     args_note: str | None = None
 
     def problems(self, key: str) -> tuple[str, ...]:
-        """One line per kind of problem, naming the callback (``key``)."""
+
         lines = []
         if self.ignored:
             lines.append(
@@ -329,11 +302,8 @@ def _is_state(state: Any) -> bool:
 
 
 def _declared_names(callback: object) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(args, attributes) a restore of ``callback`` may set, each name -> its live value.
-
-    A ``StatefulCallback`` declares them in ``state_args``/``state_attributes``;
-    any other stateful callback by what its own ``state()`` returns now.
-    """
+    """(args, attributes) a restore of ``callback`` may set, each name -> its live value
+    (``state_args``/``state_attributes``, else what ``state()`` returns now)."""
     if isinstance(callback, StatefulCallback):
         cls = type(callback)
         return (
@@ -347,8 +317,7 @@ def _declared_names(callback: object) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _json_kind(value: Any) -> str | None:
-    """The JSON kind of a value (int and float are one: numbers); None for null or
-    for a live value that is no JSON value at all (nothing to compare with)."""
+    """The JSON kind of a value (int and float alike); None for null or a non-JSON value."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -365,16 +334,9 @@ def _json_kind(value: Any) -> str | None:
 
 
 def vet_state(callback: object, state: CallbackState) -> VettedState:
-    """What of ``state`` a restore of ``callback`` may set.
-
-    Only the names the callback declares as its state are kept (see
-    ``_declared_names``): a tampered snapshot cannot set ``__dict__`` or
-    replace a method. A class with its own ``from_state`` gets the state
-    whole and must validate it itself. The saved args win over the live ones
-    but for a ``StatefulCallback``'s ``state_live_args`` (``settle_args``).
-    ``ValueError`` if the saved state is not shaped like one or the live
-    callback's declared names cannot be read (its ``state()`` raised).
-    """
+    """What of ``state`` a restore of ``callback`` may set: only its declared names (a
+    class with its own ``from_state`` gets the state whole). ``ValueError`` if the state
+    is misshapen or the callback's ``state()`` raised."""
     if not _is_state(state):
         raise ValueError("the saved state is not {'args': {...}, 'attributes': {...}}")
     if _own_from_state(type(callback)) is not None:
@@ -405,12 +367,8 @@ def vet_state(callback: object, state: CallbackState) -> VettedState:
 
 
 def rebuild_vetted(callback: object, vetted: VettedState) -> object:
-    """A new instance of ``callback``'s class from a vetted state.
-
-    ``cls.from_state`` when the class defines one (and it must return an
-    instance of the class), else ``cls(**args)`` so ``__init__`` logic runs,
-    then each declared attribute is set.
-    """
+    """A new instance of ``callback``'s class from a vetted state: ``cls.from_state``,
+    else ``cls(**args)`` then each declared attribute."""
     cls = type(callback)
     own = _own_from_state(cls)
     if own is None:
@@ -436,13 +394,8 @@ def _slot_names(cls: type[Any]) -> list[str]:
 
 
 def move_state(live: object, rebuilt: object) -> str | None:
-    """Move ``rebuilt``'s state onto ``live`` (``vars(live).update(vars(rebuilt))``), so
-    the object the user built, and may still hold, is the restored one.
-
-    The rebuilt instance's attributes win; those only the live object has are kept.
-    Returns why it cannot be done (nothing changed then): no ``__dict__``, state in slots,
-    or a ``from_state`` that returned a subclass.
-    """
+    """Move ``rebuilt``'s state onto ``live``, so the object the user holds is the restored
+    one. Returns why it cannot be (nothing changed then): no ``__dict__``, slots, a subclass."""
     if type(rebuilt) is not type(live):
         return (
             f"its from_state returned a {type(rebuilt).__qualname__}, "
@@ -462,6 +415,5 @@ def move_state(live: object, rebuilt: object) -> str | None:
 
 
 def rebuild(callback: object, state: CallbackState) -> object:
-    """A new instance of ``callback``'s class carrying the declared part of ``state``
-    (``vet_state`` then ``rebuild_vetted``)."""
+    """A new instance of ``callback``'s class carrying the declared part of ``state``."""
     return rebuild_vetted(callback, vet_state(callback, state))

@@ -67,10 +67,8 @@ def _required_fields(info: msgspec.inspect.StructType) -> dict[str, Any]:
 
 
 def sample_event(cls: type[E], **fields: Any) -> E:
-    """An instance of event class ``cls`` with every required field filled
-    (strings by their field name, numbers 0, optionals ``None``); ``fields``
-    override. Handy to cover every event type: ``[sample_event(t) for t in event_types()]``.
-    """
+    """An instance of event class ``cls`` with every required field filled (strings by
+    their field name, numbers 0, optionals ``None``); ``fields`` override."""
     info = msgspec.inspect.type_info(cls)
     assert isinstance(info, msgspec.inspect.StructType)
     values = _required_fields(info)
@@ -85,11 +83,8 @@ def report_rounds(
     run_id: str = "run",
     metrics: Callable[[int, int], dict[str, Any]] | None = None,
 ) -> list[Report]:
-    """``Report`` events of every rank for each round, round by round.
-
-    ``metrics(rank, index)`` gives each report's metrics (default: a loss
-    that falls with the round).
-    """
+    """``Report`` events of every rank for each round, round by round; ``metrics(rank,
+    index)`` gives each report's metrics (default: a loss that falls with the round)."""
     indices = range(rounds) if isinstance(rounds, int) else rounds
     make = metrics or (lambda rank, index: {"loss": 1.0 / (index + 1), "rank": rank})
     return [
@@ -110,14 +105,10 @@ def write_log(
     start: float = 0.0,
     interval: float = 0.1,
 ) -> Path:
-    """Write ``events`` as a log (JSON Lines for a ``.jsonl`` name).
-
-    Events not yet published (``seq=-1``) get consecutive sequence numbers,
-    and those without a time get ``start + i * interval``, as a bus would.
-    """
+    """Write ``events`` as a log (JSON Lines for a ``.jsonl`` name), numbering unpublished
+    ones and timing those without a time ``start + i * interval``, as a bus would."""
     with LogRecorder(path, run_id=run_id, format=format, fsync="never") as recorder:
-        # A batch per recorder call, as a bus's tap gets them: per event, the recorder
-        # then costs its encoding and checksum, not a chain of calls.
+        # A batch per recorder call, as a bus's tap gets them.
         given = iter(events)
         i = 0
         while True:
@@ -132,18 +123,14 @@ def write_log(
                 return Path(path)
 
 
-#: Events per ``write_many`` call of ``write_log``.
 _WRITE_BATCH = 1024
 _seq_of = attrgetter("seq")
 _time_of = attrgetter("time")
 
 
 def _stamped(batch: list[Event], first: int, start: float, interval: float) -> list[Event]:
-    """``batch`` with sequence numbers and times given where missing (event ``first + k``).
-
-    Stamped events (every one of a recorded log) pass through as they are, checked
-    at C speed; the others are copied, never changed in place (they are the caller's).
-    """
+    """``batch`` with sequence numbers and times given where missing (copies: the caller's
+    events are never changed)."""
     if min(map(_seq_of, batch)) >= 0 and all(map(_time_of, batch)):
         return batch
     replace = msgspec.structs.replace
@@ -181,7 +168,7 @@ class EventCapture:
 
 
 def _capturing(handler: Handler, sink: list[Event]) -> Handler:
-    """Wrap ``handler`` so that what it is given is also kept (sync stays sync)."""
+
     if is_async_callable(handler):
 
         async def capture_async(event: Event) -> Any:
@@ -204,19 +191,15 @@ def attach(
 ) -> tuple[list[Event], ...]:
     """Attach each of ``handlers`` to ``bus``; per handler, a list that keeps what it gets.
 
-    A bus handler (a callable taking an event) is subscribed to ``types``. A
-    training callback (a ``handlers.UserCallback``) is attached as a live run
-    attaches it, gathering included, all of them together; its list keeps the
-    gathered events its hooks get (``RoundGathered``, ...). Anything else is
-    refused at once, before any event is delivered.
+    A bus handler is subscribed to ``types``; training callbacks are attached as a live
+    run attaches them, gathering included. Anything else raises ``TypeError`` at once.
     """
     received: tuple[list[Event], ...] = tuple([] for _ in handlers)
     groups: dict[Any, tuple[Any, list[tuple[object, list[Event]]]]] = {}
     for handler, sink in zip(handlers, received, strict=True):
         attacher = attacher_of(handler)
         if attacher is not None:
-            # One group per attaching function (bound to each subclass, it is a new
-            # object each time): all training callbacks share one gathering.
+            # One group per attaching function: all training callbacks share one gathering.
             key = getattr(attacher, "__func__", attacher)
             groups.setdefault(key, (attacher, []))[1].append((handler, sink))
         elif callable(handler):
@@ -244,8 +227,7 @@ class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
     handlers: tuple[object, ...]
 
     def events_of(self, handler: object) -> list[Event]:
-        """What ``handler`` received; an equal handler will do (``seen.append`` is a new
-        bound method each time it is read, but equal to the one replayed)."""
+        """What ``handler`` received; an equal handler will do (``seen.append``)."""
         for candidate, events in zip(self.handlers, self.received, strict=True):
             if candidate is handler:
                 return events
@@ -256,7 +238,7 @@ class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _equal(a: object, b: object) -> bool:
-    """``a == b`` that a handler with a strange ``__eq__`` cannot break."""
+
     try:
         return bool(a == b)
     except Exception:
@@ -273,17 +255,11 @@ async def replay_log(
 ) -> ReplayResult:
     """Replay the log at ``path`` into a fresh bus on a ``VirtualClock``.
 
-    Each handler is attached in the order given, and what it receives is kept in
-    ``result.received`` (``result.events_of(handler)``): a bus handler is subscribed to
-    ``types`` (every event by default); training callbacks are attached as a live run
-    attaches them and get each recorded round once, gathered anew. Anything else is a
-    ``TypeError`` before the replay starts. ``subscribe(bus)`` may wire anything more;
-    ``options`` go to ``eventbus.log.replay_file``.
-
-    ``costs`` charges handlers virtual time, to test a budget policy:
-    ``costs={"Slow.after_report": 0.05}`` (seconds per call, by handler name, ``#2`` for
-    a second instance), or a function of (handler name, event); handlers not named cost
-    0. A name no handler has is an ``OptionError`` listing those there are.
+    ``handlers`` are attached as ``attach`` does, in order; what each receives is in
+    ``result.events_of(handler)``. ``subscribe(bus)`` may wire anything more; ``options``
+    go to ``eventbus.log.replay_file``. ``costs`` charges handlers virtual time, to test a
+    budget policy: ``{"Slow.after_report": 0.05}`` (seconds per call, by handler name),
+    or a function of (handler name, event); an unknown name is an ``OptionError``.
     """
     received: tuple[list[Event], ...] = ()
 
@@ -300,11 +276,9 @@ async def replay_log(
 class BusRecording:
     """Runs buses whose every event is recorded to ``path``; read them back after.
 
-    ``async with recording(*handlers, **bus_options) as bus:`` gives a
-    started ``EventBus`` (on a ``VirtualClock`` unless ``clock=`` is passed)
-    with ``handlers`` attached as ``replay_log`` attaches them (bus handlers
-    get every event; training callbacks are attached as a live run attaches
-    them); ``received`` keeps, per handler, what it got. After the block,
+    ``async with recording(*handlers, **bus_options) as bus:`` gives a started ``EventBus``
+    (on a ``VirtualClock`` unless ``clock=`` is passed) with ``handlers`` attached as
+    ``replay_log`` attaches them; ``received`` keeps what each got. After the block,
     ``events`` holds everything the bus carried, read back from the log.
     """
 
@@ -346,11 +320,8 @@ def assert_rounds(
     ranks: Sequence[int] | None = None,
     run_id: str | None = None,
 ) -> None:
-    """Assert that the ``Report`` events seen cover exactly ``rounds`` for every rank.
-
-    ``ranks`` defaults to every rank that reported. The error names, per
-    rank, the rounds missing and the rounds not expected.
-    """
+    """Assert that the ``Report`` events seen cover exactly ``rounds`` for every rank
+    (default: every rank that reported); the error names the rounds missing and extra."""
     seen: dict[int, list[int]] = {}
     items = events.events if isinstance(events, EventCapture) else events
     for event in items:
