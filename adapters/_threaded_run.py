@@ -341,6 +341,13 @@ class ThreadedAdapter:
             self._close("preempted", str(Preempted(signalled)), reraise=True, summary=summary)
         raise Preempted(signalled)
 
+    def _take_round(self, metrics: list[dict[str, Any]], checkpoint: str | None) -> list[Event]:
+        """In the bus's loop: a round the framework gathered already (Ray, Lightning under
+        DDP), whole: its ranks' reports (for the log) first, then what the round makes."""
+        attachment = self._run.attachment
+        assert attachment is not None  # a hand-off is taken only while the run runs
+        return attachment.reports.take_round(self.run_id, metrics, checkpoint)
+
     def _release(self, checkpoint: str | None) -> None:  # a no-op by default
         """Hand off the reports the adapter holds back for a save, naming ``checkpoint``."""
 

@@ -23,7 +23,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "adapters.lightning needs PyTorch Lightning: pip install 'train-eventbus[lightning]'"
     ) from _exc
 
-from eventbus import CheckpointSaved, Event, StateRestored
+from eventbus import CheckpointSaved, StateRestored
 from eventbus._events import RunPosition
 from eventbus._logging import get_logger
 from eventbus._text import describe as describe_exception
@@ -353,12 +353,6 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         held, self._held = self._held, []
         if held:  # none after a save that was its step's second (the ``last.ckpt`` copy)
             self._run.handoff((self._take_round, held, checkpoint))
-
-    def _take_round(self, metrics: list[dict[str, Any]], checkpoint: str | None) -> list[Event]:
-        """In the bus's loop: the round's events, its ranks' reports (for the log) first."""
-        attachment = self._run.attachment
-        assert attachment is not None  # a hand-off is taken only while the run runs
-        return attachment.reports.take_round(self.run_id, metrics, checkpoint)
 
     def _check(self, trainer: Any | None, handed_off: bool = False) -> None:
         """Step the bus; raise a callback's failure now; pass a wish to stop to ``trainer``."""

@@ -21,7 +21,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "adapters.ray needs Ray Train v2 (ray>=2.60): pip install 'train-eventbus[ray]'"
     ) from _exc
 
-from eventbus import CheckpointSaved, Event, Report, RunStatus, WorkerFailure
+from eventbus import Event, RunStatus, WorkerFailure
 from eventbus._bus import CloseReport
 from eventbus._logging import get_logger
 from eventbus._text import describe as describe_exception
@@ -41,7 +41,7 @@ __all__ = [
 _log = get_logger("adapters.ray")
 
 #: Attributes that exist only in the controller, never pickled.
-_RUNTIME = ("_round", "_warned_lifecycle", "log_path")
+_RUNTIME = ("_warned_lifecycle", "log_path")
 
 
 def _has_run_hooks(callback_class: type) -> bool:
@@ -92,7 +92,6 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
         self._reset()
 
     def _reset(self) -> None:
-        self._round = 0
         self._warned_lifecycle = False
         self.log_path: Path | None = None
 
@@ -121,37 +120,14 @@ class EventBusUserCallback(ThreadedAdapter, UserCallback):  # type: ignore[misc]
     def after_report(
         self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any | None
     ) -> None:
-        events: list[Event] = []
+        """Ray's round, gathered already, goes to the run whole (``metrics[i]``: rank i's)."""
+        whole: list[dict[str, Any]] | None = None
         with _never_into_ray("after_report"):
             self._ensure_started(run_context, len(metrics))
             path = _checkpoint_path(checkpoint)
-            index = self._round
-            world_size = len(metrics)
-            # Built first, handed off after: a bad entry must not leave a partial round.
-            events = [
-                Report(
-                    run_id=self.run_id,
-                    rank=rank,
-                    world_size=world_size,
-                    index=index,
-                    metrics=dict(rank_metrics),
-                    checkpoint=path,
-                )
-                for rank, rank_metrics in enumerate(metrics)
-            ]
-            if path is not None:
-                events.append(
-                    CheckpointSaved(
-                        run_id=self.run_id,
-                        checkpoint=path,
-                        index=index,
-                        ranks=tuple(range(world_size)),
-                        metrics=dict(metrics[0]) if metrics else {},
-                    )
-                )
-            self._round = index + 1
-        for event in events:
-            self._run.handoff(event)  # a callback's failure of the run goes into Ray
+            whole = [dict(rank_metrics) for rank_metrics in metrics]
+        if whole is not None:  # a callback's failure of the run goes into Ray
+            self._run.handoff((self._take_round, whole, path))
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         events: list[Event] = []
