@@ -186,7 +186,7 @@ def main() -> None:
     config = json.loads(Path(sys.argv[1]).read_text())
     from adapters.torchrun import TorchrunEngine
 
-    anyio.run(run_job, config, TorchrunEngine())
+    anyio.run(run_job, config, TorchrunEngine(), backend=config.get("backend", "asyncio"))
 
 
 if __name__ == "__main__":

@@ -98,8 +98,10 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 "2",
             )
         ],
+        # On trio: rank 0's worker runs in a thread on a loop of the run's backend.
         "nodes": [
-            launch(root / "nodes", CONFIG, *two_nodes, "--node-rank", str(rank)) for rank in (0, 1)
+            launch(root / "nodes", {**CONFIG, "backend": "trio"}, *two_nodes, "--node-rank", str(r))
+            for r in (0, 1)
         ],
         "restart": [
             launch(
