@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 
 from eventbus import BudgetReport, HandlerStateChanged, HealthCheckTick
 
@@ -26,7 +27,6 @@ __all__ = [
     "Span",
     "is_library",
     "skip_cause",
-    "weighted_quantile",
 ]
 
 #: The series of the cost chart that is not one handler.
@@ -76,79 +76,52 @@ def skip_cause(state: str, reason: str) -> str | None:
 STEPS = 16
 
 
+@dataclass(slots=True)
 class CallbackCost:
     """One handler over the run: the figures of its table row."""
 
-    __slots__ = (
-        "budget_pct",
-        "calls",
-        "faults",
-        "histogram",
-        "longest",
-        "name",
-        "periods",
-        "periods_over",
-        "skipped",
-        "skipped_by",
-        "timeouts",
-        "total",
-    )
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.calls = 0
-        self.total = 0.0
-        self.longest = 0.0
-        self.timeouts = 0
-        self.faults = 0
-        self.skipped = 0
-
-        self.skipped_by: dict[str, int] = {}
-        self.periods = 0
-        self.periods_over = 0
-        self.budget_pct = 0.0
-        #: Log-scale step of a period's mean call -> calls at that mean.
-        self.histogram: dict[int, int] = {}
-
-    @property
-    def library(self) -> bool:
-        return is_library(self.name)
+    name: str
+    calls: int = 0
+    total: float = 0.0
+    longest: float = 0.0
+    timeouts: int = 0
+    faults: int = 0
+    skipped: int = 0
+    skipped_by: dict[str, int] = field(default_factory=dict)
+    periods: int = 0
+    periods_over: int = 0
+    #: Log-scale step of a period's mean call -> calls at that mean.
+    histogram: dict[int, int] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
         return self.total / self.calls if self.calls else 0.0
 
     def quantile(self, q: float) -> float:
-        """The ``q`` quantile of the call time, each period's calls at its mean."""
-        return weighted_quantile(self.histogram, q)
+        """The ``q`` quantile (0..1) of the call time, each period's calls at its mean:
+        the middle of its histogram step."""
+        weight = sum(self.histogram.values())
+        if not weight:
+            return 0.0
+        target = q * weight
+        seen = 0
+        step = 0
+        for step in sorted(self.histogram):
+            seen += self.histogram[step]
+            if seen >= target:
+                break
+        return float(2.0 ** ((step + 0.5) / STEPS))
 
 
-def weighted_quantile(histogram: dict[int, int], q: float) -> float:
-    """The ``q`` quantile (0..1) of a log-scale histogram: the middle of its step."""
-    weight = sum(histogram.values())
-    if not weight:
-        return 0.0
-    target = q * weight
-    seen = 0
-    step = 0
-    for step in sorted(histogram):
-        seen += histogram[step]
-        if seen >= target:
-            break
-    return float(2.0 ** ((step + 0.5) / STEPS))
-
-
+@dataclass(slots=True)
 class Span:
     """Periods during which a handler was disabled or coalescing (``end`` None: to the end)."""
 
-    __slots__ = ("end", "handler", "reason", "start", "state")
-
-    def __init__(self, handler: str, state: str, start: int, reason: str) -> None:
-        self.handler = handler
-        self.state = state
-        self.start = start
-        self.end: int | None = None
-        self.reason = reason
+    handler: str
+    state: str
+    start: int
+    reason: str
+    end: int | None = None
 
 
 class CostDigest:
@@ -222,7 +195,6 @@ class CostDigest:
                 library += usage.total
             cost.periods += 1
             cost.periods_over += usage.over_budget
-            cost.budget_pct = usage.budget / judged * 100.0
             if usage.calls > 0 and 0 < usage.total < math.inf:
                 step = math.floor(math.log2(usage.total / usage.calls) * STEPS)
                 cost.histogram[step] = cost.histogram.get(step, 0) + usage.calls
@@ -252,7 +224,6 @@ class CostDigest:
         return cause
 
     def _next_period(self) -> None:
-
         self._closing = None
         self._causes = {handler: {cause} for handler, cause in self._cause_now.items()}
 
@@ -309,5 +280,5 @@ class CostDigest:
 
     def ranked(self, *, library: bool | None = None) -> list[CallbackCost]:
         """The handlers, the costliest first (``library``: only the library's, or the user's)."""
-        chosen = [c for c in self.handlers.values() if library is None or c.library == library]
+        chosen = [c for c in self.handlers.values() if library in (None, is_library(c.name))]
         return sorted(chosen, key=lambda cost: (-cost.total, cost.name))

@@ -8,6 +8,7 @@ import html
 import json
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -25,7 +26,6 @@ __all__ = [
     "TextBudget",
     "escape",
     "facts",
-    "figure",
     "series_style",
     "table",
     "with_unit",
@@ -38,36 +38,22 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#0
 SERIES_COLOURS = (*PALETTE[:-1], "#882255", "#999933", "#332288", "#661100")
 #: Units an axis may carry (the ticks and the legend show them).
 UNITS = ("", "%", "s", "ms", "µs")
-#: How each kind of marker or span is drawn, and named in the chart's key.
-MARKER_STYLES: dict[str, dict[str, Any]] = {
-    "checkpoint": {"colour": "#009E73", "dash": [2, 3], "name": "checkpoint", "line": "dotted"},
-    "restart": {"colour": "#E69F00", "dash": [6, 3], "name": "restart", "line": "dashed"},
-    "failure": {"colour": "#D55E00", "dash": [], "name": "failure", "line": "solid"},
-    "resume": {"colour": "#CC79A7", "dash": [8, 3], "name": "resume", "line": "dashed"},
-    "timeouts": {"colour": "#D55E00", "dash": [], "name": "timeouts", "line": "solid"},
-    "faults": {"colour": "#CC79A7", "dash": [4, 2], "name": "faults", "line": "dashed"},
+#: How each kind of marker or span is drawn: colour and dash (none: a solid line; 2, 3:
+#: dotted; other: dashed), and its name in the chart's key when not its kind.
+MARKER_STYLES: dict[str, tuple[str, list[int], str]] = {
+    "checkpoint": ("#009E73", [2, 3], ""),
+    "restart": ("#E69F00", [6, 3], ""),
+    "failure": ("#D55E00", [], ""),
+    "resume": ("#CC79A7", [8, 3], ""),
+    "timeouts": ("#D55E00", [], ""),
+    "faults": ("#CC79A7", [4, 2], ""),
     # Skipped deliveries, by what the log says caused them (``_cost.SKIP_CAUSES``).
-    "skipped-coalesced": {
-        "colour": "#E69F00",
-        "dash": [2, 3],
-        "name": "skipped (coalesced)",
-        "line": "dotted",
-    },
-    "skipped-disabled": {
-        "colour": "#777777",
-        "dash": [2, 3],
-        "name": "skipped (disabled)",
-        "line": "dotted",
-    },
-    "skipped-fault-policy": {
-        "colour": "#882255",
-        "dash": [2, 3],
-        "name": "skipped (stopped by the fault policy)",
-        "line": "dotted",
-    },
-    "skipped": {"colour": "#999933", "dash": [2, 3], "name": "skipped", "line": "dotted"},
-    "disabled": {"colour": "#777777", "name": "disabled", "line": "solid"},
-    "coalescing": {"colour": "#E69F00", "name": "coalescing", "line": "solid"},
+    "skipped-coalesced": ("#E69F00", [2, 3], "skipped (coalesced)"),
+    "skipped-disabled": ("#777777", [2, 3], "skipped (disabled)"),
+    "skipped-fault-policy": ("#882255", [2, 3], "skipped (stopped by the fault policy)"),
+    "skipped": ("#999933", [2, 3], ""),
+    "disabled": ("#777777", [], ""),
+    "coalescing": ("#E69F00", [], ""),
 }
 UPLOT_VERSION = "1.6.32"
 
@@ -125,41 +111,48 @@ class TextBudget:
         return escaped
 
 
+@dataclass
 class Chart:
     """One chart: series on a shared x, markers, spans, an optional threshold line."""
 
-    def __init__(
-        self,
-        ident: str,
-        title: str,
-        *,
-        x_label: str,
-        y_label: str,
-        note: str = "",
-        log_y: bool = False,
-        x_unit: str = "",
-        y_unit: str = "",
-    ) -> None:
-        for unit in (x_unit, y_unit):
+    ident: str
+    title: str
+    _: KW_ONLY
+    x_label: str
+    y_label: str
+    note: str = ""
+    log_y: bool = False
+    x_unit: str = ""
+    y_unit: str = ""
+    x: list[float] = field(default_factory=list)
+    series: list[dict[str, Any]] = field(default_factory=list)
+    bands: list[tuple[int, int, str]] = field(default_factory=list)
+    markers: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    threshold: dict[str, Any] | None = None
+    extra_text: list[str] = field(default_factory=list)
+    #: Draw the page's run markers (``Document.run_markers``), not markers of its own.
+    shares_markers: bool = False
+
+    def __post_init__(self) -> None:
+        for unit in (self.x_unit, self.y_unit):
             if unit not in UNITS:
-                raise ValueError(f"chart {ident}: unit {unit!r} is not one of {UNITS}")
-        self.ident = ident
-        self.title = title
-        self.x_label = x_label
-        self.y_label = y_label
-        self.note = note
-        self.log_y = log_y
-        self.x_unit = x_unit
-        self.y_unit = y_unit
-        self.x: list[float] = []
-        self.series: list[dict[str, Any]] = []
-        self.bands: list[tuple[int, int, str]] = []
-        self.markers: list[dict[str, Any]] = []
-        self.spans: list[dict[str, Any]] = []
-        self.threshold: dict[str, Any] | None = None
-        self.extra_text: list[str] = []
-        #: Draw the page's run markers (``Document.run_markers``), not markers of its own.
-        self.shares_markers = False
+                raise ValueError(f"chart {self.ident}: unit {unit!r} is not one of {UNITS}")
+
+    @classmethod
+    def of_shares(cls, ident: str, title: str, note: str, x_label: str = "") -> Chart:
+        """A cost chart: shares of each health-check period, on a log scale."""
+        x_label = x_label or "health-check period"
+        y_label = "share of the period"
+        return cls(
+            ident, title, x_label=x_label, y_label=y_label, y_unit="%", log_y=True, note=note
+        )
+
+    def budget(self, share: float, colour: str = "#D55E00") -> None:
+        """The budget line at ``share`` % of a period (none at 0: a log scale has no 0)."""
+        if share > 0:
+            label = f"budget {share:.3g}% of a period"
+            self.threshold = {"y": share, "colour": colour, "label": label}
 
     def line(
         self,
@@ -185,7 +178,23 @@ class Chart:
             self.series[-1]["fill"] = fill
         return len(self.series)
 
-    def band(self, high: int, low: int, fill: str) -> None:
+    def band(
+        self,
+        names: Sequence[str],
+        columns: Sequence[Sequence[float | None]],
+        colours: Sequence[str],
+        fill: str,
+        *,
+        edge: float,
+        dash: Sequence[int] = (),
+    ) -> None:
+        """Three lines, highest, mean and lowest (``columns``), shaded between the outer two."""
+        high, _, low = (
+            self.line(name, column, colour=colour, dash=dash, width=width)
+            for name, column, colour, width in zip(
+                names, columns, colours, (edge, 2, edge), strict=True
+            )
+        )
         self.bands.append((high, low, fill))
 
     def mark(self, x: float, kind: str, label: str) -> None:
@@ -220,10 +229,11 @@ class Chart:
     def html(self) -> str:
         kinds = sorted({m["kind"] for m in self.markers} | {s["kind"] for s in self.spans})
         key = "".join(
-            f'<span class="{MARKER_STYLES[k]["line"]}" '
-            f'style="--c:{MARKER_STYLES[k]["colour"]}">{escape(MARKER_STYLES[k]["name"])}</span>'
-            for k in kinds
-            if k in MARKER_STYLES
+            f'<span class="{"dotted" if dash == [2, 3] else "dashed" if dash else "solid"}" '
+            f'style="--c:{colour}">{escape(name or kind)}</span>'
+            for kind in kinds
+            if kind in MARKER_STYLES
+            for colour, dash, name in [MARKER_STYLES[kind]]
         )
         if self.threshold is not None:
             key += (
@@ -342,13 +352,6 @@ def facts(items: Iterable[tuple[str, str, str]]) -> str:
     return f'<div class="facts">{cards}</div>'
 
 
-def figure(chart: Chart) -> str:
-    """A chart's HTML, or a line saying there was nothing to draw."""
-    if chart.empty:
-        return f'<p class="empty">{escape(chart.title)}: nothing recorded to draw.</p>'
-    return chart.html()
-
-
 @cache
 def asset(name: str) -> str:
     return (resources.files(__package__) / "_assets" / name).read_text(encoding="utf-8")
@@ -367,9 +370,12 @@ class Document:
         self.charts: list[Chart] = []
 
     def add_chart(self, chart: Chart) -> str:
-        if not chart.empty:
-            self.charts.append(chart)
-        return figure(chart)
+        """The chart's HTML (its data goes in the page's), or a line saying there was
+        nothing to draw."""
+        if chart.empty:
+            return f'<p class="empty">{escape(chart.title)}: nothing recorded to draw.</p>'
+        self.charts.append(chart)
+        return chart.html()
 
     def section(self, anchor: str, heading: str, body: str) -> None:
         self.sections.append((anchor, heading, body))
@@ -379,10 +385,7 @@ class Document:
         data = {
             "charts": [chart.spec() for chart in self.charts],
             "runMarkers": thin(shared),
-            "markerStyles": {
-                k: {"colour": v["colour"], "dash": v.get("dash", [])}
-                for k, v in MARKER_STYLES.items()
-            },
+            "markerStyles": {k: {"colour": c, "dash": d} for k, (c, d, _) in MARKER_STYLES.items()},
         }
         payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
         payload = payload.replace("<", "\\u003c")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._cost import (
@@ -21,35 +21,34 @@ from ._limits import COST_LINES, MAX_LABEL, clip
 from ._metrics import MetricCharts, MetricSeries
 from ._page import PALETTE, Chart, Document, TextBudget, escape, facts, series_style, table
 
-__all__ = [
-    "COST_HEADERS",
-    "cost_chart",
-    "cost_rows",
-    "damage_banner",
-    "metric_chart",
-    "run_report",
-    "seconds",
-    "skipped_text",
-]
+__all__ = ["cost_chart", "damage_banner", "run_report", "seconds", "skipped_text"]
 
 BAND_FILL = "rgba(0,114,178,0.18)"
 #: The chart's line of all handlers together, and of the library's handlers together.
 TOTAL_COLOUR = "#000000"
 LIBRARY_COLOUR = "#555555"
-COST_HEADERS = [
-    "callback",
-    "calls",
-    "mean µs",
-    "p50 µs",
-    "p99 µs",
-    "max µs",
-    "total ms",
-    "share of run",
-    "worst period",
-    "over budget",
-    "timeouts",
-    "faults",
-    "skipped",
+
+
+def _worst(c: CallbackCost, cost: CostDigest) -> float:
+    extremes = cost.shares.extremes(cost.shares.series(c.name))
+    return extremes[1][1] if extremes else 0.0
+
+
+#: The cost table: each column's header and its cell for handler ``c`` of a run's ``cost``.
+COST_COLUMNS: list[tuple[str, Callable[[CallbackCost, CostDigest], str]]] = [
+    ("callback", lambda c, cost: c.name),
+    ("calls", lambda c, cost: f"{c.calls:,}"),
+    ("mean µs", lambda c, cost: f"{c.mean * 1e6:.2f}"),
+    ("p50 µs", lambda c, cost: f"{min(c.quantile(0.5), c.longest) * 1e6:.2f}"),
+    ("p99 µs", lambda c, cost: f"{min(c.quantile(0.99), c.longest) * 1e6:.2f}"),
+    ("max µs", lambda c, cost: f"{c.longest * 1e6:.2f}"),
+    ("total ms", lambda c, cost: f"{c.total * 1e3:.3f}"),
+    ("share of run", lambda c, d: f"{c.total / d.timeline * 100:.3f}%" if d.timeline else "-"),
+    ("worst period", lambda c, cost: f"{_worst(c, cost):.3f}%"),
+    ("over budget", lambda c, cost: f"{c.periods_over}"),
+    ("timeouts", lambda c, cost: f"{c.timeouts}"),
+    ("faults", lambda c, cost: f"{c.faults}"),
+    ("skipped", lambda c, cost: skipped_text(c)),
 ]
 
 
@@ -128,10 +127,9 @@ def metric_chart(ident: str, series: MetricSeries, charts: MetricCharts) -> Char
     else:
         band = group.band(series.all_ranks)
         chart.x = band.x
-        high = chart.line("highest rank", band.high, colour=PALETTE[4], width=0.8)
-        chart.line("mean of ranks", band.mean, colour=PALETTE[0], width=2)
-        low = chart.line("lowest rank", band.low, colour=PALETTE[4], width=0.8)
-        chart.band(high, low, BAND_FILL)
+        names = ("highest rank", "mean of ranks", "lowest rank")
+        colours = (PALETTE[4], PALETTE[0], PALETTE[4])
+        chart.band(names, (band.high, band.mean, band.low), colours, BAND_FILL, edge=0.8)
         chart.extra_text.append(f"{len(charts.ranks)} ranks: drawn as a band, not a line each.")
     chart.shares_markers = True  # the run's markers: one copy in the page, not one a chart
     for kind, markers in charts.markers.items():
@@ -159,15 +157,8 @@ def cost_chart(
     total = LIBRARY_TOTAL if library else ALL_CALLBACKS
     indices = [group.series(total)] + [group.series(name) for name in names]
     length = f" ({seconds(cost.period_length)} each)" if cost.period_length else ""
-    chart = Chart(
-        ident,
-        title,
-        x_label=f"health-check period{length}",
-        y_label="share of the period",
-        y_unit="%",
-        log_y=True,
-        note="log scale; the dashed line is the budget of each handler and of all together",
-    )
+    note = "log scale; the dashed line is the budget of each handler and of all together"
+    chart = Chart.of_shares(ident, title, note, f"health-check period{length}")
     lines = group.lines(indices)
     chart.x = lines.x
     for position, (label, column) in enumerate(zip(lines.names, lines.columns, strict=True)):
@@ -177,13 +168,7 @@ def cost_chart(
         else:
             colour, dash = series_style(position - 1)
             chart.line(label, column, colour=colour, dash=dash)
-    budget = group.band(group.series(BUDGET))
-    if budget.x and max(budget.high) > 0:  # a log scale has no 0
-        chart.threshold = {
-            "y": max(budget.high),
-            "colour": "#D55E00",
-            "label": f"budget {max(budget.high):.3g}% of a period",
-        }
+    chart.budget(max(group.band(group.series(BUDGET)).high, default=0.0))
     incidents = cost.incidents
     if not library:  # the run's incidents, once, on the main chart
         labels = {kind: name for kind, name in SKIP_CAUSES.values()}
@@ -229,44 +214,12 @@ def skipped_text(cost: CallbackCost) -> str:
     return f"{cost.skipped:,} ({', '.join(parts)})"
 
 
-def cost_rows(costs: Sequence[CallbackCost], cost: CostDigest) -> list[list[str]]:
-    """The table's rows: the figures of each handler, the costliest first."""
-    rows = []
-    timeline = cost.timeline
-    for c in costs:
-        index = cost.shares.series(c.name)
-        extremes = cost.shares.extremes(index)
-        worst = extremes[1][1] if extremes else 0.0
-        rows.append(
-            [
-                c.name,
-                f"{c.calls:,}",
-                f"{c.mean * 1e6:.2f}",
-                f"{min(c.quantile(0.5), c.longest) * 1e6:.2f}",
-                f"{min(c.quantile(0.99), c.longest) * 1e6:.2f}",
-                f"{c.longest * 1e6:.2f}",
-                f"{c.total * 1e3:.3f}",
-                f"{c.total / timeline * 100:.3f}%" if timeline else "-",
-                f"{worst:.3f}%",
-                f"{c.periods_over}",
-                f"{c.timeouts}",
-                f"{c.faults}",
-                skipped_text(c),
-            ]
-        )
-    return rows
-
-
 def _cost_table(ranked: Sequence[CallbackCost], cost: CostDigest) -> str:
-    rows = cost_rows(ranked, cost)
-    flagged = [COST_HEADERS.index(h) for h in ("over budget", "timeouts", "faults")]
-    marked = {
-        (r, column): "over"
-        for r, c in enumerate(ranked)
-        for column, count in zip(flagged, (c.periods_over, c.timeouts, c.faults), strict=True)
-        if count
-    }
-    return table(COST_HEADERS, rows, numeric=range(1, len(COST_HEADERS)), classes=marked)
+    """The handlers' figures, a count of periods over budget, timeouts or faults flagged."""
+    rows = [[cell(c, cost) for _, cell in COST_COLUMNS] for c in ranked]
+    marked = {(r, i): "over" for r, row in enumerate(rows) for i in (9, 10, 11) if row[i] != "0"}
+    headers = [header for header, _ in COST_COLUMNS]
+    return table(headers, rows, numeric=range(1, len(headers)), classes=marked)
 
 
 def _cost_section(document: Document, cost: CostDigest) -> str:
