@@ -46,6 +46,8 @@ SKIP_CAUSES: dict[str, tuple[str, str]] = {
     FAULT_POLICY: ("skipped-fault-policy", "stopped by the fault policy"),
     UNKNOWN_CAUSE: ("skipped", ""),  # the log does not say: "skipped", no cause
 }
+#: The incidents marked on the cost chart, per period.
+INCIDENTS = ("timeouts", "faults", *(kind for kind, _ in SKIP_CAUSES.values()))
 #: Words of the fault policy's reasons (``3 faults (max_faults=3)``).
 _FAULT_WORDS = re.compile(r"fault|on_error|the run ends")
 
@@ -136,11 +138,8 @@ class CostDigest:
         self._library = self.shares.series(LIBRARY_TOTAL)
         #: Timeouts, faults and skipped deliveries (by cause) per period.
         self.incidents = SeriesGroup(buckets)
-        self._timeouts = self.incidents.series("timeouts")
-        self._faults = self.incidents.series("faults")
-        self._skips = {
-            cause: self.incidents.series(kind) for cause, (kind, _) in SKIP_CAUSES.items()
-        }
+        for kind in INCIDENTS:
+            self.incidents.series(kind)
         self.periods = 0
         self.partial_periods = 0
         self.periods_over = 0
@@ -174,8 +173,7 @@ class CostDigest:
         shares = self.shares
         shares.add(self._all, period, report.total / judged * 100.0)
         shares.add(self._budget, period, report.budget / judged * 100.0)
-        timeouts = faults = 0
-        skipped = dict.fromkeys(SKIP_CAUSES, 0)
+        incidents = dict.fromkeys(INCIDENTS, 0)
         folded = -1.0  # the handlers past MAX_HANDLERS, added up as one
         library = 0.0
         for usage in report.handlers:
@@ -187,10 +185,11 @@ class CostDigest:
             cost.timeouts += usage.timeouts
             cost.faults += usage.faults
             cost.skipped += usage.skipped
-            if usage.skipped:
-                cause = self._cause_of_skips(name)
+            if usage.skipped:  # the one cause it was under in the period, else unknown
+                causes = self._causes.get(name, ())
+                cause = next(iter(causes)) if len(causes) == 1 else UNKNOWN_CAUSE
                 cost.skipped_by[cause] = cost.skipped_by.get(cause, 0) + usage.skipped
-                skipped[cause] += usage.skipped
+                incidents[SKIP_CAUSES[cause][0]] += usage.skipped
             if is_library(name):
                 library += usage.total
             cost.periods += 1
@@ -202,26 +201,16 @@ class CostDigest:
                 folded = max(folded, 0.0) + usage.total
             else:
                 shares.add(shares.series(cost.name), period, usage.total / judged * 100.0)
-            timeouts += usage.timeouts
-            faults += usage.faults
+            incidents["timeouts"] += usage.timeouts
+            incidents["faults"] += usage.faults
         if folded >= 0:
             shares.add(shares.series(OTHER_HANDLERS), period, folded / judged * 100.0)
         if library > 0:
             shares.add(self._library, period, library / judged * 100.0)
-        counts = [(self._timeouts, timeouts), (self._faults, faults)]
-        counts += [(self._skips[cause], count) for cause, count in skipped.items()]
-        for index, count in counts:
+        for kind, count in incidents.items():
             if count:
-                self.incidents.add(index, period, float(count))
+                self.incidents.add(self.incidents.series(kind), period, float(count))
         self._next_period()
-
-    def _cause_of_skips(self, handler: str) -> str:
-        """The one cause ``handler`` was under in the open period, else unknown."""
-        causes = self._causes.get(handler)
-        if causes is None or len(causes) != 1:
-            return UNKNOWN_CAUSE
-        (cause,) = causes
-        return cause
 
     def _next_period(self) -> None:
         self._closing = None
@@ -237,18 +226,6 @@ class CostDigest:
         """Period ``event.period`` ended: changes until its report are its verdicts."""
         self._closing = event.period
 
-    def _follow(self, handler: str, cause: str | None, *, verdict: bool) -> None:
-        if handler not in self._followed:
-            if len(self._followed) >= MAX_STATES:
-                return  # its skips have no cause
-            self._followed.add(handler)
-        if cause is None:
-            self._cause_now.pop(handler, None)
-        else:
-            self._cause_now[handler] = cause
-            if not verdict:  # it holds in the open period too
-                self._causes.setdefault(handler, set()).add(cause)
-
     def _cost(self, name: str) -> CallbackCost:
         cost = self.handlers.get(name)
         if cost is None:
@@ -262,10 +239,17 @@ class CostDigest:
     def state_changed(self, event: HandlerStateChanged) -> None:
         """A handler's state changed: spans from the period it holds from, and the cause
         of its skips."""
-        verdict = self._closing is not None
         period = self._closing + 1 if self._closing is not None else self.last_period + 1
         handler = clip(event.handler)
-        self._follow(handler, skip_cause(event.state, event.reason), verdict=verdict)
+        cause = skip_cause(event.state, event.reason)
+        if handler in self._followed or len(self._followed) < MAX_STATES:  # else: no cause
+            self._followed.add(handler)
+            if cause is None:
+                self._cause_now.pop(handler, None)
+            else:
+                self._cause_now[handler] = cause
+                if self._closing is None:  # not a verdict on the closed period: holds in this
+                    self._causes.setdefault(handler, set()).add(cause)
         open_span = self._open_spans.pop(handler, None)
         if open_span is not None:
             open_span.end = period

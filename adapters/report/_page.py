@@ -4,13 +4,14 @@ HTML file (docs/report.md). Every text from the log is escaped."""
 from __future__ import annotations
 
 import colorsys
-import html
 import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from functools import cache
+from html import escape
 from importlib import resources
+from string import Template
 from typing import Any
 
 import eventbus
@@ -18,12 +19,11 @@ import eventbus
 from ._limits import MAX_DRAWN, SHORT_TEXT, TEXT_BUDGET, clip
 
 __all__ = [
-    "MARKER_STYLES",
     "PALETTE",
-    "SERIES_COLOURS",
     "Chart",
     "Document",
     "TextBudget",
+    "bullets",
     "escape",
     "facts",
     "series_style",
@@ -55,7 +55,6 @@ MARKER_STYLES: dict[str, tuple[str, list[int], str]] = {
     "disabled": ("#777777", [], ""),
     "coalescing": ("#E69F00", [], ""),
 }
-UPLOT_VERSION = "1.6.32"
 
 
 def series_style(position: int) -> tuple[str, list[int]]:
@@ -80,10 +79,6 @@ def with_unit(value: float, unit: str, digits: int = 4) -> str:
     if not unit:
         return text
     return f"{text}{unit}" if unit == "%" else f"{text} {unit}"
-
-
-def escape(value: object) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def short(value: float) -> float:
@@ -288,9 +283,8 @@ class Chart:
         events = [f"{m['label']} (at {m['x']:g})" for m in self.markers]
         events += [f"{s['label']} (from {s['from']:g} to {s['to']:g})" for s in self.spans]
         if events:
-            shown = events[:20]
-            more = f"<li>and {len(events) - 20} more</li>" if len(events) > 20 else ""
-            text += "<ul>" + "".join(f"<li>{escape(e)}</li>" for e in shown) + more + "</ul>"
+            more = [f"and {len(events) - 20} more"] if len(events) > 20 else []
+            text += bullets([escape(event) for event in events[:20]] + more)
         return text + "".join(f'<p class="note">{escape(t)}</p>' for t in self.extra_text)
 
 
@@ -340,6 +334,12 @@ def table(
         f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
+
+
+def bullets(items: Iterable[str], css: str = "") -> str:
+    """A list of ``items`` (already HTML)."""
+    attr = f' class="{css}"' if css else ""
+    return f"<ul{attr}>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>"
 
 
 def facts(items: Iterable[tuple[str, str, str]]) -> str:
@@ -396,22 +396,21 @@ class Document:
             for a, h, body in self.sections
         )
         banners = "".join(f'<div class="banner" role="alert">{b}</div>' for b in self.banners)
-        licence = escape(asset("uPlot.LICENSE"))
+        page = "".join(line.strip() for line in asset("page.html").splitlines())
         return (
             "<!doctype html>\n"
-            '<html lang="en"><head><meta charset="utf-8">'
-            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-            "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">"
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{escape(self.title)}</title>"
-            f"<style>{asset('uPlot.min.css')}\n{asset('report.css')}</style></head><body>"
-            f'<header class="top"><h1>{escape(self.title)}</h1><p>{escape(self.subtitle)}</p>'
-            f'</header><nav aria-label="sections"><ul>{nav}</ul></nav><main>{banners}{sections}'
-            f"<footer><p>Written by train-eventbus {escape(eventbus.__version__)}, offline: "
-            f"this file fetches nothing. Charts: drag across a chart to zoom in, double-click "
-            f"to zoom out, hover for values.</p><details><summary>Charts drawn by uPlot "
-            f"{UPLOT_VERSION} (MIT licence)</summary><pre>{licence}</pre></details></footer>"
-            f'</main><script type="application/json" id="report-data">{payload}</script>'
-            f"<script>{asset('uPlot.iife.min.js')}</script>"
-            f"<script>{asset('report.js')}</script></body></html>\n"
+            + Template(page).substitute(
+                title=escape(self.title),
+                subtitle=escape(self.subtitle),
+                style=f"{asset('uPlot.min.css')}\n{asset('report.css')}",
+                nav=nav,
+                banners=banners,
+                sections=sections,
+                version=escape(eventbus.__version__),
+                licence=escape(asset("uPlot.LICENSE")),
+                payload=payload,
+                uplot=asset("uPlot.iife.min.js"),
+                script=asset("report.js"),
+            )
+            + "\n"
         )
