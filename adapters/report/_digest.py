@@ -353,8 +353,9 @@ def digest_log(path: str | os.PathLike[str], *, buckets: int = BUCKETS) -> RunDi
     plan = rollbacks(path)
     with LogReader(path, skip_corrupt=True) as reader:
         digest = RunDigest(Path(path), reader.header.run_id, buckets=buckets)
+        add = digest.add
         for event in reader if plan is None else filterfalse(plan.is_rolled_back, reader):
-            digest.add(event)
+            add(event)
     digest.rolled_back = reader.count - digest.events
     digest.damage = Damage(
         truncated=reader.truncated,

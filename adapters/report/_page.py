@@ -26,6 +26,7 @@ __all__ = [
     "bullets",
     "escape",
     "facts",
+    "kind_name",
     "series_style",
     "table",
     "with_unit",
@@ -55,6 +56,11 @@ MARKER_STYLES: dict[str, tuple[str, list[int], str]] = {
     "disabled": ("#777777", [], ""),
     "coalescing": ("#E69F00", [], ""),
 }
+
+
+def kind_name(kind: str) -> str:
+    """How a kind of marker or span is named: in the chart's key, in its labels."""
+    return MARKER_STYLES[kind][2] or kind
 
 
 def series_style(position: int) -> tuple[str, list[int]]:
@@ -225,10 +231,10 @@ class Chart:
         kinds = sorted({m["kind"] for m in self.markers} | {s["kind"] for s in self.spans})
         key = "".join(
             f'<span class="{"dotted" if dash == [2, 3] else "dashed" if dash else "solid"}" '
-            f'style="--c:{colour}">{escape(name or kind)}</span>'
+            f'style="--c:{colour}">{escape(kind_name(kind))}</span>'
             for kind in kinds
             if kind in MARKER_STYLES
-            for colour, dash, name in [MARKER_STYLES[kind]]
+            for colour, dash, _ in [MARKER_STYLES[kind]]
         )
         if self.threshold is not None:
             key += (

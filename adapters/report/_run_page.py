@@ -27,6 +27,7 @@ from ._page import (
     bullets,
     escape,
     facts,
+    kind_name,
     series_style,
     table,
 )
@@ -181,15 +182,9 @@ def cost_chart(
     chart.budget(max(group.band(group.series(BUDGET)).high, default=0.0))
     incidents = cost.incidents
     if not library:  # the run's incidents, once, on the main chart
-        labels = {kind: name for kind, name in SKIP_CAUSES.values()}
-        for kind in incidents.names:
-            for x, count in incidents.totals(incidents.series(kind)):
-                cause = labels.get(kind)
-                if cause is None:
-                    label = f"{count:g} {kind}"
-                else:
-                    label = f"{count:g} skipped" + (f" ({cause})" if cause else "")
-                chart.mark(x, kind, label)
+        for index, kind in enumerate(incidents.names):
+            for x, count in incidents.totals(index):
+                chart.mark(x, kind, f"{count:g} {kind_name(kind)}")
     end = cost.last_period + 1
     for span in cost.spans:
         if is_library(span.handler) != library:

@@ -77,7 +77,18 @@ class SeriesGroup:
             while x // width >= self.buckets:
                 width *= 2.0
             self.widen_to(width)
-        _fold(self._data[index], int(x // self.width), [low, x, high, x, total, count])
+        data = self._data[index]
+        key = int(x // self.width)
+        bucket = data.get(key)
+        if bucket is None:
+            data[key] = [low, x, high, x, total, count]
+            return
+        if low < bucket[_LO]:
+            bucket[_LO], bucket[_LO_X] = low, x
+        if high > bucket[_HI]:
+            bucket[_HI], bucket[_HI_X] = high, x
+        bucket[_SUM] += total
+        bucket[_COUNT] += count
 
     def widen_to(self, width: float) -> None:
         """Merge buckets until they are ``width`` wide (a power of two)."""
@@ -155,22 +166,18 @@ def _merged(data: dict[int, list[float]], factor: float) -> dict[int, list[float
     shift = int(factor).bit_length() - 1
     merged: dict[int, list[float]] = {}
     for key in sorted(data):
-        _fold(merged, key >> shift, data[key])
+        bucket = data[key]
+        into = merged.get(key >> shift)
+        if into is None:
+            merged[key >> shift] = list(bucket)
+            continue
+        if bucket[_LO] < into[_LO]:
+            into[_LO], into[_LO_X] = bucket[_LO], bucket[_LO_X]
+        if bucket[_HI] > into[_HI]:
+            into[_HI], into[_HI_X] = bucket[_HI], bucket[_HI_X]
+        into[_SUM] += bucket[_SUM]
+        into[_COUNT] += bucket[_COUNT]
     return merged
-
-
-def _fold(data: dict[int, list[float]], key: int, bucket: list[float]) -> None:
-    """``bucket`` into ``data[key]``: the lower low and higher high kept, with their x."""
-    into = data.get(key)
-    if into is None:
-        data[key] = list(bucket)
-        return
-    if bucket[_LO] < into[_LO]:
-        into[_LO], into[_LO_X] = bucket[_LO], bucket[_LO_X]
-    if bucket[_HI] > into[_HI]:
-        into[_HI], into[_HI_X] = bucket[_HI], bucket[_HI_X]
-    into[_SUM] += bucket[_SUM]
-    into[_COUNT] += bucket[_COUNT]
 
 
 def align(*groups: SeriesGroup) -> float:
