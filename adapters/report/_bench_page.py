@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ._page import Chart, Document, escape, facts, series_style, table
+from ._page import Chart, Document, escape, facts, table
 from ._series import SeriesGroup
 
 __all__ = ["BENCH_HEADERS", "bench_report"]
@@ -54,26 +54,16 @@ def bench_report(
         index = group.series(name)
         for period, share in enumerate(shares):
             group.add(index, period, share)
-    chart = Chart(
+    chart = Chart.of_shares(
         "chart-cost",
         "Each callback's share of every period",
-        x_label="health-check period",
-        y_label="share of the period",
-        y_unit="%",
-        log_y=True,
-        note="log scale; the dashed line is the budget",
+        "log scale; the dashed line is the budget",
     )
     lines = group.lines()
     chart.x = lines.x
-    for position, (label, column) in enumerate(zip(lines.names, lines.columns, strict=True)):
-        colour, dash = series_style(position)
-        chart.line(label, column, colour=colour, dash=dash)
-    if budget_pct > 0:  # a log scale has no 0
-        chart.threshold = {
-            "y": budget_pct,
-            "colour": "#D55E00",
-            "label": f"budget {budget_pct:.3g}% of a period",
-        }
+    for label, column in zip(lines.names, lines.columns, strict=True):
+        chart.line(label, column)  # each its own colour, in turn
+    chart.budget(budget_pct)
     for start, end, state, label in spans:
         chart.span(start, end, state, label)
     document = Document(title, subtitle)

@@ -9,31 +9,52 @@ table puts each callback's figures in both runs next to the change.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
 
 from ._cost import ALL_CALLBACKS, BUDGET, CallbackCost
 from ._digest import RunDigest
 from ._limits import MAX_METRICS
-from ._metrics import MetricSeries
 from ._page import Chart, Document, escape, table
 from ._run_page import damage_banner, seconds
 from ._series import align
 
 __all__ = ["comparison_report"]
 
-
-class RunStyle(NamedTuple):
-    colour: str
-    dash: tuple[int, ...]
-    fill: str
-
-
+#: Each run's colour, dash and band fill: A solid blue, B dashed vermillion.
 RUN_STYLE = (
-    RunStyle("#0072B2", (), "rgba(0,114,178,0.15)"),
-    RunStyle("#D55E00", (6, 3), "rgba(213,94,0,0.15)"),
+    ("#0072B2", (), "rgba(0,114,178,0.15)"),
+    ("#D55E00", (6, 3), "rgba(213,94,0,0.15)"),
 )
 #: A change within this share is shown as unchanged (timings are noisy).
 NOISE = 0.05
+
+
+def _share(d: RunDigest, total: float) -> float:
+    """``total`` seconds as a share (%) of the run's periods."""
+    return total / d.cost.timeline * 100 if d.cost.timeline else 0.0
+
+
+def _callbacks_share(d: RunDigest) -> str:
+    total = sum(c.total for c in d.cost.handlers.values())
+    return f"{_share(d, total):.3f}%" if d.cost.timeline else "-"
+
+
+#: The summary table: each row's label and its cell for a run.
+SUMMARY: list[tuple[str, Callable[[RunDigest], str]]] = [
+    ("status", lambda d: d.status),
+    ("world size", lambda d: str(d.world_size)),
+    ("duration", lambda d: seconds(d.duration)),
+    ("rounds", lambda d: f"{d.rounds:,}"),
+    ("reports", lambda d: f"{d.reports:,}"),
+    ("restarts", lambda d: str(d.restarts)),
+    ("worker failures", lambda d: str(d.failure_count)),
+    ("checkpoints", lambda d: str(d.checkpoints)),
+    ("resumes", lambda d: str(d.resume_count)),
+    ("callbacks' share of the run", _callbacks_share),
+    ("periods over budget", lambda d: f"{d.cost.periods_over} of {d.cost.periods}"),
+    ("callback faults", lambda d: f"{d.fault_count} failed, {d.timeout_count} timed out"),
+    ("events read", lambda d: f"{d.events:,}"),
+]
 
 
 def _labels(a: RunDigest, b: RunDigest) -> tuple[str, str]:
@@ -52,101 +73,41 @@ def _change(before: float, after: float) -> tuple[str, str]:
     return f"{ratio * 100:+.1f}%", tone
 
 
-def _summary(a: RunDigest, b: RunDigest, labels: tuple[str, str]) -> str:
-    def share(d: RunDigest) -> str:
-        total = sum(c.total for c in d.cost.handlers.values())
-        return f"{total / d.cost.timeline * 100:.3f}%" if d.cost.timeline else "-"
-
-    rows = [
-        ["status", a.status, b.status],
-        ["world size", str(a.world_size), str(b.world_size)],
-        ["duration", seconds(a.duration), seconds(b.duration)],
-        ["rounds", f"{a.rounds:,}", f"{b.rounds:,}"],
-        ["reports", f"{a.reports:,}", f"{b.reports:,}"],
-        ["restarts", str(a.restarts), str(b.restarts)],
-        ["worker failures", str(a.failure_count), str(b.failure_count)],
-        ["checkpoints", str(a.checkpoints), str(b.checkpoints)],
-        ["resumes", str(a.resume_count), str(b.resume_count)],
-        ["callbacks' share of the run", share(a), share(b)],
-        [
-            "periods over budget",
-            f"{a.cost.periods_over} of {a.cost.periods}",
-            f"{b.cost.periods_over} of {b.cost.periods}",
-        ],
-        [
-            "callback faults",
-            f"{a.fault_count} failed, {a.timeout_count} timed out",
-            f"{b.fault_count} failed, {b.timeout_count} timed out",
-        ],
-        ["events read", f"{a.events:,}", f"{b.events:,}"],
-    ]
-    return table(["", labels[0], labels[1]], rows)
-
-
-def _cost(document: Document, a: RunDigest, b: RunDigest, labels: tuple[str, str]) -> str:
-    if not a.cost.periods and not b.cost.periods:
-        return '<p class="empty">Neither log has budget reports: no callback cost.</p>'
-    return document.add_chart(_cost_chart(a, b, labels)) + _cost_table(a, b)
-
-
 def _cost_chart(a: RunDigest, b: RunDigest, labels: tuple[str, str]) -> Chart:
     """All handlers' share of each period in both runs, on one grid, and the budget."""
     align(a.cost.shares, b.cost.shares)
-    chart = Chart(
+    chart = Chart.of_shares(
         "chart-cost",
         "All handlers' share of each period",
-        x_label="health-check period",
-        y_label="share of the period",
-        y_unit="%",
-        log_y=True,
-        note="log scale; the dashed line is the budget",
+        "log scale; the dashed line is the budget",
     )
     groups = (a.cost.shares, b.cost.shares)
     lines = [group.lines([group.series(ALL_CALLBACKS)]) for group in groups]
     chart.x = sorted(set(lines[0].x) | set(lines[1].x))
-    for label, line, style in zip(labels, lines, RUN_STYLE, strict=True):
-        chart.line(
-            label,
-            _on(chart.x, line.x, line.columns[0]),
-            colour=style.colour,
-            dash=style.dash,
-            width=2,
-        )
-    budgets = [g.band(g.series(BUDGET)).high for g in groups]
-    highest = max((max(values) for values in budgets if values), default=None)
-    if highest is not None and highest > 0:  # a log scale has no 0
-        chart.threshold = {
-            "y": highest,
-            "colour": "#000000",
-            "label": f"budget {highest:.3g}% of a period",
-        }
+    for label, line, (colour, dash, _) in zip(labels, lines, RUN_STYLE, strict=True):
+        chart.line(label, _on(chart.x, line.x, line.columns[0]), colour=colour, dash=dash, width=2)
+    chart.budget(max(max(g.band(g.series(BUDGET)).high, default=0.0) for g in groups), "#000000")
     return chart
 
 
 def _cost_table(a: RunDigest, b: RunDigest) -> str:
     """Each callback in A and in B, and the change, the costliest (in both) first."""
-    names = {**dict.fromkeys(a.cost.handlers), **dict.fromkeys(b.cost.handlers)}
     empty = CallbackCost("")
+    names = {**dict.fromkeys(a.cost.handlers), **dict.fromkeys(b.cost.handlers)}
+    pairs = [
+        (name, a.cost.handlers.get(name, empty), b.cost.handlers.get(name, empty)) for name in names
+    ]
+    pairs.sort(key=lambda pair: -(pair[1].total + pair[2].total))
     rows = []
     classes: dict[tuple[int, int], str] = {}
-    order = sorted(
-        names,
-        key=lambda n: -(a.cost.handlers.get(n, empty).total + b.cost.handlers.get(n, empty).total),
-    )
-    for r, name in enumerate(order):
-        first, second = a.cost.handlers.get(name, empty), b.cost.handlers.get(name, empty)
-        shares = [
-            c.total / d.cost.timeline * 100 if d.cost.timeline else 0.0
-            for c, d in ((first, a), (second, b))
-        ]
+    for r, (name, first, second) in enumerate(pairs):
+        shares = (_share(a, first.total), _share(b, second.total))
         if not first.calls or not second.calls:
             only = "only in A" if first.calls else "only in B" if second.calls else "-"
-            (mean_change, mean_tone), (share_change, share_tone) = (only, ""), (only, "")
+            (mean_change, classes[(r, 5)]), (share_change, classes[(r, 8)]) = (only, ""), (only, "")
         else:
-            mean_change, mean_tone = _change(first.mean, second.mean)
-            share_change, share_tone = _change(*shares)
-        classes[(r, 5)] = mean_tone
-        classes[(r, 8)] = share_tone
+            mean_change, classes[(r, 5)] = _change(first.mean, second.mean)
+            share_change, classes[(r, 8)] = _change(*shares)
         rows.append(
             [
                 name,
@@ -162,19 +123,8 @@ def _cost_table(a: RunDigest, b: RunDigest) -> str:
                 str(second.periods_over),
             ]
         )
-    headers = [
-        "callback",
-        "calls A",
-        "calls B",
-        "mean µs A",
-        "mean µs B",
-        "mean change",
-        "share A",
-        "share B",
-        "share change",
-        "over budget A",
-        "over budget B",
-    ]
+    headers = ["callback", "calls A", "calls B", "mean µs A", "mean µs B", "mean change"]
+    headers += ["share A", "share B", "share change", "over budget A", "over budget B"]
     return table(headers, rows, numeric=range(1, len(headers)), classes=classes)
 
 
@@ -194,7 +144,7 @@ def _metrics(document: Document, a: RunDigest, b: RunDigest, labels: tuple[str, 
         f"highest rank; A solid, B dashed. x: {escape(charts[0].x_label)}.</p>"
     )
     for n, name in enumerate(names[:MAX_METRICS]):
-        present: list[tuple[str, MetricSeries, RunStyle]] = [
+        present = [
             (label, c.metrics[name], style)
             for label, c, style in zip(labels, charts, RUN_STYLE, strict=True)
             if name in c.metrics
@@ -206,30 +156,15 @@ def _metrics(document: Document, a: RunDigest, b: RunDigest, labels: tuple[str, 
         if len(present) == 1:
             chart.note = f"only in {present[0][0]}"
         chart.x = sorted({x for band in bands for x in band.x})
-        for (label, _, style), band in zip(present, bands, strict=True):
-            colour, dash = style.colour, style.dash
-            high = chart.line(
-                f"{label} highest",
-                _on(chart.x, band.x, list(band.high)),
-                colour=colour,
-                width=0.5,
+        for (label, _, (colour, dash, fill)), band in zip(present, bands, strict=True):
+            chart.band(
+                [f"{label} {which}" for which in ("highest", "mean", "lowest")],
+                [_on(chart.x, band.x, list(v)) for v in (band.high, band.mean, band.low)],
+                (colour,) * 3,
+                fill,
+                edge=0.5,
                 dash=dash,
             )
-            chart.line(
-                f"{label} mean",
-                _on(chart.x, band.x, list(band.mean)),
-                colour=colour,
-                width=2,
-                dash=dash,
-            )
-            low = chart.line(
-                f"{label} lowest",
-                _on(chart.x, band.x, list(band.low)),
-                colour=colour,
-                width=0.5,
-                dash=dash,
-            )
-            chart.band(high, low, style.fill)
         body += document.add_chart(chart)
     if len(names) > MAX_METRICS:
         body += f'<p class="note">{len(names) - MAX_METRICS} more metric(s) not charted.</p>'
@@ -243,7 +178,12 @@ def comparison_report(a: RunDigest, b: RunDigest) -> str:
     for digest in (a, b):
         if digest.damage.any:
             document.banners.append(damage_banner(str(digest.path), digest.damage))
-    document.section("summary", "Summary", _summary(a, b, labels))
-    document.section("cost", "Callback cost", _cost(document, a, b, labels))
+    summary = [[label, cell(a), cell(b)] for label, cell in SUMMARY]
+    document.section("summary", "Summary", table(["", *labels], summary))
+    if a.cost.periods or b.cost.periods:
+        cost = document.add_chart(_cost_chart(a, b, labels)) + _cost_table(a, b)
+    else:
+        cost = '<p class="empty">Neither log has budget reports: no callback cost.</p>'
+    document.section("cost", "Callback cost", cost)
     document.section("metrics", "Metrics over rounds", _metrics(document, a, b, labels))
     return document.render()

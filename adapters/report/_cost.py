@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 
 from eventbus import BudgetReport, HandlerStateChanged, HealthCheckTick
 
@@ -26,7 +27,6 @@ __all__ = [
     "Span",
     "is_library",
     "skip_cause",
-    "weighted_quantile",
 ]
 
 #: The series of the cost chart that is not one handler.
@@ -46,6 +46,8 @@ SKIP_CAUSES: dict[str, tuple[str, str]] = {
     FAULT_POLICY: ("skipped-fault-policy", "stopped by the fault policy"),
     UNKNOWN_CAUSE: ("skipped", ""),  # the log does not say: "skipped", no cause
 }
+#: The incidents marked on the cost chart, per period.
+INCIDENTS = ("timeouts", "faults", *(kind for kind, _ in SKIP_CAUSES.values()))
 #: Words of the fault policy's reasons (``3 faults (max_faults=3)``).
 _FAULT_WORDS = re.compile(r"fault|on_error|the run ends")
 
@@ -76,79 +78,52 @@ def skip_cause(state: str, reason: str) -> str | None:
 STEPS = 16
 
 
+@dataclass(slots=True)
 class CallbackCost:
     """One handler over the run: the figures of its table row."""
 
-    __slots__ = (
-        "budget_pct",
-        "calls",
-        "faults",
-        "histogram",
-        "longest",
-        "name",
-        "periods",
-        "periods_over",
-        "skipped",
-        "skipped_by",
-        "timeouts",
-        "total",
-    )
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.calls = 0
-        self.total = 0.0
-        self.longest = 0.0
-        self.timeouts = 0
-        self.faults = 0
-        self.skipped = 0
-
-        self.skipped_by: dict[str, int] = {}
-        self.periods = 0
-        self.periods_over = 0
-        self.budget_pct = 0.0
-        #: Log-scale step of a period's mean call -> calls at that mean.
-        self.histogram: dict[int, int] = {}
-
-    @property
-    def library(self) -> bool:
-        return is_library(self.name)
+    name: str
+    calls: int = 0
+    total: float = 0.0
+    longest: float = 0.0
+    timeouts: int = 0
+    faults: int = 0
+    skipped: int = 0
+    skipped_by: dict[str, int] = field(default_factory=dict)
+    periods: int = 0
+    periods_over: int = 0
+    #: Log-scale step of a period's mean call -> calls at that mean.
+    histogram: dict[int, int] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
         return self.total / self.calls if self.calls else 0.0
 
     def quantile(self, q: float) -> float:
-        """The ``q`` quantile of the call time, each period's calls at its mean."""
-        return weighted_quantile(self.histogram, q)
+        """The ``q`` quantile (0..1) of the call time, each period's calls at its mean:
+        the middle of its histogram step."""
+        weight = sum(self.histogram.values())
+        if not weight:
+            return 0.0
+        target = q * weight
+        seen = 0
+        step = 0
+        for step in sorted(self.histogram):
+            seen += self.histogram[step]
+            if seen >= target:
+                break
+        return float(2.0 ** ((step + 0.5) / STEPS))
 
 
-def weighted_quantile(histogram: dict[int, int], q: float) -> float:
-    """The ``q`` quantile (0..1) of a log-scale histogram: the middle of its step."""
-    weight = sum(histogram.values())
-    if not weight:
-        return 0.0
-    target = q * weight
-    seen = 0
-    step = 0
-    for step in sorted(histogram):
-        seen += histogram[step]
-        if seen >= target:
-            break
-    return float(2.0 ** ((step + 0.5) / STEPS))
-
-
+@dataclass(slots=True)
 class Span:
     """Periods during which a handler was disabled or coalescing (``end`` None: to the end)."""
 
-    __slots__ = ("end", "handler", "reason", "start", "state")
-
-    def __init__(self, handler: str, state: str, start: int, reason: str) -> None:
-        self.handler = handler
-        self.state = state
-        self.start = start
-        self.end: int | None = None
-        self.reason = reason
+    handler: str
+    state: str
+    start: int
+    reason: str
+    end: int | None = None
 
 
 class CostDigest:
@@ -163,11 +138,8 @@ class CostDigest:
         self._library = self.shares.series(LIBRARY_TOTAL)
         #: Timeouts, faults and skipped deliveries (by cause) per period.
         self.incidents = SeriesGroup(buckets)
-        self._timeouts = self.incidents.series("timeouts")
-        self._faults = self.incidents.series("faults")
-        self._skips = {
-            cause: self.incidents.series(kind) for cause, (kind, _) in SKIP_CAUSES.items()
-        }
+        for kind in INCIDENTS:
+            self.incidents.series(kind)
         self.periods = 0
         self.partial_periods = 0
         self.periods_over = 0
@@ -201,8 +173,7 @@ class CostDigest:
         shares = self.shares
         shares.add(self._all, period, report.total / judged * 100.0)
         shares.add(self._budget, period, report.budget / judged * 100.0)
-        timeouts = faults = 0
-        skipped = dict.fromkeys(SKIP_CAUSES, 0)
+        incidents = dict.fromkeys(INCIDENTS, 0)
         folded = -1.0  # the handlers past MAX_HANDLERS, added up as one
         library = 0.0
         for usage in report.handlers:
@@ -214,15 +185,15 @@ class CostDigest:
             cost.timeouts += usage.timeouts
             cost.faults += usage.faults
             cost.skipped += usage.skipped
-            if usage.skipped:
-                cause = self._cause_of_skips(name)
+            if usage.skipped:  # the one cause it was under in the period, else unknown
+                causes = self._causes.get(name, ())
+                cause = next(iter(causes)) if len(causes) == 1 else UNKNOWN_CAUSE
                 cost.skipped_by[cause] = cost.skipped_by.get(cause, 0) + usage.skipped
-                skipped[cause] += usage.skipped
+                incidents[SKIP_CAUSES[cause][0]] += usage.skipped
             if is_library(name):
                 library += usage.total
             cost.periods += 1
             cost.periods_over += usage.over_budget
-            cost.budget_pct = usage.budget / judged * 100.0
             if usage.calls > 0 and 0 < usage.total < math.inf:
                 step = math.floor(math.log2(usage.total / usage.calls) * STEPS)
                 cost.histogram[step] = cost.histogram.get(step, 0) + usage.calls
@@ -230,29 +201,18 @@ class CostDigest:
                 folded = max(folded, 0.0) + usage.total
             else:
                 shares.add(shares.series(cost.name), period, usage.total / judged * 100.0)
-            timeouts += usage.timeouts
-            faults += usage.faults
+            incidents["timeouts"] += usage.timeouts
+            incidents["faults"] += usage.faults
         if folded >= 0:
             shares.add(shares.series(OTHER_HANDLERS), period, folded / judged * 100.0)
         if library > 0:
             shares.add(self._library, period, library / judged * 100.0)
-        counts = [(self._timeouts, timeouts), (self._faults, faults)]
-        counts += [(self._skips[cause], count) for cause, count in skipped.items()]
-        for index, count in counts:
+        for kind, count in incidents.items():
             if count:
-                self.incidents.add(index, period, float(count))
+                self.incidents.add(self.incidents.series(kind), period, float(count))
         self._next_period()
 
-    def _cause_of_skips(self, handler: str) -> str:
-        """The one cause ``handler`` was under in the open period, else unknown."""
-        causes = self._causes.get(handler)
-        if causes is None or len(causes) != 1:
-            return UNKNOWN_CAUSE
-        (cause,) = causes
-        return cause
-
     def _next_period(self) -> None:
-
         self._closing = None
         self._causes = {handler: {cause} for handler, cause in self._cause_now.items()}
 
@@ -265,18 +225,6 @@ class CostDigest:
     def tick(self, event: HealthCheckTick) -> None:
         """Period ``event.period`` ended: changes until its report are its verdicts."""
         self._closing = event.period
-
-    def _follow(self, handler: str, cause: str | None, *, verdict: bool) -> None:
-        if handler not in self._followed:
-            if len(self._followed) >= MAX_STATES:
-                return  # its skips have no cause
-            self._followed.add(handler)
-        if cause is None:
-            self._cause_now.pop(handler, None)
-        else:
-            self._cause_now[handler] = cause
-            if not verdict:  # it holds in the open period too
-                self._causes.setdefault(handler, set()).add(cause)
 
     def _cost(self, name: str) -> CallbackCost:
         cost = self.handlers.get(name)
@@ -291,10 +239,17 @@ class CostDigest:
     def state_changed(self, event: HandlerStateChanged) -> None:
         """A handler's state changed: spans from the period it holds from, and the cause
         of its skips."""
-        verdict = self._closing is not None
         period = self._closing + 1 if self._closing is not None else self.last_period + 1
         handler = clip(event.handler)
-        self._follow(handler, skip_cause(event.state, event.reason), verdict=verdict)
+        cause = skip_cause(event.state, event.reason)
+        if handler in self._followed or len(self._followed) < MAX_STATES:  # else: no cause
+            self._followed.add(handler)
+            if cause is None:
+                self._cause_now.pop(handler, None)
+            else:
+                self._cause_now[handler] = cause
+                if self._closing is None:  # not a verdict on the closed period: holds in this
+                    self._causes.setdefault(handler, set()).add(cause)
         open_span = self._open_spans.pop(handler, None)
         if open_span is not None:
             open_span.end = period
@@ -309,5 +264,5 @@ class CostDigest:
 
     def ranked(self, *, library: bool | None = None) -> list[CallbackCost]:
         """The handlers, the costliest first (``library``: only the library's, or the user's)."""
-        chosen = [c for c in self.handlers.values() if library is None or c.library == library]
+        chosen = [c for c in self.handlers.values() if library in (None, is_library(c.name))]
         return sorted(chosen, key=lambda cost: (-cost.total, cost.name))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from itertools import filterfalse
 from pathlib import Path
 from typing import Any
 
@@ -353,16 +354,9 @@ def digest_log(path: str | os.PathLike[str], *, buckets: int = BUCKETS) -> RunDi
     with LogReader(path, skip_corrupt=True) as reader:
         digest = RunDigest(Path(path), reader.header.run_id, buckets=buckets)
         add = digest.add
-        if plan is None:
-            for event in reader:
-                add(event)
-        else:
-            rolled_back = plan.is_rolled_back
-            for event in reader:
-                if rolled_back(event):
-                    digest.rolled_back += 1
-                else:
-                    add(event)
+        for event in reader if plan is None else filterfalse(plan.is_rolled_back, reader):
+            add(event)
+    digest.rolled_back = reader.count - digest.events
     digest.damage = Damage(
         truncated=reader.truncated,
         skipped=reader.skipped,

@@ -8,29 +8,6 @@ rest is counted on the page, never silently dropped.
 
 from __future__ import annotations
 
-__all__ = [
-    "BUCKETS",
-    "COST_LINES",
-    "MAX_DRAWN",
-    "MAX_HANDLERS",
-    "MAX_LABEL",
-    "MAX_LISTED",
-    "MAX_MARKERS",
-    "MAX_MESSAGE",
-    "MAX_METRICS",
-    "MAX_NAME",
-    "MAX_NAMES",
-    "MAX_RANKS_TRACKED",
-    "MAX_RANK_LINES",
-    "MAX_RESTORES",
-    "MAX_SPANS",
-    "MAX_STATES",
-    "MAX_TRACEBACK",
-    "SHORT_TEXT",
-    "TEXT_BUDGET",
-    "clip",
-]
-
 #: Buckets per chart: at most twice as many points per line, whatever the log's length.
 BUCKETS = 256
 #: Metrics charted; the names of the rest are listed, up to ``MAX_NAMES``.

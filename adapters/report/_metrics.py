@@ -119,9 +119,15 @@ class MetricCharts:
                 value = math.inf
         series = self.metrics.get(name)
         if series is None:
-            series = self._new(name)
-            if series is None:
+            if not isinstance(name, str):
                 return
+            if len(self.metrics) >= MAX_METRICS:  # its name listed, up to MAX_NAMES
+                if len(self.uncharted) < MAX_NAMES:
+                    self.uncharted[clip(name)] = None
+                elif clip(name) not in self.uncharted:
+                    self.uncharted_more = True
+                return
+            series = self.metrics[name] = MetricSeries(self.buckets, clip(name))
         if value - value != 0.0:  # NaN or infinite
             series.nonfinite += 1
             if series.first_nonfinite is None:
@@ -142,18 +148,6 @@ class MetricCharts:
             pool[1] = value
         pool[2] += value
         pool[3] += 1.0
-
-    def _new(self, name: str) -> MetricSeries | None:
-        if not isinstance(name, str):
-            return None
-        if len(self.metrics) >= MAX_METRICS:
-            if len(self.uncharted) < MAX_NAMES:
-                self.uncharted[clip(name)] = None
-            elif clip(name) not in self.uncharted:
-                self.uncharted_more = True
-            return None
-        series = self.metrics[name] = MetricSeries(self.buckets, clip(name))
-        return series
 
     def mark(self, x: float, kind: str, label: str) -> None:
         """A marker on every chart at ``x`` (bounded per kind)."""

@@ -4,12 +4,14 @@ HTML file (docs/report.md). Every text from the log is escaped."""
 from __future__ import annotations
 
 import colorsys
-import html
 import json
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from functools import cache
+from html import escape
 from importlib import resources
+from string import Template
 from typing import Any
 
 import eventbus
@@ -17,15 +19,14 @@ import eventbus
 from ._limits import MAX_DRAWN, SHORT_TEXT, TEXT_BUDGET, clip
 
 __all__ = [
-    "MARKER_STYLES",
     "PALETTE",
-    "SERIES_COLOURS",
     "Chart",
     "Document",
     "TextBudget",
+    "bullets",
     "escape",
     "facts",
-    "figure",
+    "kind_name",
     "series_style",
     "table",
     "with_unit",
@@ -38,38 +39,28 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#0
 SERIES_COLOURS = (*PALETTE[:-1], "#882255", "#999933", "#332288", "#661100")
 #: Units an axis may carry (the ticks and the legend show them).
 UNITS = ("", "%", "s", "ms", "µs")
-#: How each kind of marker or span is drawn, and named in the chart's key.
-MARKER_STYLES: dict[str, dict[str, Any]] = {
-    "checkpoint": {"colour": "#009E73", "dash": [2, 3], "name": "checkpoint", "line": "dotted"},
-    "restart": {"colour": "#E69F00", "dash": [6, 3], "name": "restart", "line": "dashed"},
-    "failure": {"colour": "#D55E00", "dash": [], "name": "failure", "line": "solid"},
-    "resume": {"colour": "#CC79A7", "dash": [8, 3], "name": "resume", "line": "dashed"},
-    "timeouts": {"colour": "#D55E00", "dash": [], "name": "timeouts", "line": "solid"},
-    "faults": {"colour": "#CC79A7", "dash": [4, 2], "name": "faults", "line": "dashed"},
+#: How each kind of marker or span is drawn: colour and dash (none: a solid line; 2, 3:
+#: dotted; other: dashed), and its name in the chart's key when not its kind.
+MARKER_STYLES: dict[str, tuple[str, list[int], str]] = {
+    "checkpoint": ("#009E73", [2, 3], ""),
+    "restart": ("#E69F00", [6, 3], ""),
+    "failure": ("#D55E00", [], ""),
+    "resume": ("#CC79A7", [8, 3], ""),
+    "timeouts": ("#D55E00", [], ""),
+    "faults": ("#CC79A7", [4, 2], ""),
     # Skipped deliveries, by what the log says caused them (``_cost.SKIP_CAUSES``).
-    "skipped-coalesced": {
-        "colour": "#E69F00",
-        "dash": [2, 3],
-        "name": "skipped (coalesced)",
-        "line": "dotted",
-    },
-    "skipped-disabled": {
-        "colour": "#777777",
-        "dash": [2, 3],
-        "name": "skipped (disabled)",
-        "line": "dotted",
-    },
-    "skipped-fault-policy": {
-        "colour": "#882255",
-        "dash": [2, 3],
-        "name": "skipped (stopped by the fault policy)",
-        "line": "dotted",
-    },
-    "skipped": {"colour": "#999933", "dash": [2, 3], "name": "skipped", "line": "dotted"},
-    "disabled": {"colour": "#777777", "name": "disabled", "line": "solid"},
-    "coalescing": {"colour": "#E69F00", "name": "coalescing", "line": "solid"},
+    "skipped-coalesced": ("#E69F00", [2, 3], "skipped (coalesced)"),
+    "skipped-disabled": ("#777777", [2, 3], "skipped (disabled)"),
+    "skipped-fault-policy": ("#882255", [2, 3], "skipped (stopped by the fault policy)"),
+    "skipped": ("#999933", [2, 3], ""),
+    "disabled": ("#777777", [], ""),
+    "coalescing": ("#E69F00", [], ""),
 }
-UPLOT_VERSION = "1.6.32"
+
+
+def kind_name(kind: str) -> str:
+    """How a kind of marker or span is named: in the chart's key, in its labels."""
+    return MARKER_STYLES[kind][2] or kind
 
 
 def series_style(position: int) -> tuple[str, list[int]]:
@@ -94,10 +85,6 @@ def with_unit(value: float, unit: str, digits: int = 4) -> str:
     if not unit:
         return text
     return f"{text}{unit}" if unit == "%" else f"{text} {unit}"
-
-
-def escape(value: object) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def short(value: float) -> float:
@@ -125,41 +112,48 @@ class TextBudget:
         return escaped
 
 
+@dataclass
 class Chart:
     """One chart: series on a shared x, markers, spans, an optional threshold line."""
 
-    def __init__(
-        self,
-        ident: str,
-        title: str,
-        *,
-        x_label: str,
-        y_label: str,
-        note: str = "",
-        log_y: bool = False,
-        x_unit: str = "",
-        y_unit: str = "",
-    ) -> None:
-        for unit in (x_unit, y_unit):
+    ident: str
+    title: str
+    _: KW_ONLY
+    x_label: str
+    y_label: str
+    note: str = ""
+    log_y: bool = False
+    x_unit: str = ""
+    y_unit: str = ""
+    x: list[float] = field(default_factory=list)
+    series: list[dict[str, Any]] = field(default_factory=list)
+    bands: list[tuple[int, int, str]] = field(default_factory=list)
+    markers: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    threshold: dict[str, Any] | None = None
+    extra_text: list[str] = field(default_factory=list)
+    #: Draw the page's run markers (``Document.run_markers``), not markers of its own.
+    shares_markers: bool = False
+
+    def __post_init__(self) -> None:
+        for unit in (self.x_unit, self.y_unit):
             if unit not in UNITS:
-                raise ValueError(f"chart {ident}: unit {unit!r} is not one of {UNITS}")
-        self.ident = ident
-        self.title = title
-        self.x_label = x_label
-        self.y_label = y_label
-        self.note = note
-        self.log_y = log_y
-        self.x_unit = x_unit
-        self.y_unit = y_unit
-        self.x: list[float] = []
-        self.series: list[dict[str, Any]] = []
-        self.bands: list[tuple[int, int, str]] = []
-        self.markers: list[dict[str, Any]] = []
-        self.spans: list[dict[str, Any]] = []
-        self.threshold: dict[str, Any] | None = None
-        self.extra_text: list[str] = []
-        #: Draw the page's run markers (``Document.run_markers``), not markers of its own.
-        self.shares_markers = False
+                raise ValueError(f"chart {self.ident}: unit {unit!r} is not one of {UNITS}")
+
+    @classmethod
+    def of_shares(cls, ident: str, title: str, note: str, x_label: str = "") -> Chart:
+        """A cost chart: shares of each health-check period, on a log scale."""
+        x_label = x_label or "health-check period"
+        y_label = "share of the period"
+        return cls(
+            ident, title, x_label=x_label, y_label=y_label, y_unit="%", log_y=True, note=note
+        )
+
+    def budget(self, share: float, colour: str = "#D55E00") -> None:
+        """The budget line at ``share`` % of a period (none at 0: a log scale has no 0)."""
+        if share > 0:
+            label = f"budget {share:.3g}% of a period"
+            self.threshold = {"y": share, "colour": colour, "label": label}
 
     def line(
         self,
@@ -185,7 +179,23 @@ class Chart:
             self.series[-1]["fill"] = fill
         return len(self.series)
 
-    def band(self, high: int, low: int, fill: str) -> None:
+    def band(
+        self,
+        names: Sequence[str],
+        columns: Sequence[Sequence[float | None]],
+        colours: Sequence[str],
+        fill: str,
+        *,
+        edge: float,
+        dash: Sequence[int] = (),
+    ) -> None:
+        """Three lines, highest, mean and lowest (``columns``), shaded between the outer two."""
+        high, _, low = (
+            self.line(name, column, colour=colour, dash=dash, width=width)
+            for name, column, colour, width in zip(
+                names, columns, colours, (edge, 2, edge), strict=True
+            )
+        )
         self.bands.append((high, low, fill))
 
     def mark(self, x: float, kind: str, label: str) -> None:
@@ -220,10 +230,11 @@ class Chart:
     def html(self) -> str:
         kinds = sorted({m["kind"] for m in self.markers} | {s["kind"] for s in self.spans})
         key = "".join(
-            f'<span class="{MARKER_STYLES[k]["line"]}" '
-            f'style="--c:{MARKER_STYLES[k]["colour"]}">{escape(MARKER_STYLES[k]["name"])}</span>'
-            for k in kinds
-            if k in MARKER_STYLES
+            f'<span class="{"dotted" if dash == [2, 3] else "dashed" if dash else "solid"}" '
+            f'style="--c:{colour}">{escape(kind_name(kind))}</span>'
+            for kind in kinds
+            if kind in MARKER_STYLES
+            for colour, dash, _ in [MARKER_STYLES[kind]]
         )
         if self.threshold is not None:
             key += (
@@ -278,9 +289,8 @@ class Chart:
         events = [f"{m['label']} (at {m['x']:g})" for m in self.markers]
         events += [f"{s['label']} (from {s['from']:g} to {s['to']:g})" for s in self.spans]
         if events:
-            shown = events[:20]
-            more = f"<li>and {len(events) - 20} more</li>" if len(events) > 20 else ""
-            text += "<ul>" + "".join(f"<li>{escape(e)}</li>" for e in shown) + more + "</ul>"
+            more = [f"and {len(events) - 20} more"] if len(events) > 20 else []
+            text += bullets([escape(event) for event in events[:20]] + more)
         return text + "".join(f'<p class="note">{escape(t)}</p>' for t in self.extra_text)
 
 
@@ -332,6 +342,12 @@ def table(
     )
 
 
+def bullets(items: Iterable[str], css: str = "") -> str:
+    """A list of ``items`` (already HTML)."""
+    attr = f' class="{css}"' if css else ""
+    return f"<ul{attr}>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>"
+
+
 def facts(items: Iterable[tuple[str, str, str]]) -> str:
     """Summary figures as cards: (label, value, tone) with tone '', 'good' or 'bad'."""
     cards = "".join(
@@ -340,13 +356,6 @@ def facts(items: Iterable[tuple[str, str, str]]) -> str:
         for label, value, tone in items
     )
     return f'<div class="facts">{cards}</div>'
-
-
-def figure(chart: Chart) -> str:
-    """A chart's HTML, or a line saying there was nothing to draw."""
-    if chart.empty:
-        return f'<p class="empty">{escape(chart.title)}: nothing recorded to draw.</p>'
-    return chart.html()
 
 
 @cache
@@ -367,9 +376,12 @@ class Document:
         self.charts: list[Chart] = []
 
     def add_chart(self, chart: Chart) -> str:
-        if not chart.empty:
-            self.charts.append(chart)
-        return figure(chart)
+        """The chart's HTML (its data goes in the page's), or a line saying there was
+        nothing to draw."""
+        if chart.empty:
+            return f'<p class="empty">{escape(chart.title)}: nothing recorded to draw.</p>'
+        self.charts.append(chart)
+        return chart.html()
 
     def section(self, anchor: str, heading: str, body: str) -> None:
         self.sections.append((anchor, heading, body))
@@ -379,10 +391,7 @@ class Document:
         data = {
             "charts": [chart.spec() for chart in self.charts],
             "runMarkers": thin(shared),
-            "markerStyles": {
-                k: {"colour": v["colour"], "dash": v.get("dash", [])}
-                for k, v in MARKER_STYLES.items()
-            },
+            "markerStyles": {k: {"colour": c, "dash": d} for k, (c, d, _) in MARKER_STYLES.items()},
         }
         payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
         payload = payload.replace("<", "\\u003c")
@@ -393,22 +402,21 @@ class Document:
             for a, h, body in self.sections
         )
         banners = "".join(f'<div class="banner" role="alert">{b}</div>' for b in self.banners)
-        licence = escape(asset("uPlot.LICENSE"))
+        page = "".join(line.strip() for line in asset("page.html").splitlines())
         return (
             "<!doctype html>\n"
-            '<html lang="en"><head><meta charset="utf-8">'
-            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-            "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">"
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{escape(self.title)}</title>"
-            f"<style>{asset('uPlot.min.css')}\n{asset('report.css')}</style></head><body>"
-            f'<header class="top"><h1>{escape(self.title)}</h1><p>{escape(self.subtitle)}</p>'
-            f'</header><nav aria-label="sections"><ul>{nav}</ul></nav><main>{banners}{sections}'
-            f"<footer><p>Written by train-eventbus {escape(eventbus.__version__)}, offline: "
-            f"this file fetches nothing. Charts: drag across a chart to zoom in, double-click "
-            f"to zoom out, hover for values.</p><details><summary>Charts drawn by uPlot "
-            f"{UPLOT_VERSION} (MIT licence)</summary><pre>{licence}</pre></details></footer>"
-            f'</main><script type="application/json" id="report-data">{payload}</script>'
-            f"<script>{asset('uPlot.iife.min.js')}</script>"
-            f"<script>{asset('report.js')}</script></body></html>\n"
+            + Template(page).substitute(
+                title=escape(self.title),
+                subtitle=escape(self.subtitle),
+                style=f"{asset('uPlot.min.css')}\n{asset('report.css')}",
+                nav=nav,
+                banners=banners,
+                sections=sections,
+                version=escape(eventbus.__version__),
+                licence=escape(asset("uPlot.LICENSE")),
+                payload=payload,
+                uplot=asset("uPlot.iife.min.js"),
+                script=asset("report.js"),
+            )
+            + "\n"
         )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from itertools import groupby
 
 from ._cost import (
     ALL_CALLBACKS,
@@ -19,37 +19,47 @@ from ._cost import (
 from ._digest import Damage, RunDigest
 from ._limits import COST_LINES, MAX_LABEL, clip
 from ._metrics import MetricCharts, MetricSeries
-from ._page import PALETTE, Chart, Document, TextBudget, escape, facts, series_style, table
+from ._page import (
+    PALETTE,
+    Chart,
+    Document,
+    TextBudget,
+    bullets,
+    escape,
+    facts,
+    kind_name,
+    series_style,
+    table,
+)
 
-__all__ = [
-    "COST_HEADERS",
-    "cost_chart",
-    "cost_rows",
-    "damage_banner",
-    "metric_chart",
-    "run_report",
-    "seconds",
-    "skipped_text",
-]
+__all__ = ["cost_chart", "damage_banner", "run_report", "seconds", "skipped_text"]
 
 BAND_FILL = "rgba(0,114,178,0.18)"
 #: The chart's line of all handlers together, and of the library's handlers together.
 TOTAL_COLOUR = "#000000"
 LIBRARY_COLOUR = "#555555"
-COST_HEADERS = [
-    "callback",
-    "calls",
-    "mean µs",
-    "p50 µs",
-    "p99 µs",
-    "max µs",
-    "total ms",
-    "share of run",
-    "worst period",
-    "over budget",
-    "timeouts",
-    "faults",
-    "skipped",
+
+
+def _worst(c: CallbackCost, cost: CostDigest) -> float:
+    extremes = cost.shares.extremes(cost.shares.series(c.name))
+    return extremes[1][1] if extremes else 0.0
+
+
+#: The cost table: each column's header and its cell for handler ``c`` of a run's ``cost``.
+COST_COLUMNS: list[tuple[str, Callable[[CallbackCost, CostDigest], str]]] = [
+    ("callback", lambda c, cost: c.name),
+    ("calls", lambda c, cost: f"{c.calls:,}"),
+    ("mean µs", lambda c, cost: f"{c.mean * 1e6:.2f}"),
+    ("p50 µs", lambda c, cost: f"{min(c.quantile(0.5), c.longest) * 1e6:.2f}"),
+    ("p99 µs", lambda c, cost: f"{min(c.quantile(0.99), c.longest) * 1e6:.2f}"),
+    ("max µs", lambda c, cost: f"{c.longest * 1e6:.2f}"),
+    ("total ms", lambda c, cost: f"{c.total * 1e3:.3f}"),
+    ("share of run", lambda c, d: f"{c.total / d.timeline * 100:.3f}%" if d.timeline else "-"),
+    ("worst period", lambda c, cost: f"{_worst(c, cost):.3f}%"),
+    ("over budget", lambda c, cost: f"{c.periods_over}"),
+    ("timeouts", lambda c, cost: f"{c.timeouts}"),
+    ("faults", lambda c, cost: f"{c.faults}"),
+    ("skipped", lambda c, cost: skipped_text(c)),
 ]
 
 
@@ -128,10 +138,9 @@ def metric_chart(ident: str, series: MetricSeries, charts: MetricCharts) -> Char
     else:
         band = group.band(series.all_ranks)
         chart.x = band.x
-        high = chart.line("highest rank", band.high, colour=PALETTE[4], width=0.8)
-        chart.line("mean of ranks", band.mean, colour=PALETTE[0], width=2)
-        low = chart.line("lowest rank", band.low, colour=PALETTE[4], width=0.8)
-        chart.band(high, low, BAND_FILL)
+        names = ("highest rank", "mean of ranks", "lowest rank")
+        colours = (PALETTE[4], PALETTE[0], PALETTE[4])
+        chart.band(names, (band.high, band.mean, band.low), colours, BAND_FILL, edge=0.8)
         chart.extra_text.append(f"{len(charts.ranks)} ranks: drawn as a band, not a line each.")
     chart.shares_markers = True  # the run's markers: one copy in the page, not one a chart
     for kind, markers in charts.markers.items():
@@ -159,15 +168,8 @@ def cost_chart(
     total = LIBRARY_TOTAL if library else ALL_CALLBACKS
     indices = [group.series(total)] + [group.series(name) for name in names]
     length = f" ({seconds(cost.period_length)} each)" if cost.period_length else ""
-    chart = Chart(
-        ident,
-        title,
-        x_label=f"health-check period{length}",
-        y_label="share of the period",
-        y_unit="%",
-        log_y=True,
-        note="log scale; the dashed line is the budget of each handler and of all together",
-    )
+    note = "log scale; the dashed line is the budget of each handler and of all together"
+    chart = Chart.of_shares(ident, title, note, f"health-check period{length}")
     lines = group.lines(indices)
     chart.x = lines.x
     for position, (label, column) in enumerate(zip(lines.names, lines.columns, strict=True)):
@@ -177,24 +179,12 @@ def cost_chart(
         else:
             colour, dash = series_style(position - 1)
             chart.line(label, column, colour=colour, dash=dash)
-    budget = group.band(group.series(BUDGET))
-    if budget.x and max(budget.high) > 0:  # a log scale has no 0
-        chart.threshold = {
-            "y": max(budget.high),
-            "colour": "#D55E00",
-            "label": f"budget {max(budget.high):.3g}% of a period",
-        }
+    chart.budget(max(group.band(group.series(BUDGET)).high, default=0.0))
     incidents = cost.incidents
     if not library:  # the run's incidents, once, on the main chart
-        labels = {kind: name for kind, name in SKIP_CAUSES.values()}
-        for kind in incidents.names:
-            for x, count in incidents.totals(incidents.series(kind)):
-                cause = labels.get(kind)
-                if cause is None:
-                    label = f"{count:g} {kind}"
-                else:
-                    label = f"{count:g} skipped" + (f" ({cause})" if cause else "")
-                chart.mark(x, kind, label)
+        for index, kind in enumerate(incidents.names):
+            for x, count in incidents.totals(index):
+                chart.mark(x, kind, f"{count:g} {kind_name(kind)}")
     end = cost.last_period + 1
     for span in cost.spans:
         if is_library(span.handler) != library:
@@ -229,44 +219,12 @@ def skipped_text(cost: CallbackCost) -> str:
     return f"{cost.skipped:,} ({', '.join(parts)})"
 
 
-def cost_rows(costs: Sequence[CallbackCost], cost: CostDigest) -> list[list[str]]:
-    """The table's rows: the figures of each handler, the costliest first."""
-    rows = []
-    timeline = cost.timeline
-    for c in costs:
-        index = cost.shares.series(c.name)
-        extremes = cost.shares.extremes(index)
-        worst = extremes[1][1] if extremes else 0.0
-        rows.append(
-            [
-                c.name,
-                f"{c.calls:,}",
-                f"{c.mean * 1e6:.2f}",
-                f"{min(c.quantile(0.5), c.longest) * 1e6:.2f}",
-                f"{min(c.quantile(0.99), c.longest) * 1e6:.2f}",
-                f"{c.longest * 1e6:.2f}",
-                f"{c.total * 1e3:.3f}",
-                f"{c.total / timeline * 100:.3f}%" if timeline else "-",
-                f"{worst:.3f}%",
-                f"{c.periods_over}",
-                f"{c.timeouts}",
-                f"{c.faults}",
-                skipped_text(c),
-            ]
-        )
-    return rows
-
-
 def _cost_table(ranked: Sequence[CallbackCost], cost: CostDigest) -> str:
-    rows = cost_rows(ranked, cost)
-    flagged = [COST_HEADERS.index(h) for h in ("over budget", "timeouts", "faults")]
-    marked = {
-        (r, column): "over"
-        for r, c in enumerate(ranked)
-        for column, count in zip(flagged, (c.periods_over, c.timeouts, c.faults), strict=True)
-        if count
-    }
-    return table(COST_HEADERS, rows, numeric=range(1, len(COST_HEADERS)), classes=marked)
+    """The handlers' figures, a count of periods over budget, timeouts or faults flagged."""
+    rows = [[cell(c, cost) for _, cell in COST_COLUMNS] for c in ranked]
+    marked = {(r, i): "over" for r, row in enumerate(rows) for i in (9, 10, 11) if row[i] != "0"}
+    headers = [header for header, _ in COST_COLUMNS]
+    return table(headers, rows, numeric=range(1, len(headers)), classes=marked)
 
 
 def _cost_section(document: Document, cost: CostDigest) -> str:
@@ -304,90 +262,76 @@ def _cost_section(document: Document, cost: CostDigest) -> str:
     return body
 
 
-def _summary(digest: RunDigest, text: TextBudget) -> str:
-    bad = digest.status != "finished"
-    ranks = ", ".join(f"rank {r}: {n}" for r, n in sorted(digest.failures_by_rank.items())[:8])
-    items: list[tuple[str, str, str]] = [
-        ("status", digest.status, "bad" if bad else "good"),
-        ("world size", str(digest.world_size or "unknown"), ""),
-        ("duration", seconds(digest.duration), ""),
-        ("rounds", f"{digest.rounds:,}", ""),
-        ("reports", f"{digest.reports:,}", ""),
-        ("restarts", str(digest.restarts), "bad" if digest.restarts else ""),
-        (
-            "worker failures",
-            f"{digest.failure_count}" + (f" ({ranks})" if ranks else ""),
-            "bad" if digest.failure_count else "",
-        ),
-        ("checkpoints", str(digest.checkpoints), ""),
-        ("resumes", str(digest.resume_count), ""),
+def _bad(count: int) -> str:
+    return "bad" if count else ""
+
+
+def _summary(d: RunDigest, text: TextBudget) -> str:
+    ranks = ", ".join(f"rank {r}: {n}" for r, n in sorted(d.failures_by_rank.items())[:8])
+    failures = f"{d.failure_count}" + (f" ({ranks})" if ranks else "")
+    items = [
+        ("status", d.status, "bad" if d.status != "finished" else "good"),
+        ("world size", str(d.world_size or "unknown"), ""),
+        ("duration", seconds(d.duration), ""),
+        ("rounds", f"{d.rounds:,}", ""),
+        ("reports", f"{d.reports:,}", ""),
+        ("restarts", str(d.restarts), _bad(d.restarts)),
+        ("worker failures", failures, _bad(d.failure_count)),
+        ("checkpoints", str(d.checkpoints), ""),
+        ("resumes", str(d.resume_count), ""),
         (
             "periods over budget",
-            f"{digest.cost.periods_over} of {digest.cost.periods}",
-            "bad" if digest.cost.periods_over else "",
+            f"{d.cost.periods_over} of {d.cost.periods}",
+            _bad(d.cost.periods_over),
         ),
         (
             "callback faults",
-            f"{digest.fault_count} failed, {digest.timeout_count} timed out",
-            "bad" if digest.fault_count or digest.timeout_count else "",
+            f"{d.fault_count} failed, {d.timeout_count} timed out",
+            _bad(d.fault_count + d.timeout_count),
         ),
-        ("started", wall(digest.wall_start), ""),
+        ("started", wall(d.wall_start), ""),
     ]
-    if digest.rejected:
-        items.append(("reports rejected", str(digest.rejected), "bad"))
-    if digest.mismatches:
-        items.append(("checkpoint mismatches", str(digest.mismatches), "bad"))
-    if digest.rolled_back:
-        items.append(("events rolled back by resumes", f"{digest.rolled_back:,}", ""))
-    if digest.placeholders:  # values the recorder could not encode (an object in metrics)
-        items.append(("events kept as placeholders", f"{digest.placeholders:,}", "bad"))
+    if d.rejected:
+        items.append(("reports rejected", str(d.rejected), "bad"))
+    if d.mismatches:
+        items.append(("checkpoint mismatches", str(d.mismatches), "bad"))
+    if d.rolled_back:
+        items.append(("events rolled back by resumes", f"{d.rolled_back:,}", ""))
+    if d.placeholders:  # values the recorder could not encode (an object in metrics)
+        items.append(("events kept as placeholders", f"{d.placeholders:,}", "bad"))
     body = facts(items)
     details = []
-    if digest.last_checkpoint:
-        details.append(f"Last checkpoint: <code>{text(digest.last_checkpoint)}</code>.")
-    if digest.stopped_by:
+    if d.last_checkpoint:
+        details.append(f"Last checkpoint: <code>{text(d.last_checkpoint)}</code>.")
+    if d.stopped_by:
         details.append(
-            f"Stopped early by <code>{text(digest.stopped_by)}</code>: "
-            f"{text(digest.stop_reason or '')}."
+            f"Stopped early by <code>{text(d.stopped_by)}</code>: {text(d.stop_reason or '')}."
         )
-    if digest.error:
-        details.append(f"Error: <code>{text(digest.error)}</code>.")
-    for checkpoint in digest.resumes:
-        details.append(f"Resumed from <code>{text(checkpoint)}</code>.")
-    body += "".join(f"<p>{d}</p>" for d in details)
-    if digest.config not in ("", "{}"):
-        body += (
-            f"<details><summary>the run's configuration</summary><pre>{text(digest.config)}"
-            "</pre></details>"
-        )
-    if digest.rejections:
-        body += (
-            "<h3>Rejected reports</h3><ul>"
-            + "".join(f"<li>{text(r)}</li>" for r in digest.rejections)
-            + "</ul>"
-        )
-    return body + _state_store(digest, text)
+    if d.error:
+        details.append(f"Error: <code>{text(d.error)}</code>.")
+    details += [f"Resumed from <code>{text(checkpoint)}</code>." for checkpoint in d.resumes]
+    body += "".join(f"<p>{detail}</p>" for detail in details)
+    if d.config not in ("", "{}"):
+        config = text(d.config)
+        body += f"<details><summary>the run's configuration</summary><pre>{config}</pre></details>"
+    if d.rejections:
+        body += "<h3>Rejected reports</h3>" + bullets(text(r) for r in d.rejections)
+    return body + _state_store(d, text)
 
 
-def _state_store(digest: RunDigest, text: TextBudget) -> str:
+def _state_store(d: RunDigest, text: TextBudget) -> str:
     body = "<h3>State store</h3>"
-    if not digest.snapshots and not digest.restores:
+    if not d.snapshots and not d.restores:
         return body + '<p class="empty">No callback state was saved or restored.</p>'
-    keys = "".join(f"<li><code>{text(k)}</code></li>" for k in digest.snapshot_keys)
     body += (
-        f"<p>Saved {digest.snapshots} time(s), at checkpoints; the last save held "
-        f"{digest.snapshot_key_count} callback state(s):</p><ul>{keys}</ul>"
-    )
-    if digest.snapshot_errors:
-        body += (
-            '<p class="note">Not saved:</p><ul>'
-            + "".join(
-                f"<li><code>{text(k)}</code>: {text(v)}</li>"
-                for k, v in digest.snapshot_errors.items()
-            )
-            + "</ul>"
-        )
-    for restored in digest.restores:
+        f"<p>Saved {d.snapshots} time(s), at checkpoints; the last save held "
+        f"{d.snapshot_key_count} callback state(s):</p>"
+    ) + bullets(f"<code>{text(k)}</code>" for k in d.snapshot_keys)
+    if d.snapshot_errors:
+        errors = d.snapshot_errors.items()
+        body += '<p class="note">Not saved:</p>'
+        body += bullets(f"<code>{text(k)}</code>: {text(v)}" for k, v in errors)
+    for restored in d.restores:
         parts = [
             f"Restored from <code>{text(restored.checkpoint)}</code>: "
             f"{text(', '.join(restored.restored) or 'nothing')}."
@@ -401,73 +345,58 @@ def _state_store(digest: RunDigest, text: TextBudget) -> str:
                 parts.append(f"{label}: {text(', '.join(values))}.")
         body += "<p>" + " ".join(parts) + "</p>"
         if restored.warnings:
-            body += (
-                '<ul class="warnings">'
-                + "".join(f"<li>warning: {text(w)}</li>" for w in restored.warnings)
-                + "</ul>"
-            )
+            body += bullets((f"warning: {text(w)}" for w in restored.warnings), "warnings")
     return body
 
 
-def _failures(digest: RunDigest, text: TextBudget) -> str:
-    if not digest.failure_count and not digest.faults:
+def _message(text: TextBudget, message: str, traceback: str) -> str:
+    """A message, its traceback one click away."""
+    escaped = text(message)
+    if not traceback:
+        return escaped
+    return f"{escaped}<details><summary>traceback</summary><pre>{text(traceback)}</pre></details>"
+
+
+def _failures(d: RunDigest, text: TextBudget) -> str:
+    if not d.failure_count and not d.faults:
         return '<p class="empty">No worker failed and no callback raised or timed out.</p>'
     body = ""
-    by_rank: dict[int, list[Any]] = {}
-    for failure in digest.failures:
-        by_rank.setdefault(failure.rank, []).append(failure)
-    for rank in sorted(by_rank):
+    headers = ["when (into the run)", d.metrics.x_label, "type", "message"]
+    for rank, failures in groupby(sorted(d.failures, key=lambda f: f.rank), lambda f: f.rank):
         rows = [
             [
                 seconds(f.elapsed),
                 f"{f.round:g}",
                 f.error_type + (" (retryable)" if f.retryable else ""),
-                text(f.message)
-                + (
-                    f"<details><summary>traceback</summary><pre>{text(f.traceback)}</pre></details>"
-                    if f.traceback
-                    else ""
-                ),
+                _message(text, f.message, f.traceback),
             ]
-            for f in by_rank[rank]
+            for f in failures
         ]
-        body += f"<h3>Rank {rank}</h3>" + table(
-            ["when (into the run)", digest.metrics.x_label, "type", "message"],
-            rows,
-            numeric=(0, 1),
-            raw=(3,),
-        )
-    if digest.failure_count > len(digest.failures):
-        body += (
-            f'<p class="note">{digest.failure_count - len(digest.failures)} more worker '
-            "failure(s) not listed.</p>"
-        )
-    if digest.faults:
+        body += f"<h3>Rank {rank}</h3>" + table(headers, rows, numeric=(0, 1), raw=(3,))
+    if d.failure_count > len(d.failures):
+        unlisted = d.failure_count - len(d.failures)
+        body += f'<p class="note">{unlisted} more worker failure(s) not listed.</p>'
+    if d.faults:
         rows = [
             [
                 seconds(f.elapsed),
                 f.handler,
                 f.event_type,
                 f.kind,
-                text(f.detail)
-                + (
-                    f"<details><summary>traceback</summary><pre>{text(f.traceback)}</pre></details>"
-                    if f.traceback
-                    else ""
-                ),
+                _message(text, f.detail, f.traceback),
             ]
-            for f in digest.faults
+            for f in d.faults
         ]
         body += "<h3>Callbacks that raised or ran late</h3>" + table(
             ["when", "callback", "event", "what", "detail"], rows, numeric=(0,), raw=(4,)
         )
-        listed = digest.fault_count + digest.timeout_count
-        if listed > len(digest.faults):
-            body += f'<p class="note">{listed - len(digest.faults)} more not listed.</p>'
+        unlisted = d.fault_count + d.timeout_count - len(d.faults)
+        if unlisted > 0:
+            body += f'<p class="note">{unlisted} more not listed.</p>'
     return body
 
 
-def _metrics(document: Document, digest: RunDigest, prefix: str = "m") -> str:
+def _metrics(document: Document, digest: RunDigest) -> str:
     charts = digest.metrics
     if not charts.metrics:
         return '<p class="empty">No numeric metrics were reported.</p>'
@@ -476,7 +405,7 @@ def _metrics(document: Document, digest: RunDigest, prefix: str = "m") -> str:
         "on the x axis); markers show checkpoints, restarts, failures and resumes.</p>"
     )
     for n, series in enumerate(charts.metrics.values()):
-        body += document.add_chart(metric_chart(f"chart-{prefix}{n}", series, charts))
+        body += document.add_chart(metric_chart(f"chart-m{n}", series, charts))
     if charts.uncharted:
         names = ", ".join(charts.uncharted) + (" and more" if charts.uncharted_more else "")
         body += (

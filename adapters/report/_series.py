@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ._limits import BUCKETS
 
@@ -15,28 +16,22 @@ __all__ = ["Band", "Lines", "SeriesGroup", "align"]
 _LO, _LO_X, _HI, _HI_X, _SUM, _COUNT = range(6)
 
 
-class Lines:
+class Lines(NamedTuple):
     """Series on one x grid, ready to draw: ``columns[i][j]`` is series ``i`` at
     ``x[j]``, or ``None`` where it has no point there."""
 
-    __slots__ = ("columns", "names", "x")
-
-    def __init__(self, x: list[float], columns: list[list[float | None]], names: list[str]) -> None:
-        self.x = x
-        self.columns = columns
-        self.names = names
+    x: list[float]
+    columns: list[list[float | None]]
+    names: list[str]
 
 
-class Band:
+class Band(NamedTuple):
     """One series as a band: per bucket, its lowest, mean and highest value."""
 
-    __slots__ = ("high", "low", "mean", "x")
-
-    def __init__(self, x: list[float], low: list[float], mean: list[float], high: list[float]):
-        self.x = x
-        self.low = low
-        self.mean = mean
-        self.high = high
+    x: list[float]
+    low: list[float]
+    mean: list[float]
+    high: list[float]
 
 
 class SeriesGroup:
@@ -64,9 +59,6 @@ class SeriesGroup:
             self._data.append({})
         return index
 
-    def __len__(self) -> int:
-        return len(self.names)
-
     def add(self, index: int, x: float, y: float) -> None:
         """Add point (``x``, ``y``) to series ``index``."""
         if y - y != 0.0:  # NaN for NaN and the infinities
@@ -80,28 +72,23 @@ class SeriesGroup:
         if not 0.0 <= x < math.inf:
             self.dropped += int(count)
             return
+        if x // self.width >= self.buckets:
+            width = self.width
+            while x // width >= self.buckets:
+                width *= 2.0
+            self.widen_to(width)
+        data = self._data[index]
         key = int(x // self.width)
-        if key >= self.buckets:
-            self._widen_for(x)
-            key = int(x // self.width)
-        bucket = self._data[index].get(key)
+        bucket = data.get(key)
         if bucket is None:
-            self._data[index][key] = [low, x, high, x, total, count]
+            data[key] = [low, x, high, x, total, count]
             return
         if low < bucket[_LO]:
-            bucket[_LO] = low
-            bucket[_LO_X] = x
+            bucket[_LO], bucket[_LO_X] = low, x
         if high > bucket[_HI]:
-            bucket[_HI] = high
-            bucket[_HI_X] = x
+            bucket[_HI], bucket[_HI_X] = high, x
         bucket[_SUM] += total
         bucket[_COUNT] += count
-
-    def _widen_for(self, x: float) -> None:
-        width = self.width
-        while x // width >= self.buckets:
-            width *= 2.0
-        self.widen_to(width)
 
     def widen_to(self, width: float) -> None:
         """Merge buckets until they are ``width`` wide (a power of two)."""
