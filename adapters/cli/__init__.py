@@ -1,18 +1,7 @@
-"""The ``eventbus`` command line: ``demo``, ``bench``, ``show``, ``replay``, ``convert``, ``stats``,
-``report``.
-
-One module per command group (``_demo``, ``_bench``, ``_log``, ``_report``), each with
-``register(subparsers)``, which adds its subcommands and sets ``func``
-(taking the parsed arguments, returning the exit code); what a command runs
-lives beside it (``_demo_trainer``, ``_bench_runner``). Errors meant for
-users are printed as one line, exit 2.
-
-Stdout carries a command's data and nothing else: logging is configured to
-stderr before any command runs, and every diagnostic goes there too, so
-``eventbus bench --json - | jq`` and ``eventbus show --json LOG | ...`` work. A
-reader that goes away (``eventbus show LOG | head``) ends the command quietly
-with exit code 141 (128 + SIGPIPE), as Unix tools end.
-"""
+"""The ``eventbus`` command line. Each command group's module has ``register(subparsers)``,
+which sets ``func`` (parsed arguments -> exit code). Stdout carries a command's data
+alone (diagnostics go to stderr) so that ``| jq`` works; a user's error is one line,
+exit 2; a reader that goes away (``| head``) ends the command quietly, exit 141."""
 
 from __future__ import annotations
 
@@ -20,8 +9,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import eventbus
 from eventbus import configure_logging
@@ -42,23 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {eventbus.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for register in _command_modules():
-        register(subparsers)
+    from . import _bench, _demo, _log, _report  # here: importing the package stays cheap
+
+    for module in (_demo, _bench, _log, _report):
+        module.register(subparsers)
     return parser
-
-
-Register = Callable[["argparse._SubParsersAction[Any]"], None]
-
-
-def _command_modules() -> list[Register]:
-    # Imported here so that `eventbus --help` stays fast and each group stays optional.
-    from ._bench import register as register_bench
-    from ._demo import register as register_demo
-    from ._log import register as register_log
-    from ._report import register as register_report
-
-    registers: list[Register] = [register_demo, register_bench, register_log, register_report]
-    return registers
 
 
 #: Exit code when our stdout's reader went away: what a shell reports for SIGPIPE.
@@ -92,8 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _flush_stdout()  # what was printed before the error goes out first (or nowhere)
         print(f"{command}: error: {as_cli_error(exc)}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return _stdout_closed()
+    except BrokenPipeError:  # `eventbus show LOG | head`: stop without a word, as Unix tools do
+        _silence_stdout()
+        return EXIT_STDOUT_CLOSED
     except OSError as exc:
         # Commands name the files they read and write in their own errors (``CliError``):
         # what is left is their writes to stdout (a full disk, /dev/full), never the log's.
@@ -105,13 +82,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return code
-
-
-def _stdout_closed() -> int:
-    """``eventbus show LOG | head``: stop without a word, as Unix tools do, and point
-    stdout at /dev/null so that Python's last flush at exit does not complain."""
-    _silence_stdout()
-    return EXIT_STDOUT_CLOSED
 
 
 def _flush_stdout() -> str | None:

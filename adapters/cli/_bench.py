@@ -32,8 +32,10 @@ from ._common import (
     STDOUT,
     CliError,
     as_cli_error,
+    cannot_write,
     check_log_tail,
     check_output,
+    flag,
     given,
     load_object,
     local_log,
@@ -41,8 +43,6 @@ from ._common import (
     writing,
 )
 from ._report import write_page
-
-__all__ = ["register"]
 
 
 class NoOp(UserCallback):
@@ -110,33 +110,25 @@ def register(subparsers: Any) -> None:
         help="another callback (repeatable)",
     )
     workload = parser.add_argument_group("synthetic workload")
-    workload.add_argument("--world-size", type=int, default=None, help="ranks (default 8)")
-    workload.add_argument(
-        "--rate", type=float, default=None, help="reports per second per rank (default 10)"
-    )
+    workload.add_argument("--world-size", type=int, help="ranks (default 8)")
+    workload.add_argument("--rate", type=float, help="reports per second per rank (default 10)")
     workload.add_argument(
         "--metrics",
         type=metrics_option,
-        default=None,
         metavar="N|NAMES",
         help="what each report carries: names, comma-separated (--metrics loss,accuracy), "
         f"or how many (the first N of the default names, then metric_{len(DEFAULT_METRICS)}, "
         f"...); each a random number (default: {', '.join(DEFAULT_METRICS)})",
     )
-    workload.add_argument(
-        "--checkpoint-every", type=int, default=None, help="rounds per checkpoint (default 10)"
-    )
+    workload.add_argument("--checkpoint-every", type=int, help="rounds per checkpoint (default 10)")
     workload.add_argument(
         "--failure-rate",
         type=float,
-        default=None,
         help="chance that a report comes with a worker failure (default 0)",
     )
-    workload.add_argument(
-        "--duration", type=float, default=None, help="seconds of simulated run (default 60)"
-    )
-    workload.add_argument("--events", type=int, default=None, help="number of reports instead")
-    workload.add_argument("--seed", type=int, default=None)
+    workload.add_argument("--duration", type=float, help="seconds of simulated run (default 60)")
+    workload.add_argument("--events", type=int, help="number of reports instead")
+    workload.add_argument("--seed", type=int)
     parser.add_argument(
         "--log",
         type=Path,
@@ -145,7 +137,6 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--metric",
-        default=None,
         metavar="NAME",
         help=f"the metric {' and '.join(WATCHING)} watch (default: loss if the reports "
         "carry it, else their first metric)",
@@ -153,15 +144,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--period",
         type=float,
-        default=None,
         help="health-check period, seconds (default: the log's, else 2)",
     )
-    parser.add_argument(
-        "--budget", type=float, default=None, help="share of the period (default 0.05)"
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=None, help="deadline per call, seconds (default 30)"
-    )
+    parser.add_argument("--budget", type=float, help="share of the period (default 0.05)")
+    parser.add_argument("--timeout", type=float, help="deadline per call, seconds (default 30)")
     parser.add_argument(
         "--over-budget",
         action="append",
@@ -222,17 +208,25 @@ def _run(args: argparse.Namespace) -> int:
     configure_logging("WARNING", quiet=[BUS_BUDGET_WARNING, *BUS_FAULT_WARNINGS])
     specs = [*args.callbacks, *args.more_callbacks] or ["noop"]
     workload = _workload(args)  # checked before any callback is imported
-    chosen = _chosen_metric(args)
+    if args.metric is not None and not args.metric.strip():
+        raise CliError(f"--metric must name a metric, got {args.metric!r}")
+    chosen = args.metric.strip() if args.metric is not None else None
     for spec in specs:  # each loaded once now: a typo is said before the workload is built
         if spec not in BUILTINS:
             load_object(spec)
     if args.plot is not None:
-        _require_matplotlib()
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError("--plot needs matplotlib: pip install 'train-eventbus[plot]'") from None
     events, start, period = _events(args, workload)
     metrics = workload.metric_names if workload is not None else report_metrics(events)
     metric, note = builtin_metric(specs, chosen, metrics, source="the log" if args.log else "")
-    make_callbacks, made = _factory(specs, metric)
-    policies = over_budget_policies(args.over_budget, specs, made)
+
+    def make_callbacks() -> list[Any]:  # fresh ones for each pass
+        return [BUILTINS[s](metric) if s in BUILTINS else load_object(s) for s in specs]
+
+    policies = over_budget_policies(args.over_budget, specs, make_callbacks())
     options = BusOptions.build(None, period=period, **given(args, "budget", "timeout"))
     progress = _progress_bar() if sys.stderr.isatty() else None
     try:
@@ -251,9 +245,13 @@ def _run(args: argparse.Namespace) -> int:
     notes = (*result.notes, note) if note else result.notes
     result = msgspec.structs.replace(result, builtins_metric=watched, notes=notes)
     _write_outputs(args, result, specs, outputs)
-    nothing = nothing_measured(result)
-    if nothing:
-        print(f"eventbus bench: error: nothing measured: {nothing}", file=sys.stderr)
+    if not any(f.calls for f in result.callbacks):
+        print(
+            "eventbus bench: error: nothing measured: no callback was called by this workload "
+            "(the bench times before_run, after_report and after_exception, which needs worker "
+            "failures: --failure-rate)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -304,7 +302,7 @@ def _workload(args: argparse.Namespace) -> Workload | None:
     option with it is refused, not ignored)."""
     names = Workload.__struct_fields__
     if args.log is not None:
-        shaping = [_flag(name) for name in given(args, *names)]
+        shaping = [flag(name) for name in given(args, *names)]
         if shaping:
             raise CliError(
                 f"{', '.join(shaping)}: not with --log (they shape the synthetic workload; "
@@ -313,19 +311,6 @@ def _workload(args: argparse.Namespace) -> Workload | None:
         return None
 
     return Workload(**given(args, *names))
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _chosen_metric(args: argparse.Namespace) -> str | None:
-    metric: str | None = args.metric
-    if metric is None:
-        return None
-    if not metric.strip():
-        raise CliError(f"--metric must name a metric, got {metric!r}")
-    return metric.strip()
 
 
 def builtin_metric(
@@ -356,16 +341,6 @@ def builtin_metric(
     )
 
 
-def nothing_measured(result: BenchResult) -> str:
-    """Why nothing was measured (no callback was called), or ``""``."""
-    if any(f.calls for f in result.callbacks):
-        return ""
-    return (
-        "no callback was called by this workload (the bench times before_run, after_report "
-        "and after_exception, which needs worker failures: --failure-rate)"
-    )
-
-
 def _outputs(args: argparse.Namespace) -> dict[str, Path]:
     """The files the bench writes, by option, each refused now if it cannot be written
     or is the log read."""
@@ -390,6 +365,7 @@ def _write_outputs(
     written, so results are never lost to one bad destination."""
     failed: list[str] = []
     inputs = () if args.log is None else (args.log,)
+    as_json = json.dumps(msgspec.to_builtins(result), indent=2)
     for option, path in outputs.items():
         if str(path) == "-":
             continue
@@ -397,13 +373,12 @@ def _write_outputs(
             check_output(path, inputs=inputs, option=option)  # again: the bench took a while
             if option == "--json":
                 with writing(path):
-                    path.write_text(json.dumps(msgspec.to_builtins(result), indent=2) + "\n")
+                    path.write_text(as_json + "\n")
             elif option == "--plot":
                 try:
-                    _plot(result, path)
+                    plot_figure(result).savefig(path, dpi=100)
                 except (OSError, ValueError) as exc:  # ValueError: a format it cannot write
-                    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-                    raise CliError(f"{path}: cannot write: {reason}") from None
+                    raise cannot_write(path, exc) from None
             else:
                 write_page(html_page(result, specs), path, inputs=inputs, option=option)
         except CliError as exc:
@@ -411,14 +386,9 @@ def _write_outputs(
             continue
         if option in WRITTEN:
             print(f"{WRITTEN[option]} written to {path}", file=sys.stderr)
-    as_json = str(outputs.get("--json")) == "-"
     try:
         with writing(STDOUT):
-            print(
-                json.dumps(msgspec.to_builtins(result), indent=2)
-                if as_json
-                else format_table(result)
-            )
+            print(as_json if str(outputs.get("--json")) == "-" else format_table(result))
     except CliError as exc:
         failed.append(str(exc))
     for note in result.notes:
@@ -506,15 +476,6 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
             _cost_line(result, runs),
         ],
     )
-
-
-def _factory(specs: list[str], metric: str) -> tuple[Callable[[], list[Any]], list[Any]]:
-    """What makes fresh callbacks for each pass, and the ones it made first."""
-
-    def make() -> list[Any]:
-        return [BUILTINS[s](metric) if s in BUILTINS else load_object(s) for s in specs]
-
-    return make, make()
 
 
 def _events(
@@ -691,17 +652,6 @@ def _progress_bar() -> Callable[[float], None]:
         )
 
     return show
-
-
-def _require_matplotlib() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise CliError("--plot needs matplotlib: pip install 'train-eventbus[plot]'") from None
-
-
-def _plot(result: BenchResult, path: Path) -> None:
-    plot_figure(result).savefig(path, dpi=100)
 
 
 def plot_figure(result: BenchResult) -> Any:

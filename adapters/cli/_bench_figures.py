@@ -5,26 +5,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import msgspec
 
 from eventbus import BudgetReport, HandlerStateChanged
-
-__all__ = [
-    "MAX_RATIO_SPREAD",
-    "MIN_FLOOR_MS",
-    "MIN_REPEATS_FOR_RATIO",
-    "BenchResult",
-    "CallbackFigures",
-    "Spread",
-    "StateChange",
-    "Timings",
-    "bench_result",
-    "not_measured",
-    "runtime_cost",
-    "state_spans",
-    "states_text",
-]
 
 #: Fewer runs than this cannot say how far a ratio may be off.
 MIN_REPEATS_FOR_RATIO = 3
@@ -116,18 +101,16 @@ class Timings(msgspec.Struct, kw_only=True):
     floor: list[float] = msgspec.field(default_factory=list)
 
 
+@dataclass(slots=True)
 class _Usage:
-    """One handler's accounting over the periods."""
+    """One handler's accounting over the periods (its share of each)."""
 
-    __slots__ = ("calls", "faults", "over", "shares", "skipped", "total")
-
-    def __init__(self, periods: int) -> None:
-        self.calls = 0
-        self.total = 0.0
-        self.over = 0
-        self.faults = 0
-        self.skipped = 0
-        self.shares = [0.0] * periods
+    shares: list[float]
+    calls: int = 0
+    total: float = 0.0
+    over: int = 0
+    faults: int = 0
+    skipped: int = 0
 
 
 def bench_result(
@@ -140,12 +123,12 @@ def bench_result(
     budget: float,
     timings: Timings,
     per_call: dict[str, list[float]],
-    faults: dict[str, int] | None = None,
-    first_errors: dict[str, str] | None = None,
-    short: dict[str, str] | None = None,
-    metrics: Sequence[str] = (),
-    changes: Sequence[tuple[int, HandlerStateChanged]] = (),
-    policies: Mapping[str, str] | None = None,
+    faults: dict[str, int],
+    first_errors: dict[str, str],
+    short: dict[str, str],
+    metrics: Sequence[str],
+    changes: Sequence[tuple[int, HandlerStateChanged]],
+    policies: Mapping[str, str],
 ) -> BenchResult:
     """The figures of the measured pass's budget reports and of the timed runs.
 
@@ -160,7 +143,7 @@ def bench_result(
     for index, report in enumerate(reports):
         judged = max(lengths[index], period)  # as the bus judges a partial period
         for usage in report.handlers:
-            figures = usages.setdefault(usage.handler, _Usage(len(reports)))
+            figures = usages.setdefault(usage.handler, _Usage([0.0] * len(reports)))
             figures.calls += usage.calls
             figures.total += usage.total
             figures.over += usage.over_budget
@@ -169,10 +152,6 @@ def bench_result(
             figures.shares[index] = usage.total / period
             if not report.partial or usage.handler not in budgets:
                 budgets[usage.handler] = usage.budget / judged
-    faults = faults or {}
-    first_errors = first_errors or {}
-    short = short or {}
-    policies = policies or {}
     states: dict[str, list[StateChange]] = {}
     for holds_from, change in changes:
         states.setdefault(change.handler, []).append(
@@ -183,7 +162,7 @@ def bench_result(
         if not durations:
             continue
         ordered = sorted(durations)
-        used = usages.get(name, _Usage(len(reports)))
+        used = usages.get(name) or _Usage([0.0] * len(reports))
         callbacks.append(
             CallbackFigures(
                 name=name,

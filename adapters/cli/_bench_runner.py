@@ -35,6 +35,7 @@ from eventbus._events import is_derived
 from eventbus._options import BusKeywords, Options, Seconds
 from eventbus._stages import Stage
 from eventbus._subscription import OverBudgetPolicy
+from eventbus._text import clip
 from eventbus._text import describe as describe_exception
 from eventbus.log._replay import BUS_DIAGNOSTICS
 from eventbus.options import OptionError, checked
@@ -45,15 +46,6 @@ from handlers._user import implemented_hooks
 
 from ._bench_figures import BenchResult, Timings, bench_result
 from ._common import callback_name, split_callbacks
-
-__all__ = [
-    "DEFAULT_METRICS",
-    "MAX_METRICS",
-    "Workload",
-    "report_metrics",
-    "run_bench",
-    "synthetic_events",
-]
 
 Progress = Callable[[float], None]
 
@@ -83,18 +75,8 @@ _METRICS_FORM = (
 
 
 class Workload(Options, frozen=True, kw_only=True):
-    """A synthetic run: ``world_size`` ranks reporting ``rate`` times a second each.
-
-    Attributes:
-        world_size: ranks reporting.
-        rate: reports per second of each rank.
-        metrics: the names each report carries, or how many (``DEFAULT_METRICS``
-            first); each a random number.
-        checkpoint_every: rounds between checkpoints (0: none).
-        failure_rate: the chance that a report comes with a worker failure.
-        duration: seconds of the run (``events`` instead: that many reports).
-        seed: of the random metrics and times.
-    """
+    """A synthetic run: ``world_size`` ranks reporting ``rate`` times a second each, for
+    ``duration`` seconds or ``events`` reports (``eventbus bench --help`` says each)."""
 
     world_size: WorldSize = 8
     rate: Annotated[float, Meta(gt=0, le=1e6, description="number of reports a second")] = 10.0
@@ -289,30 +271,24 @@ def run_bench(
 
     measured = through_bus(make_callbacks(), first if progress else None)
     workload = measured.published  # without the events this bus derives itself
-    names = measured.names
     timings = Timings(bus=[measured.seconds])
-    shortfalls = [_shortfalls(measured)]
+    short: dict[str, str] = {}  # a handler the bus disabled or coalesced, and why
+    _shortfalls(measured, short)
     for run in range(repeats):
         # Fresh callbacks for each pass: stateful ones see the run once each time.
         if run:
             again = through_bus(make_callbacks())
             timings.bus.append(again.seconds)
-            shortfalls.append(_shortfalls(again))
+            _shortfalls(again, short)
             step()
         # The same workload with nothing attached: what driving it costs, to take out.
         alone = through_bus([])
         timings.baseline.append(alone.seconds)
         step()
-        calls = _direct_calls(make_callbacks(), measured.rounds, workload, names)
-        timings.floor.append(anyio.run(_floor, calls))
+        timings.floor.append(anyio.run(_floor, _direct_calls(make_callbacks(), measured)))
         step()
-    direct = anyio.run(_per_call, _direct_calls(make_callbacks(), measured.rounds, workload, names))
+    direct = anyio.run(_per_call, _direct_calls(make_callbacks(), measured))
     step()
-    # A handler the bus disabled or coalesced got fewer calls than the floor makes.
-    short: dict[str, str] = {}
-    for found in shortfalls:
-        for name, why in found.items():
-            short.setdefault(name, why)
     return bench_result(
         events=len(workload),
         rounds=len(measured.rounds),
@@ -334,27 +310,23 @@ def run_bench(
 Rounds = list[tuple[list[dict[str, Any]], str | None]]
 
 
-class _Names(NamedTuple):
-    """How the bus named each callback's subscriptions."""
-
-    training: list[dict[str, str]]
-    plain: list[str]
-
-
 class _Pass(NamedTuple):
     reports: list[BudgetReport]
     seconds: float
     rounds: Rounds
     published: list[Event]
-    names: _Names
     #: Each change of a handler's state, with the period it holds from.
     changes: list[tuple[int, HandlerStateChanged]]
     #: Each subscription's over-budget policy, by name.
     policies: dict[str, str]
+    #: How the bus named each training callback's hooks, and each plain handler.
+    hook_names: list[dict[str, str]]
+    plain_names: list[str]
 
 
-def _shortfalls(measured: _Pass) -> dict[str, str]:
-    """The handlers that did not get every delivery in a pass, and why."""
+def _shortfalls(measured: _Pass, short: dict[str, str]) -> None:
+    """Add to ``short`` the handlers that did not get every delivery in a pass, and why
+    (the first pass that says so is kept)."""
     skipped: dict[str, int] = {}
     for report in measured.reports:
         for usage in report.handlers:
@@ -363,16 +335,13 @@ def _shortfalls(measured: _Pass) -> dict[str, str]:
     changes: dict[str, list[HandlerStateChanged]] = {}
     for _, change in measured.changes:
         changes.setdefault(change.handler, []).append(change)
-    why: dict[str, str] = {}
     for name, made in changes.items():
         first = next((c for c in made if c.state != "normal"), None)
-        if first is None:
-            continue
-        more = f"; {len(made)} changes of state" if len(made) > 1 else ""
-        why[name] = f"{first.state}: {first.reason}{more}"
+        if first is not None:
+            more = f"; {len(made)} changes of state" if len(made) > 1 else ""
+            short.setdefault(name, f"{first.state}: {first.reason}{more}")
     for name, count in skipped.items():
-        why.setdefault(name, f"{count:,} deliveries skipped")
-    return why
+        short.setdefault(name, f"{count:,} deliveries skipped")
 
 
 async def _through_bus(
@@ -382,7 +351,7 @@ async def _through_bus(
     start: float,
     progress: Progress | None,
     *,
-    over_budget: Sequence[OverBudgetPolicy | None] = (),
+    over_budget: Sequence[OverBudgetPolicy | None],
 ) -> _Pass:
     """One pass through a bus, timed from the first publish until the last event is
     handled; the bus closes at the workload's last event."""
@@ -394,11 +363,25 @@ async def _through_bus(
     }
     training, plain = split_callbacks(callbacks)
     for callback in training:
-        if id(callback) in chosen:
-            _set_policy(callback, chosen[id(callback)])
+        if (policy := chosen.get(id(callback))) is not None:
+            try:
+                callback.over_budget = policy
+            except (AttributeError, TypeError) as exc:
+                raise ValueError(
+                    f"{callback_name(callback)}: cannot set its over_budget to {policy!r} ({exc})"
+                ) from None
     clock = _StartClock(start)
     reports: list[BudgetReport] = []
-    states = _States()
+    changes: list[tuple[int, HandlerStateChanged]] = []
+    period = 0  # a verdict as period k closes holds from k + 1, as the run report counts
+
+    def state_changed(event: HealthCheckTick | HandlerStateChanged) -> None:
+        nonlocal period
+        if isinstance(event, HealthCheckTick):
+            period = event.period + 1
+        else:
+            changes.append((period, event))
+
     rounds: Rounds = []
     hook_names: list[dict[str, str]] = []
     policies: dict[str, str] = {}
@@ -409,14 +392,15 @@ async def _through_bus(
         )
         bus.subscribe(
             (HealthCheckTick, HandlerStateChanged),
-            states.seen,
+            state_changed,
             name="bench.state_changes",
             order=Stage.OBSERVE,
         )
         if training:
             attachment = attach_user_callbacks(bus, training, world_size=world_size)
             hook_names = [
-                {_hook_of(sub.name): sub.name for sub in subs}
+                # after_report -> EarlyStopping.after_report#2
+                {sub.name.split("#", 1)[0].rsplit(".", 1)[-1]: sub.name for sub in subs}
                 for subs in attachment.user.subscriptions_by_callback
             ]
             policies.update(
@@ -449,38 +433,7 @@ async def _through_bus(
         clock.set(max(e.time for e in published))  # the workload's timeline ends here
         await bus.wait_idle()
         seconds = time.perf_counter() - started
-    names = _Names(hook_names, plain_names)
-    return _Pass(reports, seconds, rounds, published, names, states.changes, policies)
-
-
-def _set_policy(callback: Any, policy: OverBudgetPolicy) -> None:
-
-    try:
-        callback.over_budget = policy
-    except (AttributeError, TypeError) as exc:
-        raise ValueError(
-            f"{callback_name(callback)}: cannot set its over_budget to {policy!r} ({exc})"
-        ) from None
-
-
-class _States:
-    """The handlers' changes of state, each with the period it holds from, as the run
-    report counts them (a verdict as period k closes holds from k + 1)."""
-
-    def __init__(self) -> None:
-        self.changes: list[tuple[int, HandlerStateChanged]] = []
-        self._period = 0
-
-    def seen(self, event: HealthCheckTick | HandlerStateChanged) -> None:
-        if isinstance(event, HealthCheckTick):
-            self._period = event.period + 1
-        else:
-            self.changes.append((self._period, event))
-
-
-def _hook_of(subscription: str) -> str:
-    """``after_report`` of ``EarlyStopping.after_report#2``."""
-    return subscription.split("#", 1)[0].rsplit(".", 1)[-1]
+    return _Pass(reports, seconds, rounds, published, changes, policies, hook_names, plain_names)
 
 
 def _plain_names(plain: list[Any]) -> list[str]:
@@ -530,10 +483,9 @@ async def _drive(
 Call = tuple[str, Callable[..., Any], tuple[Any, ...]]
 
 
-def _direct_calls(
-    callbacks: list[Any], rounds: Rounds, events: list[Event], names: _Names
-) -> list[Call]:
+def _direct_calls(callbacks: list[Any], measured: _Pass) -> list[Call]:
     """The calls the run made to each callback, to make again with no runtime around."""
+    events, rounds = measured.published, measured.rounds
     started = next((e for e in events if isinstance(e, RunStarted)), None)
     context = (
         TrainRunContext.from_started(started)
@@ -550,13 +502,13 @@ def _direct_calls(
     training, plain = split_callbacks(callbacks)
     for index, callback in enumerate(training):
         hooks = implemented_hooks(callback)
-        named = names.training[index] if index < len(names.training) else {}
+        named = measured.hook_names[index] if index < len(measured.hook_names) else {}
         for hook, args_list in arguments.items():
             if hook in hooks:
                 name = named.get(hook, f"{type(callback).__name__}.{hook}")
                 calls.extend((name, hooks[hook], args) for args in args_list)
     # A bus handler gets every event of the workload.
-    for handler, name in zip(plain, names.plain or _plain_names(plain), strict=True):
+    for handler, name in zip(plain, measured.plain_names or _plain_names(plain), strict=True):
         calls.extend((name, handler, (event,)) for event in events)
     return calls
 
@@ -601,14 +553,8 @@ async def _per_call(calls: list[Call]) -> _Direct:
             elapsed = clock() - t0
             faults[name] = faults.get(name, 0) + 1
             if name not in first_errors:
-                first_errors[name] = one_line(describe_exception(exc), MAX_ERROR)
+                first_errors[name] = clip(" ".join(describe_exception(exc).split()), MAX_ERROR)
         else:
             elapsed = clock() - t0
         per_call.setdefault(name, []).append(elapsed)
     return _Direct(per_call, faults, first_errors)
-
-
-def one_line(text: str, limit: int) -> str:
-    """``text`` on one line (every run of whitespace a space), at most ``limit`` long."""
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"

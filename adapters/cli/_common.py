@@ -11,7 +11,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,26 +20,6 @@ from eventbus.log import LogError, LogReader
 from eventbus.options import OptionError
 from handlers._user import implemented_hooks
 
-__all__ = [
-    "STDOUT",
-    "CliError",
-    "as_cli_error",
-    "callback_name",
-    "cannot_write",
-    "check_log_tail",
-    "check_output",
-    "given",
-    "is_training_callback",
-    "load_object",
-    "local_log",
-    "reading_log",
-    "same_file",
-    "split_callbacks",
-    "stdout_writer",
-    "writing",
-]
-
-
 STDOUT = "standard output"
 
 
@@ -47,17 +27,16 @@ class CliError(Exception):
     """A user's mistake (bad file, bad argument): shown as one line, exit code 2."""
 
 
-#: Options whose flag is not their name with dashes.
-FLAGS = {"repeats": "--repeat"}
+def flag(option: str) -> str:
+    """The flag a user types for an option (``--repeat`` for ``repeats``)."""
+    return "--repeat" if option == "repeats" else "--" + option.replace("_", "-")
 
 
 def as_cli_error(exc: Exception) -> CliError:
     """A library error as the command's one line, naming the flag the user typed."""
     if isinstance(exc, OptionError | OptionTypeError):
-        option = exc.option
-        flag = FLAGS.get(option, "--" + option.replace("_", "-"))
-        text = str(exc)
-        return CliError(flag + text[len(option) :] if text.startswith(option) else text)
+        option, text = exc.option, str(exc)
+        return CliError(flag(option) + text[len(option) :] if text.startswith(option) else text)
     return CliError(str(exc))
 
 
@@ -66,9 +45,9 @@ def given(args: Any, *names: str) -> dict[str, Any]:
     return {name: value for name in names if (value := getattr(args, name, None)) is not None}
 
 
-def cannot_write(output: str | Path, exc: OSError) -> CliError:
+def cannot_write(output: str | Path, exc: Exception) -> CliError:
     """The one line for an output that failed: named, with the system's reason."""
-    return CliError(f"{output}: cannot write: {exc.strerror or exc}")
+    return CliError(f"{output}: cannot write: {getattr(exc, 'strerror', None) or exc}")
 
 
 @contextlib.contextmanager
@@ -83,19 +62,15 @@ def writing(output: str | Path) -> Iterator[None]:
         raise cannot_write(output, exc) from None
 
 
-def stdout_writer() -> Callable[[str], None]:
-    """``sys.stdout.write`` whose failures are stdout's, not the log's read in between."""
-    write = sys.stdout.write
-
-    def write_checked(text: str) -> None:
-        try:
-            write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise cannot_write(STDOUT, exc) from None
-
-    return write_checked
+def write_stdout(text: str) -> None:
+    """``sys.stdout.write`` whose failures are stdout's, not the log's read in between
+    (no context manager: it runs once an event)."""
+    try:
+        sys.stdout.write(text)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise cannot_write(STDOUT, exc) from None
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
@@ -106,22 +81,15 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return False
 
 
-def _stdout_is(path: str | Path) -> bool:
-    """Whether our stdout is ``path`` itself (``eventbus show LOG >> LOG``)."""
-    try:
-        out = os.fstat(sys.stdout.fileno())
-        source = os.stat(path)
-    except (OSError, ValueError, AttributeError):  # no descriptor (captured), no file
-        return False
-    return stat.S_ISREG(out.st_mode) and (out.st_dev, out.st_ino) == (
-        source.st_dev,
-        source.st_ino,
-    )
-
-
 def _check_stdout(inputs: Sequence[Path]) -> None:
+    """Refuse a stdout that is one of ``inputs`` (``eventbus show LOG >> LOG``)."""
     for source in inputs:
-        if _stdout_is(source):
+        try:
+            out = os.fstat(sys.stdout.fileno())
+            same = stat.S_ISREG(out.st_mode) and os.path.samestat(out, os.stat(source))
+        except (OSError, ValueError, AttributeError):  # no descriptor (captured), no file
+            same = False
+        if same:
             raise CliError(f"{STDOUT}: is the log being read ({source}); write it elsewhere")
 
 
@@ -247,7 +215,7 @@ def load_object(spec: str) -> Any:
             target = getattr(target, part)
         except AttributeError:
             raise CliError(f"{spec!r}: {module_name!r} has no attribute {attr!r}") from None
-    if isinstance(target, type) or (is_function(target) and takes_no_arguments(target)):
+    if isinstance(target, type) or _is_factory(target):
         try:
             target = target()
         except Exception as exc:
@@ -255,13 +223,12 @@ def load_object(spec: str) -> Any:
     return target
 
 
-def is_function(obj: Any) -> bool:
-    return inspect.isfunction(obj) or inspect.ismethod(obj)
-
-
-def takes_no_arguments(func: Callable[..., Any]) -> bool:
+def _is_factory(obj: Any) -> bool:
+    """A function or method callable with no arguments (a handler takes the event)."""
+    if not (inspect.isfunction(obj) or inspect.ismethod(obj)):
+        return False
     try:
-        params = inspect.signature(func).parameters.values()
+        params = inspect.signature(obj).parameters.values()
     except (TypeError, ValueError):
         return False
     return all(
@@ -283,7 +250,7 @@ def is_training_callback(obj: Any) -> bool:
 
 
 def split_callbacks(callbacks: Iterable[Any]) -> tuple[list[Any], list[Any]]:
-
+    """(training callbacks, plain handlers)."""
     training: list[Any] = []
     plain: list[Any] = []
     for callback in callbacks:

@@ -8,14 +8,14 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from eventbus.state import StateError
 from handlers import latest_checkpoint
 
 from ._common import CliError, as_cli_error, cannot_write, check_output, given, same_file
-from ._demo_trainer import DemoOptions, DemoSummary, main_sync
+from ._demo_trainer import DemoOptions, DemoSummary, run_demo
 from ._report import report_path
-
-__all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
@@ -26,30 +26,19 @@ def register(subparsers: Any) -> None:
         "gather the reports into rounds for the built-in callbacks; print a summary.",
         epilog="docs: docs/operations/cli.md#demo",
     )
-    parser.add_argument("--workers", type=int, default=None, help="number of ranks (default 4)")
+    parser.add_argument("--workers", type=int, help="number of ranks (default 4)")
+    parser.add_argument("--steps", type=int, help="SGD steps per worker (default 100)")
     parser.add_argument(
-        "--steps", type=int, default=None, help="SGD steps per worker (default 100)"
+        "--checkpoint-every", type=int, help="steps between checkpoints (default 10)"
     )
-    parser.add_argument(
-        "--checkpoint-every", type=int, default=None, help="steps between checkpoints (default 10)"
-    )
-    parser.add_argument(
-        "--fail-rank", type=int, default=None, help="this rank fails once, halfway (restarts)"
-    )
-    parser.add_argument(
-        "--out", type=Path, default=None, help="checkpoint directory (default: temp)"
-    )
-    parser.add_argument("--seed", type=int, default=None, help="data and sampling seed (default 0)")
-    parser.add_argument(
-        "--period", type=float, default=None, help="health-check period, seconds (default 0.5)"
-    )
-    parser.add_argument(
-        "--step-time", type=float, default=None, help="seconds per step of rank 0 (default 0.01)"
-    )
+    parser.add_argument("--fail-rank", type=int, help="this rank fails once, halfway (restarts)")
+    parser.add_argument("--out", type=Path, help="checkpoint directory (default: temp)")
+    parser.add_argument("--seed", type=int, help="data and sampling seed (default 0)")
+    parser.add_argument("--period", type=float, help="health-check period, seconds (default 0.5)")
+    parser.add_argument("--step-time", type=float, help="seconds per step of rank 0 (default 0.01)")
     parser.add_argument(
         "--resume",
         type=Path,
-        default=None,
         metavar="CHECKPOINT",
         help="continue from a checkpoint of an earlier demo run, or from the latest complete "
         "one in its directory: weights and callback state",
@@ -58,12 +47,11 @@ def register(subparsers: Any) -> None:
         "--no-log", action="store_true", help="do not record the event log (<out>/<run id>.evlog)"
     )
     parser.add_argument(
-        "--patience", type=int, default=None, help="early stopping's patience, rounds (default 20)"
+        "--patience", type=int, help="early stopping's patience, rounds (default 20)"
     )
     parser.add_argument(
         "--summary",
         type=Path,
-        default=None,
         metavar="FILE.json",
         help="write the run's summary (status, rounds, last checkpoint, final mean loss, "
         "every stateful callback's final state, what each callback cost) as JSON",
@@ -83,12 +71,14 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.summary, option="--summary", make_parents=True)
     options = DemoOptions.build(None, **given(args, *DemoOptions.__struct_fields__))
     try:
-        summary = main_sync(
-            options=options,
-            out=args.out,
-            resume=args.resume,
-            log=not args.no_log,
-            sync=not args.async_ranks,
+        summary = anyio.run(
+            lambda: run_demo(
+                options=options,
+                out=args.out,
+                resume=args.resume,
+                log=not args.no_log,
+                sync=not args.async_ranks,
+            )
         )
     except (ValueError, OSError, StateError) as exc:
         raise as_cli_error(exc) from None

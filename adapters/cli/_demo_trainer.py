@@ -41,8 +41,6 @@ from handlers import (
 
 from ._common import same_file
 
-__all__ = ["DemoOptions", "DemoSummary", "FinalLoss", "LinearModel", "make_shard", "run_demo"]
-
 _log = get_logger("adapters.demo")
 
 FEATURES = 4
@@ -253,19 +251,7 @@ def _demo_checkpoint(path: Path, workers: int, out: Path | None) -> tuple[Path, 
 
 
 class DemoOptions(Options, frozen=True, kw_only=True):
-    """The demo's own options, checked as every option is (``eventbus demo --help``).
-
-    Attributes:
-        workers: ranks (async tasks) training.
-        steps: SGD steps per worker.
-        checkpoint_every: steps between checkpoints.
-        fail_rank: this rank fails once, halfway (the group restarts).
-        seed: of the data and of the minibatches.
-        period: the health-check period, seconds.
-        step_time: seconds per step of rank 0 (the others are slower).
-        lr: the learning rate.
-        patience: early stopping's patience, rounds.
-    """
+    """The demo's own options, checked as every option is (``eventbus demo --help``)."""
 
     workers: Annotated[int, Meta(ge=1, le=1024, description="whole number of ranks")] = 4
     steps: Annotated[int, Meta(ge=1, le=1_000_000, description="whole number of steps")] = 100
@@ -303,25 +289,22 @@ async def run_demo(
     on scheduling).
     """
     opts = DemoOptions.build(options, **keywords)
-    workers, steps, checkpoint_every = opts.workers, opts.steps, opts.checkpoint_every
-    fail_rank, seed, period, step_time = opts.fail_rank, opts.seed, opts.period, opts.step_time
-    lr, patience = opts.lr, opts.patience
     if resume is not None:
-        resume, folder = _demo_checkpoint(resume, workers, out)
+        resume, folder = _demo_checkpoint(resume, opts.workers, out)
         out = out if out is not None else folder
     out = out if out is not None else Path(tempfile.mkdtemp(prefix="eventbus-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     run_id = _resumed_run_id(out, resume) or f"demo-{uuid.uuid4().hex[:8]}"
     log_path = out / f"{run_id}.evlog" if log else None
     summary = DemoSummary(out=out, log=log_path)
-    stopping = EarlyStopping("loss", patience=patience, threshold=1e-4)
+    stopping = EarlyStopping("loss", patience=opts.patience, threshold=1e-4)
     best = BestCheckpoints("loss", k=3)
     final = FinalLoss()
     callbacks = [
         stopping,
         best,
         final,
-        MetricsLogger(every=max(1, steps // 4)),
+        MetricsLogger(every=max(1, opts.steps // 4)),
         ProgressDisplay(progress if progress is not None else sys.stderr),
     ]
 
@@ -332,16 +315,17 @@ async def run_demo(
         if reporter.latest_checkpoint is not None:
             text = await anyio.Path(reporter.latest_checkpoint, f"rank_{rank}.json").read_text()
             model = LinearModel.from_json(text)
-        data = make_shard(seed * 1000 + rank + 1, 256)
-        pace = step_time * (1 + 0.5 * rank / max(1, workers - 1))  # ranks run at different rates
-        while model.step < steps and not reporter.should_stop:
-            if rank == fail_rank and reporter.attempt == 0 and model.step == steps // 2:
+        data = make_shard(opts.seed * 1000 + rank + 1, 256)
+        # Ranks run at different rates.
+        pace = opts.step_time * (1 + 0.5 * rank / max(1, opts.workers - 1))
+        while model.step < opts.steps and not reporter.should_stop:
+            if rank == opts.fail_rank and reporter.attempt == 0 and model.step == opts.steps // 2:
                 raise RuntimeError(f"rank {rank} lost its device at step {model.step} (demo)")
-            batch = random.Random(f"{seed}:{rank}:{model.step}").sample(data, 16)
-            loss = model.sgd_step(batch, lr)
+            batch = random.Random(f"{opts.seed}:{rank}:{model.step}").sample(data, 16)
+            loss = model.sgd_step(batch, opts.lr)
             checkpoint = None
             # And where SIGTERM asked every rank to save.
-            if model.step % checkpoint_every == 0 or reporter.should_checkpoint:
+            if model.step % opts.checkpoint_every == 0 or reporter.should_checkpoint:
                 folder = anyio.Path(out, f"checkpoint_{model.step:06d}")
                 await folder.mkdir(exist_ok=True)
                 # Whole or not at all.
@@ -355,13 +339,13 @@ async def run_demo(
                 await reporter.sync()
 
     async with open_run(
-        world_size=workers,
+        world_size=opts.workers,
         callbacks=callbacks,
         name="demo",
         run_id=run_id,
-        period=period,
+        period=opts.period,
         storage=str(out),
-        config={"steps": steps, "lr": lr, "checkpoint_every": checkpoint_every, "seed": seed},
+        config={key: getattr(opts, key) for key in ("steps", "lr", "checkpoint_every", "seed")},
         log=summary.log,
         state_dir=out,
         resume_from=resume,
@@ -412,8 +396,3 @@ def _resumed_run_id(out: Path, resume: Path | None) -> str:
         return StateStore(out).load(resume).run_id
     except (OSError, StateError):
         return ""  # open_run says what is wrong with the checkpoint
-
-
-def main_sync(**options: Any) -> DemoSummary:
-    """``run_demo`` from synchronous code (the command line)."""
-    return anyio.run(lambda: run_demo(**options))

@@ -1,17 +1,6 @@
-"""``eventbus show | replay | convert | stats``: event logs from the command line.
-
-A user's bad file (missing, not a log, truncated, corrupt) is a ``CliError``:
-one line naming the file and the place, exit code 2, never a traceback.
-Output already printed (the records before a torn tail) stays valid. An
-output that cannot be written (stdout on a full disk, ``convert``'s file) is
-the output's one-line error, never the log's; no command writes onto the log
-it reads. A log that can be read only once (a pipe, ``/dev/stdin``) is copied
-to a temporary file first by the commands that read it twice.
-
-A log of a resumed run holds events its resumes rolled back: ``show``
-marks them, ``stats`` counts them and lists the resumes, ``replay`` leaves
-them out and says how many.
-"""
+"""``eventbus show | replay | convert | stats``. A user's bad file is one line naming it,
+exit 2; an output that cannot be written is the output's error, never the log's. Events a
+resume rolled back: ``show`` marks them, ``stats`` counts them, ``replay`` leaves them out."""
 
 from __future__ import annotations
 
@@ -61,11 +50,10 @@ from ._common import (
     load_object,
     local_log,
     reading_log,
-    stdout_writer,
+    write_stdout,
     writing,
 )
 
-__all__ = ["register"]
 _SUMMARY_WIDTH = 80
 _COMMON_FIELDS = frozenset({"seq", "time", "rank", "type"})
 _ROLLED_BACK_JSON = b',"rolled_back":true}'
@@ -80,9 +68,7 @@ def register(subparsers: Any) -> None:
     )
     show.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
     show.add_argument("--json", action="store_true", help="one JSON object per line")
-    show.add_argument(
-        "--limit", type=_count, default=None, metavar="N", help="print at most N events"
-    )
+    show.add_argument("--limit", type=_count, metavar="N", help="print at most N events")
     _add_filters(show)
     show.set_defaults(func=_show)
 
@@ -106,13 +92,9 @@ def register(subparsers: Any) -> None:
         "callbacks (after_report/after_exception/...); classes and zero-argument "
         "factories are called first",
     )
-    replay.add_argument(
-        "--speed", type=float, default=None, help="real time at this pace (1 = as recorded)"
-    )
-    replay.add_argument("--period", type=float, default=None, help="health-check period (s)")
-    replay.add_argument(
-        "--timeout", type=float, default=None, help="deadline per call, seconds (default 30)"
-    )
+    replay.add_argument("--speed", type=float, help="real time at this pace (1 = as recorded)")
+    replay.add_argument("--period", type=float, help="health-check period (s)")
+    replay.add_argument("--timeout", type=float, help="deadline per call, seconds (default 30)")
     replay.add_argument(
         "--cost",
         action="append",
@@ -133,7 +115,7 @@ def register(subparsers: Any) -> None:
     )
     convert.add_argument("input", type=Path)
     convert.add_argument("output", type=Path)
-    convert.add_argument("--to", choices=("msgpack", "jsonl"), default=None)
+    convert.add_argument("--to", choices=("msgpack", "jsonl"))
     convert.add_argument(
         "--skip-corrupt", action="store_true", help="leave corrupt records out (counted)"
     )
@@ -164,8 +146,8 @@ def _count(text: str) -> int:
 def _add_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--type", action="append", default=[], help="event type (repeatable)")
     parser.add_argument("--rank", action="append", type=int, default=[], help="rank (repeatable)")
-    parser.add_argument("--from-seq", type=int, default=None, help="first sequence number")
-    parser.add_argument("--to-seq", type=int, default=None, help="last sequence number")
+    parser.add_argument("--from-seq", type=int, help="first sequence number")
+    parser.add_argument("--to-seq", type=int, help="last sequence number")
     parser.add_argument(
         "--skip-corrupt", action="store_true", help="skip corrupt records (counted)"
     )
@@ -214,8 +196,7 @@ def _json_value(value: object) -> str:
 def _show(args: argparse.Namespace) -> int:
     keep = _filter(args)
     shown = 0
-    write = stdout_writer()  # a full stdout is its own error, not the log's
-    encode = encode_json  # NaN and ±inf kept, as in a JSON Lines log
+    write = write_stdout  # a full stdout is its own error, not the log's
     # A closed stdout (`| head`) raises BrokenPipeError through here: `main` ends quietly.
     with (
         local_log(args.log) as log,
@@ -232,7 +213,7 @@ def _show(args: argparse.Namespace) -> int:
             shown += 1
             rolled_back = plan is not None and plan.is_rolled_back(event)
             if args.json:
-                line = encode(event)
+                line = encode_json(event)  # NaN and ±inf kept, as in a JSON Lines log
                 if rolled_back:  # one more key on the event's object
                     line = line[:-1] + _ROLLED_BACK_JSON
                 write(f"{line.decode()}\n")
@@ -290,8 +271,7 @@ def _convert(args: argparse.Namespace) -> int:
         if recorder.placeholders
         else ""
     )
-    with writing(STDOUT):
-        print(f"{args.output}: {written} events ({recorder.format}){unencodable}")
+    print(f"{args.output}: {written} events ({recorder.format}){unencodable}")
     check_log_tail(reader)
     return 0
 
@@ -314,40 +294,6 @@ class ResumeStats(msgspec.Struct, kw_only=True):
 _CALLBACK_HOOK = re.compile(
     r"[^.\s]+\.(?:before_run|after_report|after_exception|after_run|on_event)(?:#\d+)?"
 )
-
-
-class _Costs:
-    """Each handler's figures summed over the log's budget reports (one a period)."""
-
-    def __init__(self) -> None:
-        self.periods = 0
-        self.span = 0.0
-        self.handlers: dict[str, CallbackCost] = {}
-
-    def add(self, report: BudgetReport) -> None:
-        self.periods += 1
-        self.span += max(0.0, report.end - report.start)
-        for usage in report.handlers:
-            was = self.handlers.get(usage.handler) or CallbackCost(handler=usage.handler)
-            self.handlers[usage.handler] = msgspec.structs.replace(
-                was,
-                calls=was.calls + usage.calls,
-                total=was.total + usage.total,
-                max=max(was.max, usage.max),
-                periods_over_budget=was.periods_over_budget + int(usage.over_budget),
-                faults=was.faults + usage.faults,
-                timeouts=was.timeouts + usage.timeouts,
-                skipped=was.skipped + usage.skipped,
-            )
-
-    def of(self, *, callbacks: bool) -> list[CallbackCost]:
-        """The training callbacks' hooks (or every other handler), costliest first."""
-        costs = [
-            msgspec.structs.replace(cost, mean=cost.total / cost.calls if cost.calls else 0.0)
-            for name, cost in self.handlers.items()
-            if bool(_CALLBACK_HOOK.fullmatch(name)) == callbacks
-        ]
-        return sorted(costs, key=lambda cost: cost.total, reverse=True)
 
 
 class LogStats(msgspec.Struct, kw_only=True):
@@ -387,8 +333,9 @@ def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats
     round_ranks: dict[tuple[str, int], set[int]] = {}
     world = 0
     first = last = None
-    handler_failures = handler_timeouts = rolled_back = 0
-    costs = _Costs()
+    handler_failures = handler_timeouts = rolled_back = periods = 0
+    periods_span = 0.0
+    costs: dict[str, CallbackCost] = {}  # each handler's, summed over the budget reports
     for event in reader:
         by_type[type(event).__name__] += 1
         if plan is not None and plan.is_rolled_back(event):
@@ -410,7 +357,30 @@ def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats
         elif isinstance(event, HandlerTimedOut):
             handler_timeouts += 1
         elif isinstance(event, BudgetReport):
-            costs.add(event)
+            periods += 1
+            periods_span += max(0.0, event.end - event.start)
+            for usage in event.handlers:
+                was = costs.get(usage.handler) or CallbackCost(handler=usage.handler)
+                costs[usage.handler] = msgspec.structs.replace(
+                    was,
+                    calls=was.calls + usage.calls,
+                    total=was.total + usage.total,
+                    max=max(was.max, usage.max),
+                    periods_over_budget=was.periods_over_budget + int(usage.over_budget),
+                    faults=was.faults + usage.faults,
+                    timeouts=was.timeouts + usage.timeouts,
+                    skipped=was.skipped + usage.skipped,
+                )
+
+    def ranked(callbacks: bool) -> list[CallbackCost]:
+        """The training callbacks' hooks (or every other handler), costliest first."""
+        chosen = [
+            msgspec.structs.replace(cost, mean=cost.total / cost.calls if cost.calls else 0.0)
+            for name, cost in costs.items()
+            if bool(_CALLBACK_HOOK.fullmatch(name)) == callbacks
+        ]
+        return sorted(chosen, key=lambda cost: cost.total, reverse=True)
+
     return LogStats(
         events=sum(by_type.values()),
         run_id=reader.header.run_id,
@@ -439,10 +409,10 @@ def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats
             )
             for r in (plan.resumes if plan is not None else ())
         ],
-        periods=costs.periods,
-        periods_span=costs.span,
-        callbacks=costs.of(callbacks=True),
-        other_handlers=costs.of(callbacks=False),
+        periods=periods,
+        periods_span=periods_span,
+        callbacks=ranked(True),
+        other_handlers=ranked(False),
     )
 
 
@@ -450,8 +420,7 @@ def _stats(args: argparse.Namespace) -> int:
     with local_log(args.log) as log:
         with reading_log(log, skip_corrupt=args.skip_corrupt) as reader:
             stats = _collect_stats(reader, rollbacks(log))
-        with writing(STDOUT):
-            _print_stats(stats, args)
+        _print_stats(stats, args)  # a failing stdout: `main` names it
         check_log_tail(reader, args.log)
     return 0
 
@@ -536,29 +505,6 @@ def _pairs(counts: dict[int, int]) -> str:
 # --- replay ---------------------------------------------------------------------------------
 
 
-def _wire(specs: list[str]) -> Callable[[EventBus], None]:
-    """Load every ``--callbacks`` object now (errors before the replay starts)."""
-    training: list[Any] = []
-    plain: list[tuple[str, Callable[[Any], Any]]] = []
-    for spec in specs:
-        obj = load_object(spec)
-        try:
-            if is_training_callback(obj):
-                training.append(obj)
-            else:
-                plain.append((spec, obj))
-        except ValueError as exc:
-            raise CliError(f"{spec!r}: {exc}") from None
-
-    def setup(bus: EventBus) -> None:
-        for spec, handler in plain:
-            bus.subscribe(Event, handler, name=spec)
-        if training:
-            attach_user_callbacks(bus, training)
-
-    return setup
-
-
 def _cost_flags(specs: list[str]) -> dict[str, float]:
     """``--cost NAME=SECONDS`` flags as seconds by handler name; a bad one is one line
     naming the flag."""
@@ -583,35 +529,6 @@ def _cost_flags(specs: list[str]) -> dict[str, float]:
     return costs
 
 
-class _BudgetVerdicts:
-    """What the budgets said during a replay: periods over budget per handler, and
-    the handlers' state changes (printed when ``--cost`` charged some)."""
-
-    def __init__(self) -> None:
-        self.periods = 0
-        self.over: Counter[str] = Counter()
-        self.changes: list[HandlerStateChanged] = []
-
-    def attach(self, bus: EventBus) -> None:
-        bus.add_tap(self._batch)  # a tap, not a handler: no row of its own in the table
-
-    def _batch(self, batch: list[Event]) -> None:
-        for event in batch:
-            if isinstance(event, BudgetReport):
-                self.periods += not event.partial
-                self.over.update(event.over_budget)
-            elif isinstance(event, HandlerStateChanged):
-                self.changes.append(event)
-
-    def lines(self) -> list[str]:
-        lines = [
-            f"over budget: {name} in {count} of {self.periods} periods"
-            for name, count in self.over.items()
-        ]
-        lines.extend(f"{c.handler}: {c.state} ({c.reason})" for c in self.changes)
-        return lines
-
-
 def _replay(args: argparse.Namespace) -> int:
     if not args.callbacks:
         raise CliError("nothing to replay against: give --callbacks MODULE:NAME ...")
@@ -623,13 +540,39 @@ def _replay(args: argparse.Namespace) -> int:
     if costs and args.speed is not None:
         raise CliError("--cost charges virtual time: it needs an instant replay, without --speed")
     keep = _filter(args)
-    wire = _wire(args.callbacks)
-    verdicts = _BudgetVerdicts()
+    training: list[Any] = []  # every --callbacks object loaded now, before the replay starts
+    plain: list[tuple[str, Callable[[Any], Any]]] = []
+    for spec in args.callbacks:
+        obj = load_object(spec)
+        try:
+            if is_training_callback(obj):
+                training.append(obj)
+            else:
+                plain.append((spec, obj))
+        except ValueError as exc:
+            raise CliError(f"{spec!r}: {exc}") from None
+    # What the budgets said (printed when --cost charged some): periods over budget per
+    # handler, and the handlers' state changes; a tap, not a handler: no row in the table.
+    periods = 0
+    over: Counter[str] = Counter()
+    changes: list[HandlerStateChanged] = []
+
+    def verdicts(batch: list[Event]) -> None:
+        nonlocal periods
+        for event in batch:
+            if isinstance(event, BudgetReport):
+                periods += not event.partial
+                over.update(event.over_budget)
+            elif isinstance(event, HandlerStateChanged):
+                changes.append(event)
 
     def setup(bus: EventBus) -> None:
-        wire(bus)
+        for spec, handler in plain:
+            bus.subscribe(Event, handler, name=spec)
+        if training:
+            attach_user_callbacks(bus, training)
         if costs:
-            verdicts.attach(bus)
+            bus.add_tap(verdicts)
 
     with local_log(args.log) as log:  # read three times: a pipe is copied first
         with reading_log(log, skip_corrupt=args.skip_corrupt):
@@ -652,11 +595,12 @@ def _replay(args: argparse.Namespace) -> int:
             if isinstance(exc, OptionError) and exc.option.startswith("costs"):
                 raise CliError("--cost" + str(exc)[len("costs") :]) from None
             raise as_cli_error(exc) from None
-    with writing(STDOUT):
-        _print_replay(summary)
-        if costs:
-            for line in verdicts.lines():
-                print(line)
+    _print_replay(summary)
+    if costs:
+        for name, count in over.items():
+            print(f"over budget: {name} in {count} of {periods} periods")
+        for change in changes:
+            print(f"{change.handler}: {change.state} ({change.reason})")
     if summary.truncated is not None:
         raise CliError(summary.truncated.describe(args.log))
     return 1 if summary.failed or summary.timed_out else 0

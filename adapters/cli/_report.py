@@ -1,14 +1,6 @@
-"""``eventbus report LOG [LOG_B] [-o FILE.html]``: a run (or two) as one HTML page.
-
-The page is written beside the log unless ``-o`` says where (``-`` for
-stdout), and whole: to a temporary file renamed into place, so an
-interrupted report never leaves half a page, and never over one of the
-logs it reads (by any name: a hard link is the same file). Where it goes
-is checked before the log is read; a log on a pipe (``/dev/stdin``) is
-copied to a temporary file first and needs ``-o``. A damaged log
-still gives its page (with a banner saying what was lost) and a one-line
-warning; a file that is not a log is a one-line error, exit code 2.
-"""
+"""``eventbus report LOG [LOG_B] [-o FILE.html]``: a run (or two) as one HTML page, written
+whole (never half a page) and never over a log it reads. A damaged log still gives its
+page, with a warning: what could be read is what a user needs to see."""
 
 from __future__ import annotations
 
@@ -27,9 +19,7 @@ from eventbus.log import LogError
 from eventbus.state import StateError
 from eventbus.state._files import atomic_write
 
-from ._common import STDOUT, CliError, check_output, local_log, writing
-
-__all__ = ["register", "report_path", "write_page"]
+from ._common import CliError, cannot_write, check_output, local_log
 
 
 def register(subparsers: Any) -> None:
@@ -44,14 +34,11 @@ def register(subparsers: Any) -> None:
         epilog="docs: docs/report.md",
     )
     report.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
-    report.add_argument(
-        "other", type=Path, nargs="?", default=None, help="a second run's log, to compare"
-    )
+    report.add_argument("other", type=Path, nargs="?", help="a second run's log, to compare")
     report.add_argument(
         "-o",
         "--output",
         type=Path,
-        default=None,
         metavar="FILE.html",
         help="where to write the page, '-' for stdout (default: beside the log, LOG.html, "
         "or A-vs-B.html for two logs)",
@@ -111,9 +98,8 @@ def write_page(
     Never onto one of ``inputs`` (by identity: a hard link is the same file); any
     failure is one line naming ``output``."""
     check_output(output, inputs=inputs, option=option)
-    if str(output) == "-":
-        with writing(STDOUT):
-            sys.stdout.write(page)
+    if str(output) == "-":  # a failing stdout: `main` names it
+        sys.stdout.write(page)
         return
     data = page.encode("utf-8", "backslashreplace")  # never a traceback for a stray name
     try:
@@ -123,8 +109,7 @@ def write_page(
         else:
             atomic_write(output, data)
     except (OSError, StateError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise CliError(f"{output}: cannot write: {reason}") from None
+        raise cannot_write(output, exc) from None
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -152,6 +137,5 @@ def _report(args: argparse.Namespace) -> int:
     if str(output) == "-":  # stdout is the page
         print(note, file=sys.stderr)
     else:
-        with writing(STDOUT):
-            print(note)
+        print(note)
     return 0
