@@ -189,7 +189,6 @@ MARKERS: dict[str, tuple[str, ...]] = {
 RAY_FILES = (
     "adapter_tests/test_ray.py",
     "adapter_tests/test_ray_engine.py",
-    "adapter_tests/test_ray_lifecycle_order.py",
     "adapter_tests/test_ray_stalls.py",
 )
 
