@@ -6,7 +6,7 @@
   the restarted group's first round; one that ends the run, before
   ``after_run``; one that does neither, at the end of its health-check period.
 
-The Ray engine's half is ``tests/adapter_tests/test_ray_lifecycle_order.py``.
+The Ray engine's half is in ``tests/adapter_tests/test_ray_engine.py`` (its restarted job).
 """
 
 from __future__ import annotations

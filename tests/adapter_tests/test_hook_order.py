@@ -1,6 +1,6 @@
 """``before_run`` returns before the trainer's first step, through the Hugging Face and
 Lightning adapters, on both hosts of their bus (DESIGN.md section 16; ``open_run``'s half is
-``tests/test_lifecycle_order.py``, Ray's ``test_ray_lifecycle_order.py``)."""
+``tests/test_lifecycle_order.py``, Ray's ``test_ray_engine.py``)."""
 
 from __future__ import annotations
 

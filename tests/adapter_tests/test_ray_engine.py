@@ -8,6 +8,10 @@ cluster has to get right: Ray's restart inside a job, and a job that failed for 
 resumed from its ``state_dir``: the callbacks go on as in the uninterrupted job, and the
 trackers hold one MLflow run and one TensorBoard directory with its data (the checks
 tests/adapter_tests/test_trackers_frameworks.py makes through Lightning and Hugging Face).
+The restart also shows the order of a run's hooks on Ray, as on every way in (issue 39,
+item 2): ``before_run`` returns before any worker starts, and the failure, an exception
+Ray cannot pickle, reaches ``after_exception`` as a ``WorkerError`` (made sendable inside
+the worker) before the restarted group's first round.
 Each Ray job costs 10-30 s here: the module runs four, each once (module fixtures),
 and several tests read each one's outcome.
 """
@@ -19,6 +23,7 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +58,14 @@ from adapters.ray import RayEngine  # noqa: E402
 from eventbus import RunResult, StatefulCallback, TrainRunContext  # noqa: E402
 from eventbus.log import read_log  # noqa: E402
 from eventbus.state._files import STATE_FILENAME  # noqa: E402
-from handlers import EarlyStopping, Reporter, UserCallback, WorkerGroupError, open_run  # noqa: E402
+from handlers import (  # noqa: E402
+    EarlyStopping,
+    Reporter,
+    UserCallback,
+    WorkerError,
+    WorkerGroupError,
+    open_run,
+)
 
 # Ray's workers cannot import this test module: ship the worker function by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -64,8 +76,11 @@ STEPS = 8
 #: A loss that plateaus from step 2: EarlyStopping(patience=2) stops after step 4.
 LOSSES = [1.0, 0.8, 0.6, 0.6, 0.6, 0.6, 0.5, 0.4]
 FAIL_RANK = 1
-#: A restart's failure: after step 3's checkpoint, which covers every round before it.
+#: A restart's failure: after step 3's checkpoint, which covers every round before it;
+#: an exception Ray cannot pickle (``Held``).
 RESTART_AT = 4
+#: The file ``Order.before_run`` writes as it returns; each worker says whether it saw it.
+MARKER = "before_run_returned"
 #: A failure that ends the job: after step 2's round, which step 1's checkpoint does not
 #: cover; the resume redoes steps 2 to 4, and TensorBoard purges from step 2 (the round's
 #: index, the trackers' step here).
@@ -147,19 +162,70 @@ class Faulty(UserCallback):
             await anyio.sleep(5)
 
 
-def make_train(fail_at: int | None = None) -> TrainFn:
+class Held(Exception):
+    """An exception holding a lock: it cannot be pickled, so Ray cannot ship it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+class Order(UserCallback):
+    """Records its hooks in the order they are called, and the exceptions it was given;
+    ``before_run`` writes ``marker`` as it returns."""
+
+    timeout = 10.0
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+        self.calls: list[tuple[Any, ...]] = []
+        self.exceptions: list[dict[int, Exception]] = []
+
+    async def before_run(self, run_context: TrainRunContext) -> None:
+        import anyio
+
+        self.calls.append(("before_run",))
+        await anyio.sleep(0.2)  # a worker started meanwhile would not see the marker
+        self.marker.write_text("returned")
+
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        self.calls.append(("after_report", metrics[0]["step"]))
+
+    def after_exception(
+        self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
+    ) -> None:
+        self.calls.append(("after_exception", *sorted(worker_exceptions)))
+        self.exceptions.append(dict(worker_exceptions))
+
+    def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
+        self.calls.append(("after_run", result.status))
+
+
+def make_train(
+    fail_at: int | None = None, error: type[Exception] = ValueError, marker: Path | None = None
+) -> TrainFn:
     """A deterministic worker: resumes from its checkpoint, checkpoints at odd steps,
     syncs after every report, reads the learning rate and the stop from callbacks; a
-    rank's loss is its own (the trackers write each rank's); rank 1 fails at step
-    ``fail_at`` of an attempt that did not start from a checkpoint."""
+    rank's loss is its own (the trackers write each rank's); rank 1 raises ``error`` at
+    step ``fail_at`` of an attempt that did not start from a checkpoint. With ``marker``,
+    each worker writes whether it existed when it started, beside it (a metric would
+    change what the trackers hold)."""
 
     async def train(reporter: Reporter) -> None:
+        if marker is not None:
+            import anyio
+
+            saw = await anyio.Path(marker).exists()
+            seen_file = marker.with_name(f"saw-rank{reporter.rank}-attempt{reporter.attempt}")
+            await anyio.Path(seen_file).write_text(json.dumps(saw))
         start = 0
         if reporter.latest_checkpoint is not None:
             start = saved_step(reporter.latest_checkpoint, reporter.rank) + 1
         for step in range(start, STEPS):
             if start == 0 and reporter.rank == FAIL_RANK and step == fail_at:
-                raise ValueError(f"boom at step {step}")
+                raise error(f"boom at step {step}")
             lr = reporter.from_callbacks.get("PlateauLR", {}).get("lr")
             loss = LOSSES[step] + 0.125 * reporter.rank
             metrics = {"step": step, "loss": loss, "lr": lr, "rank": reporter.rank}
@@ -232,6 +298,8 @@ async def run_job(
     engine: RayEngine | None,
     *,
     fail_at: int | None = None,
+    error: type[Exception] = ValueError,
+    marker: Path | None = None,
     max_restarts: int = 0,
     resume: bool = False,
     folder: str = "run",
@@ -246,7 +314,7 @@ async def run_job(
         engine=engine,
         period=0.5,
     ) as run:
-        await run.workers(make_train(fail_at), max_restarts=max_restarts)
+        await run.workers(make_train(fail_at, error, marker), max_restarts=max_restarts)
     job.run = run
     return run
 
@@ -328,13 +396,18 @@ def mlflow_rounds(trackers: Trackers) -> dict[str, dict[int, float]]:
 
 @pytest.fixture(scope="module")
 def restarted(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """A Ray job whose rank 1 fails once, at step 4 (its round incomplete, discarded):
-    Ray restarts the group, which goes on from step 3's checkpoint."""
+    """A Ray job whose rank 1 fails once, at step 4 (its round incomplete, discarded),
+    with an exception Ray cannot pickle: Ray restarts the group, which goes on from step
+    3's checkpoint. ``Order`` (last) records the hooks' order."""
     import anyio
 
     where = tmp_path_factory.mktemp("restarted")
-    job = Job(where, callbacks(), tracked(where, "restarted"))
-    anyio.run(lambda: run_job(job, RayEngine(), fail_at=RESTART_AT, max_restarts=1))
+    job = Job(where, [*callbacks(), Order(where / MARKER)], tracked(where, "restarted"))
+    anyio.run(
+        lambda: run_job(
+            job, RayEngine(), fail_at=RESTART_AT, error=Held, marker=where / MARKER, max_restarts=1
+        )
+    )
     return job
 
 
@@ -342,8 +415,7 @@ def test_a_restart_inside_the_job_keeps_the_callbacks_going(
     restarted: Job, both: dict[str, Job]
 ) -> None:
     seen: Seen = restarted.cbs[0]
-    assert seen.failures == [{"1": seen.failures[0]["1"]}]
-    assert seen.failures[0]["1"] == "ValueError: boom at step 4"  # itself: it travels
+    assert seen.failures == [{"1": "WorkerError: Held: boom at step 4"}]
     # Not rolled back: the failed attempt's rounds stay; the restart resumed at step 4.
     assert [m[0]["step"] for m in seen.rounds] == [0, 1, 2, 3, 4]
     assert states(restarted.cbs)[1:] == states(both["ray"].cbs)[1:]
@@ -351,6 +423,51 @@ def test_a_restart_inside_the_job_keeps_the_callbacks_going(
     assert (result.status, result.restarts, result.failures) == ("finished", 1, 1)
     logged = counts(restarted.where / "events.jsonl")
     assert logged["WorkerGroupRestarted"] == 1 and logged["WorkerFailure"] == 1
+
+
+def test_before_run_returns_before_any_worker_starts(restarted: Job) -> None:
+    order: Order = restarted.cbs[-1]
+    assert order.calls[0] == ("before_run",)
+    saw = {
+        path.name: json.loads(path.read_text())
+        for path in restarted.where.glob("saw-rank*-attempt0")
+    }
+    assert saw == {"saw-rank0-attempt0": True, "saw-rank1-attempt0": True}
+
+
+def test_a_restarting_failure_reaches_after_exception_before_the_restarted_groups_rounds(
+    restarted: Job,
+) -> None:
+    """Rank 1 fails at step 4, before reporting it: the round of step 4 is the restarted
+    group's first."""
+    order: Order = restarted.cbs[-1]
+    assert order.calls == [
+        ("before_run",),
+        *[("after_report", step) for step in range(RESTART_AT)],
+        ("after_exception", FAIL_RANK),
+        ("after_report", RESTART_AT),
+        ("after_run", "finished"),
+    ]
+    assert restarted.run.result.rounds == RESTART_AT + 1
+
+
+def test_an_exception_ray_cannot_pickle_arrives_as_a_worker_error_with_its_text(
+    restarted: Job,
+) -> None:
+    order: Order = restarted.cbs[-1]
+    assert [list(failed) for failed in order.exceptions] == [[FAIL_RANK]]
+    error = order.exceptions[0][FAIL_RANK]
+    message = f"boom at step {RESTART_AT}"
+    assert isinstance(error, WorkerError), f"{type(error).__name__}: {error}"
+    assert (error.rank, error.error_type, error.message) == (FAIL_RANK, "Held", message)
+    assert str(error) == f"Held: {message}"
+    assert 'raise error(f"boom at step {step}")' in error.traceback  # the worker's own
+    assert error.traceback.rstrip().endswith(f"Held: {message}")
+    # The log holds its text too (whichever of its fields the run files it under).
+    log = read_log(restarted.where / "events.jsonl").events
+    (failure,) = [e for e in log if type(e).__name__ == "WorkerFailure"]
+    said = f"{getattr(failure, 'error_type')}: {getattr(failure, 'message')}"  # noqa: B009
+    assert f"Held: {message}" in said
 
 
 def test_a_worker_group_restart_inside_a_ray_job_keeps_one_mlflow_run(
@@ -410,6 +527,8 @@ def test_a_failed_job_resumed_from_its_state_dir_ends_as_an_uninterrupted_one(
 ) -> None:
     assert list(resumed.failure.failures) == [FAIL_RANK]
     assert resumed.first.cbs[0].results == ["failed"]
+    # A worker's exception that pickles reaches the callbacks itself: it travels.
+    assert resumed.first.cbs[0].failures == [{"1": f"ValueError: boom at step {FAIL_AT}"}]
     run = resumed.second.run
     assert run.run_id == first_run_id(resumed.first.where)
     seen: Seen = resumed.second.cbs[0]
