@@ -131,22 +131,27 @@ _NAMES_KEPT = 65_536
 
 
 class BackendNames:
-    """``backend_name`` of each name, cached, with one warning per name renamed."""
+    """``backend_name`` of each name, cached, with one warning per name renamed (per kind:
+    a config key and a metric of one name are each said)."""
 
     def __init__(self, owner: str, rule: Callable[[str], str], limit: int | None, why: str) -> None:
         self._owner = owner
         self._rule = rule
         self._limit = limit
         self._why = why
-        self._known: dict[str, str] = {}
+        #: Per kind of name (a metric, a config key, a tag): each is said once as itself.
+        self._known: dict[str, dict[str, str]] = {"metric": {}}
 
     def __call__(self, name: str, what: str = "metric") -> str:
-        known = self._known.get(name)
+        known_names = self._known.get(what)
+        if known_names is None:
+            known_names = self._known[what] = {}
+        known = known_names.get(name)
         if known is not None:
             return known
-        if len(self._known) >= _NAMES_KEPT:
-            self._known.clear()
-        mapped = self._known[name] = backend_name(name, self._rule, self._limit)
+        if len(known_names) >= _NAMES_KEPT:
+            known_names.clear()
+        mapped = known_names[name] = backend_name(name, self._rule, self._limit)
         if mapped != name:
             _log.warning(
                 f"{self._owner}: {what} {_shown(name)} is written as {_shown(mapped)}: "

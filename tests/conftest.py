@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sysconfig
 from collections.abc import Generator, Iterable
 from pathlib import Path
@@ -242,6 +243,17 @@ def pytest_configure(config: pytest.Config) -> None:
             + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             + " (added since it was made): run `make .venv/.installed-all` to reinstall it"
         )
+
+
+@pytest.fixture(autouse=True)
+def sigint_kept() -> Generator[None]:
+    """SIGINT's handler as it was before each test: Lightning ignores SIGINT after an
+    interrupt (its graceful shutdown), and a process this worker starts later would
+    inherit that and never see a SIGINT."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not handler:
+        signal.signal(signal.SIGINT, handler)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

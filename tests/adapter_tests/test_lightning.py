@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -230,14 +229,6 @@ def test_failing_and_hanging_callbacks_do_not_stop_training(tmp_path: Path) -> N
     }
 
 
-@pytest.fixture
-def sigint_kept() -> Iterator[None]:
-    """Lightning ignores SIGINT after an interrupt (its graceful shutdown): not in pytest."""
-    handler = signal.getsignal(signal.SIGINT)
-    yield
-    signal.signal(signal.SIGINT, handler)
-
-
 @pytest.mark.parametrize(
     ("exc", "raised", "status"),
     [
@@ -248,7 +239,7 @@ def sigint_kept() -> Iterator[None]:
     ids=["raise", "interrupt"],
 )
 def test_a_callback_failing_the_run_stops_training_with_its_exception(
-    tmp_path: Path, exc: BaseException, raised: type[BaseException], status: str, sigint_kept: None
+    tmp_path: Path, exc: BaseException, raised: type[BaseException], status: str
 ) -> None:
     inputs = Inputs()
     callback = EventBusCallback([FailsTheRun(exc), inputs], log=True)

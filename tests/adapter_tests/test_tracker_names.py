@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
@@ -161,6 +161,7 @@ def test_hostile_names_and_values_cost_only_themselves_in_tensorboard(
 
 @slow
 @given(hostile_metrics, st.dictionaries(names, config_values, max_size=4))
+@example(hostile={"": 0.0}, config={"": None})  # one name renamed as a config key and a metric
 def test_hostile_names_and_values_cost_only_themselves_in_mlflow(
     hostile: dict[str, Any], config: dict[str, Any]
 ) -> None:
