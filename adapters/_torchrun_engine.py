@@ -3,17 +3,17 @@
 Every process torchrun starts runs the user's script. The run is hosted by
 rank 0: its bus, callbacks, state store and log are there, as in a local
 run; on every other rank the run is hollow (``Run.hosted`` is false) and
-``run.workers(train)`` runs that rank's worker only. Every rank's worker, rank
-0's included (in a thread of its own: ``_WorkerThread``), reports through a
-``TorchrunReporter``: a report is appended to what a thread of that rank
-pushes to rank 0, in order, every 50 ms as one message (at once for a
-checkpoint, a failure, the end or a ``sync``) into a queue of torchrun's own
+``run.workers(train)`` runs that rank's worker only. Rank 0's worker reports
+to the run in its own process, as on the local engine; every other rank's
+through a ``TorchrunReporter``: a report is appended to what a thread of
+that rank pushes to rank 0, in order, every 50 ms as one message (at once for
+a checkpoint, a failure, the end or a ``sync``) into a queue of torchrun's own
 c10d store, so a report never waits for rank 0. Rank 0's pump feeds them
 into the run's reporters and failure path, as the run's own tasks would, and
 a thread of rank 0's writes what flows back (the rounds its callbacks
 handled, ``should_stop``, ``should_checkpoint``, ``for_workers``, the
 checkpoint to resume from) as numbered status keys, which a thread on every
-rank follows.
+other rank follows.
 
 torchrun keeps its store across the group's restarts, so what one attempt
 left there must not reach the next: rank 0 makes a fresh name (a nonce) for
@@ -25,7 +25,6 @@ Messages are JSON, decoded into fixed types: nothing received is unpickled.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import os
@@ -35,7 +34,6 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -438,23 +436,51 @@ async def _persisted(rank: int, state_dir: Path, location: str, index: int) -> s
         raise ReportError(rank, "checkpoint", str(exc)) from None
 
 
-async def _work(
-    fn: WorkerFn, reporter: TorchrunReporter, keep: Callable[[Exception], None] | None = None
-) -> Exception | None:
+async def _work(fn: WorkerFn, reporter: TorchrunReporter | _HostReporter) -> Exception | None:
     """Run the worker; its end (returned, or its exception) goes to rank 0 after its
-    reports, and the exception itself to ``keep`` first. Returns the exception."""
+    reports. Returns the exception."""
     try:
         await fn(reporter)
     except Exception as exc:
         reporter.ended = True
-        if keep is not None:
-            keep(exc)
         await reporter.finish(exc)
         return exc
     finally:
         reporter.ended = True
     await reporter.finish(None)
     return None
+
+
+class _HostReporter(Reporter):
+    """Rank 0's worker's reporter: the run's own ``run.reporter(0)`` (its reports go
+    straight to the bus, as on the local engine), and the pump hears of each."""
+
+    def __init__(self, run: Run, pump: _Pump) -> None:
+        super().__init__(run, 0)
+        self.attempt = _restart_count()
+        self._local = run.reporter(0)
+        self._pump = pump
+
+    async def report(
+        self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None = None
+    ) -> None:
+        await self._local.report(metrics, checkpoint)
+        self._pump.reported()
+
+    async def sync(self) -> None:
+        """Wait until the status of this rank's latest round went out to the other
+        ranks: its next step (a DDP all-reduce, say) may hold this loop until they
+        come to it, which they do once they read that status."""
+        pump = self._pump
+        while not pump.over and not _reached(pump.published, pump.counts[0]):
+            await pump.publishing.wait()
+
+    @property
+    def reports(self) -> int:
+        return self._local.reports
+
+    async def finish(self, failure: Exception | None) -> None:
+        await self._pump.host_ended(failure)
 
 
 # --- rank 0: the pump -----------------------------------------------------------------
@@ -523,19 +549,19 @@ class _Pump:
         self.world_size = run.world_size
         self.host = host
         self._link = link  # the inbox's thread's
-        self.joined: dict[int, str] = {}
+        self.joined: dict[int, str] = {}  # rank 0's reports do not travel
         self.counts = [0] * run.world_size  # reports taken in, per rank, this attempt
         self.ended: dict[int, int] = {}  # ranks whose worker ended: after how many reports
         self.failures: dict[int, BaseException] = {}
         self.rounds = 0
         self.rejected = 0
         self.over = False
-        #: Rank 0's worker's exception itself (it also travels as text, as every rank's).
-        self.local_failure: Exception | None = None
-        #: The latest status given to the publisher.
+        #: The latest status given to the publisher, and its news.
         self.published = self.status()
-        #: What the inbox's thread delivered, and the wake-up of the loop's pump. The
-        #: thread answers joins at once; the rest waits for the loop.
+        self.publishing = anyio.Event()
+        #: What the inbox's thread delivered, and the wake-up of the loop's pump (rank 0's
+        #: reports wake it too). The thread answers joins at once (a worker's blocking DDP
+        #: step may hold the loop); the rest waits for the loop.
         self._delivered: list[bytes] = []
         self._wake = anyio.Event()
         self._moving = anyio.Event()  # the intake took something in
@@ -574,6 +600,22 @@ class _Pump:
         self._delivered.append(raw)
         self._wake.set()
 
+    def reported(self) -> None:
+        """Rank 0's worker reported (to the run, in this process): the status moves if
+        that completed a round (rank 0 is most often ahead of the others' pushes)."""
+        counts = self.counts
+        counts[0] += 1
+        if counts[0] <= min(counts[1:], default=counts[0]):
+            self._moving.set()
+
+    async def host_ended(self, failure: Exception | None) -> None:
+        """Rank 0's worker ended: returned, or failed with ``failure``."""
+        self._end(0)
+        if failure is not None:
+            self.failures[0] = failure
+            await self.run.worker_failed(0, failure, _restart_count())
+        self._wake.set()
+
     def status(self, over: bool = False) -> _Status:
         run = self.run
         limit = min(self.ended.values()) if self.ended else None
@@ -587,17 +629,10 @@ class _Pump:
             over=over,
         )
 
-    def join_locally(self) -> tuple[str, _Hello]:
-        """Rank 0's own worker joins here, in this process, not through the inbox (a
-        join for rank 0 that comes from the store is refused)."""
-        nonce = uuid.uuid4().hex
-        self.joined[0] = nonce
-        return nonce, msgspec.structs.replace(self._hellos[0], run=self.run.run_id)
-
     def hello(self, rank: int) -> _Hello:
         return _Hello(self.run.run_id, self.run.first_index(rank), 0, self.status())
 
-    async def serve(self, stop_worker: Callable[[], None]) -> None:
+    async def serve(self, worker: anyio.CancelScope) -> None:
         """Take messages until every rank's worker ended or one failed (then rank 0's
         own worker is stopped); the last status says the pump is over."""
         try:
@@ -612,9 +647,10 @@ class _Pump:
                     self._moving.set()
                 statuses.cancel_scope.cancel()
             if self.failures:
-                stop_worker()
+                worker.cancel()
         finally:
             self.over = True
+            self.publishing.set()
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._close, self.status(over=True))
 
@@ -641,13 +677,19 @@ class _Pump:
     async def _moved(self) -> None:
         complete = min(self.counts)
         if complete > self.rounds:
-            # Waited for through a rank that lacks the next round.
-            await self.run.wait_gathered(self.counts.index(complete))
+            # Waited for through a rank that lacks the next round: rank 0's worker may
+            # report again meanwhile, and its next round waits for ranks that wait for
+            # this status (rank 0 then lacks it only if every other rank is past it).
+            others = self.counts[1:]
+            rank = 1 + others.index(complete) if complete in others else 0
+            await self.run.wait_gathered(rank)
             self.rounds = complete
         status = self.status()
         if status != self.published and self._publisher is not None:
             self._publisher.publish(status)
             self.published = status
+            self.publishing.set()
+            self.publishing = anyio.Event()
 
     async def _take_in(self, raw: bytes) -> None:
         if not raw:  # the pump's own wake-up
@@ -708,9 +750,7 @@ class _Pump:
 
     async def _failed(self, message: _Failed) -> None:
         rank = message.rank
-        exc: Exception = WorkerError(rank, message.error_type, message.message, message.traceback)
-        if rank == 0 and self.local_failure is not None:
-            exc = self.local_failure
+        exc = WorkerError(rank, message.error_type, message.message, message.traceback)
         self.failures[rank] = exc
         self._end(rank)
         await self.run.worker_failed(rank, exc, _restart_count())
@@ -794,18 +834,11 @@ class TorchrunEngine:
         pump = _Pump(run, link.clone(), host)
         pump.start()
         await anyio.to_thread.run_sync(link.store.set, "host", host)
-        nonce, hello = pump.join_locally()
-        reporter = _reporter(self, run, link, host, nonce=nonce, hello=hello)
-        worker = _WorkerThread(fn, reporter, pump)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(pump.serve, worker.stop)
-            try:
-                await anyio.to_thread.run_sync(worker.run, abandon_on_cancel=True)
-            except anyio.get_cancelled_exc_class():
-                worker.stop()
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(worker.done.wait)
-                raise
+            worker = anyio.CancelScope()
+            tg.start_soon(pump.serve, worker)
+            with worker:
+                await _work(fn, _HostReporter(run, pump))
         if pump.failures:
             raise _group_failed(run, pump.failures, max_restarts)
 
@@ -823,60 +856,6 @@ class TorchrunEngine:
                 await anyio.sleep(_FAILURE_HANDOFF_S)  # torchrun stops the group meanwhile
             raise WorkerGroupError({self.rank: failure})
         await _close(reporter)
-
-
-class _WorkerThread:
-    """Rank 0's worker, in a thread of its own on an event loop of its own, reporting
-    through the store as every other rank does: the run's callbacks, in the run's loop,
-    then never hold its steps (they take the GIL where its steps release it: in torch's
-    kernels and collectives), nor its steps the callbacks."""
-
-    def __init__(self, fn: WorkerFn, reporter: TorchrunReporter, pump: _Pump) -> None:
-        self._fn = fn
-        self._reporter = reporter
-        self._pump = pump
-        self._backend = _current_backend()
-        self._stopping = threading.Event()
-        self.done = threading.Event()
-
-    def stop(self) -> None:
-        """Cancel the worker at its next ``await`` (from any thread; never waits)."""
-        self._stopping.set()
-
-    def run(self) -> None:
-        try:
-            anyio.run(self._main, backend=self._backend)
-        finally:
-            self.done.set()
-
-    async def _main(self) -> None:
-        reporter = self._reporter
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._cancel_when_stopped, tg.cancel_scope)
-                await _work(self._fn, reporter, keep=self._keep)
-                tg.cancel_scope.cancel()
-        finally:
-            self._stopping.set()  # ends the thread waiting for it
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(reporter.sender.close)
-                await anyio.to_thread.run_sync(reporter.follower.wait_over)
-
-    async def _cancel_when_stopped(self, scope: anyio.CancelScope) -> None:
-        await anyio.to_thread.run_sync(self._stopping.wait, abandon_on_cancel=True)
-        scope.cancel()
-
-    def _keep(self, failure: Exception) -> None:
-        self._pump.local_failure = failure
-
-
-def _current_backend() -> str:
-    """The backend of the loop this runs in: anyio runs on asyncio or trio."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return "trio"
-    return "asyncio"
 
 
 def _reporter(

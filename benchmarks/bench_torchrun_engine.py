@@ -15,8 +15,7 @@ report per step, a checkpoint (the model's ``state_dict``) every
   the run with ``MetricsLogger`` (the same JSONL lines), ``BestCheckpoints``,
   ``EarlyStopping`` (never stopping), the event log and ``state_dir``. The
   last step ends with ``reporter.sync()``: the timing takes in the run's work
-  on every round (rank 0's callbacks run in the run's loop, its worker in a
-  thread of its own).
+  on every round (rank 0 does it when its worker yields: at a checkpoint, say).
 
 The conditions alternate, job by job (``--pairs`` of each; the order swaps
 every pair). Each rank times its steps after ``--warmup`` untimed ones; a
@@ -24,7 +23,7 @@ job's figure is the mean of its ranks' steps/s. Reported: steps/s per
 condition and the % lost, pair by pair (median and range); and, per step,
 what the engine adds to plain DDP's figures, pair by pair: each rank's CPU
 time (every thread of the process), torchrun's agent's (it hosts the c10d
-store), and each rank's time between two DDP steps, wall and the worker thread's
+store), and each rank's time between two DDP steps, wall and main-thread
 CPU (the other rank waits for it at the next all-reduce). On a machine
 shared with other work, steps/s swing with the load; the time between steps
 says what the engine itself costs.
@@ -77,8 +76,8 @@ class Steps:
         self.inputs = torch.randn(BATCH, 64)
         self.targets = torch.randn(BATCH, 1)
         self.config = config
-        #: Wall and worker-thread CPU seconds: in the DDP steps so far, and at the warmup's
-        #: end (process, worker thread, agent, in the steps).
+        #: Wall and main-thread CPU seconds: in the DDP steps so far, and at the warmup's
+        #: end (process, main thread, agent, in the steps).
         self.in_steps = [0.0, 0.0]
         self.started: dict[str, float] = {}
 
@@ -188,8 +187,9 @@ def ours(config: dict[str, Any]) -> None:
 def job(condition: str, config: dict[str, Any], out: Path) -> tuple[float, dict[str, float]]:
     """One torchrun job of ``condition``: the mean of its ranks' steps/s, and ms per
     step: each rank's CPU time (every thread of the process) and torchrun's agent's
-    (the store's host); each rank's time between two DDP steps (its worker thread's
-    reporting: the other rank waits for it at the next all-reduce), wall and CPU."""
+    (the store's host); each rank's time between two DDP steps (its main thread's
+    reporting, rank 0's callbacks and checkpoints: the other rank waits for it at the
+    next all-reduce), wall and CPU."""
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps({**config, "out": str(out)}))
     command = [
