@@ -98,7 +98,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 "2",
             )
         ],
-        # On trio: rank 0's worker runs in a thread on a loop of the run's backend.
+        # On trio (the others on asyncio): the engine runs on either of anyio's backends.
         "nodes": [
             launch(root / "nodes", {**CONFIG, "backend": "trio"}, *two_nodes, "--node-rank", str(r))
             for r in (0, 1)
