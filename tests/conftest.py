@@ -245,15 +245,21 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+#: SIGINT's handler when this process began its tests.
+_SIGINT_HANDLER = signal.getsignal(signal.SIGINT)
+
+
 @pytest.fixture(autouse=True)
 def sigint_kept() -> Generator[None]:
-    """SIGINT's handler as it was before each test: Lightning ignores SIGINT after an
-    interrupt (its graceful shutdown), and a process this worker starts later would
-    inherit that and never see a SIGINT."""
-    handler = signal.getsignal(signal.SIGINT)
+    """SIGINT's handler as it was when the tests began, before and after each test:
+    Lightning ignores SIGINT after an interrupt (its graceful shutdown), in a test or in
+    a module's fixture, and a process this worker starts later would inherit that and
+    never see a SIGINT."""
+    if signal.getsignal(signal.SIGINT) is not _SIGINT_HANDLER:
+        signal.signal(signal.SIGINT, _SIGINT_HANDLER)
     yield
-    if signal.getsignal(signal.SIGINT) is not handler:
-        signal.signal(signal.SIGINT, handler)
+    if signal.getsignal(signal.SIGINT) is not _SIGINT_HANDLER:
+        signal.signal(signal.SIGINT, _SIGINT_HANDLER)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

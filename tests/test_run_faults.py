@@ -219,9 +219,13 @@ async def test_on_error_raise_fails_the_run_after_delivering_after_run(tmp_path:
 
 SIGINT_SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     import anyio
     from handlers import UserCallback, open_run
+
+    # Python's own handler, whatever this process inherited (a parent that ignores SIGINT
+    # passes that on): what a script started from a terminal has.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     class Busy(UserCallback):
         def after_report(self, run_context, metrics, checkpoint):
