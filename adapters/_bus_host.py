@@ -68,6 +68,9 @@ class BusHost(ABC):
     hand-off's (``poll_interval``: how long a handed-off event may wait).
     """
 
+    #: ``EventBus.io_in_threads`` of the bus it hosts.
+    io_in_threads = True
+
     def __init__(
         self,
         setup: Callable[[EventBus], Any],
@@ -202,6 +205,7 @@ class BusHost(ABC):
 
     async def _main(self) -> None:
         bus = EventBus(self.options, on_failure=self._failed_by)
+        bus.io_in_threads = self.io_in_threads
         self.bus = bus
         recorder: LogRecorder | None = None
         try:

@@ -43,6 +43,8 @@ class SteppedBus(BusHost):
     """An ``EventBus`` whose loop runs in the caller's thread, a step at a time (arguments:
     ``BusHost``'s)."""
 
+    io_in_threads = False  # a hook that steps the bus wakes no thread
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.backend != "asyncio":

@@ -94,6 +94,11 @@ class EventBus(anyio.AsyncContextManagerMixin):
         self._on_failure = on_failure
         self._emit_limit = options.buffer + EMIT_HEADROOM
         self._next_index = 0
+        #: Whether the library's own handlers hand blocking file work (a checkpoint's
+        #: fsyncs) to a worker thread, so that a worker in this loop trains on meanwhile.
+        #: A host that steps the loop inside a trainer's hooks turns it off: nothing else
+        #: runs in the loop then, and a thread would only add a wake-up to the hook.
+        self.io_in_threads = True
 
         self._inbox = Inbox()
         self._watchdog = Watchdog()

@@ -382,9 +382,22 @@ class LogRecorder:
             raise ValueError(f"{self.path}: the recorder is closed")
         self._detach.append(bus.add_tap(self.record_many))
         if self.fsync == "checkpoint":
+
+            async def on_checkpoint(event: CheckpointSaved) -> None:
+                # The fsync (a millisecond or more) in a thread where the bus allows: a
+                # worker in this loop trains on meanwhile. This checkpoint's snapshot is
+                # written after it (a later stage).
+                self.flush()
+                if self._file.closed:
+                    return
+                if bus.io_in_threads:
+                    await anyio.to_thread.run_sync(os.fsync, self._file.fileno())
+                else:
+                    os.fsync(self._file.fileno())
+
             sub = bus.subscribe(
                 CheckpointSaved,
-                self._on_checkpoint,
+                on_checkpoint,
                 name="eventbus.recorder.fsync",
                 order=Stage.RECORD,
             )
@@ -399,13 +412,6 @@ class LogRecorder:
         for undo in self._detach:
             undo()
         self._detach.clear()
-
-    async def _on_checkpoint(self, event: CheckpointSaved) -> None:
-        # The fsync (a millisecond or more) in a thread: a worker in this loop trains on
-        # meanwhile. The snapshot of this checkpoint is written after it (a later stage).
-        self.flush()
-        if not self._file.closed:
-            await anyio.to_thread.run_sync(os.fsync, self._file.fileno())
 
     def _on_period(self, event: HealthCheckTick) -> None:
         if time.monotonic() - self._last_flush >= self.flush_interval:

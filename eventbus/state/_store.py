@@ -354,9 +354,13 @@ class StateStore:
                 position = position_of(event) if position_of is not None else None
                 path, snapshot, data = self._encode(event.checkpoint, event.run_id, position)
                 # The states are taken here; the write and its fsyncs (milliseconds) go to
-                # a thread, so a worker in this loop trains on meanwhile. Later events wait.
+                # a thread where the bus allows, so a worker in this loop trains on
+                # meanwhile. Later events wait.
                 write = functools.partial(atomic_write, path, data, within=self.root)
-                await anyio.to_thread.run_sync(write)
+                if bus.io_in_threads:
+                    await anyio.to_thread.run_sync(write)
+                else:
+                    write()
                 report = self._written(path, snapshot)
             except Exception as exc:
                 _log.error(
