@@ -8,6 +8,7 @@ from typing import Any, Self, Unpack
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
 from ._bus_results import BusClosed, BusFull, BusStats, CloseReport, refusal
 from ._clock import Clock, MonotonicClock
@@ -32,7 +33,15 @@ from ._text import describe
 from ._watchdog import Watchdog
 from .options import checked
 
-__all__ = ["EMIT_HEADROOM", "BusClosed", "BusFull", "BusStats", "CloseReport", "EventBus"]
+__all__ = [
+    "EMIT_HEADROOM",
+    "BusClosed",
+    "BusFull",
+    "BusStats",
+    "CloseReport",
+    "EventBus",
+    "blocking_io",
+]
 
 _log = get_logger("eventbus")
 
@@ -43,6 +52,16 @@ EMIT_HEADROOM = 4 * MAX_BATCH
 #: The ``Event`` classes published so far: ``publish`` looks an event's class up here
 #: before it asks ``isinstance``, which ``Event``'s metaclass makes slow.
 _EVENT_CLASSES: set[type] = set()
+
+
+async def blocking_io(bus: EventBus, work: Callable[[], object]) -> None:
+    """Run file work that blocks (a checkpoint's fsyncs) for a handler of ``bus``: in a
+    worker thread where ``bus.io_in_threads`` (a worker in the bus's loop trains on
+    meanwhile; later events wait), else here."""
+    if bus.io_in_threads:
+        await anyio.to_thread.run_sync(work)
+    else:
+        work()
 
 
 def _is_event(thing: object) -> bool:

@@ -10,6 +10,7 @@ history however often it was killed.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 import time
@@ -23,11 +24,9 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
-import anyio
-import anyio.to_thread
 import msgspec
 
-from .._bus import EventBus
+from .._bus import EventBus, blocking_io
 from .._codec import encode_json, encode_json_nonfinite, event_modules, has_nonfinite
 from .._events import SCHEMA_VERSION, CheckpointSaved, Event, EventPlaceholder, HealthCheckTick
 from .._logging import get_logger
@@ -384,16 +383,10 @@ class LogRecorder:
         if self.fsync == "checkpoint":
 
             async def on_checkpoint(event: CheckpointSaved) -> None:
-                # The fsync (a millisecond or more) in a thread where the bus allows: a
-                # worker in this loop trains on meanwhile. This checkpoint's snapshot is
-                # written after it (a later stage).
+                # Durable before this checkpoint's snapshot is written (a later stage).
                 self.flush()
-                if self._file.closed:
-                    return
-                if bus.io_in_threads:
-                    await anyio.to_thread.run_sync(os.fsync, self._file.fileno())
-                else:
-                    os.fsync(self._file.fileno())
+                if not self._file.closed:
+                    await blocking_io(bus, functools.partial(os.fsync, self._file.fileno()))
 
             sub = bus.subscribe(
                 CheckpointSaved,

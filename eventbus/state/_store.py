@@ -14,12 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, TypeVar, cast
 
-import anyio
-import anyio.to_thread
 import msgspec
 from msgspec import Meta
 
-from .._bus import EventBus
+from .._bus import EventBus, blocking_io
 from .._events import CheckpointSaved, RunPosition, StateRestored, StateSnapshotted
 from .._logging import get_logger
 from .._stages import Stage
@@ -353,14 +351,9 @@ class StateStore:
             try:
                 position = position_of(event) if position_of is not None else None
                 path, snapshot, data = self._encode(event.checkpoint, event.run_id, position)
-                # The states are taken here; the write and its fsyncs (milliseconds) go to
-                # a thread where the bus allows, so a worker in this loop trains on
-                # meanwhile. Later events wait.
+                # The states are taken here, at their round; the write after.
                 write = functools.partial(atomic_write, path, data, within=self.root)
-                if bus.io_in_threads:
-                    await anyio.to_thread.run_sync(write)
-                else:
-                    write()
+                await blocking_io(bus, write)
                 report = self._written(path, snapshot)
             except Exception as exc:
                 _log.error(
