@@ -7,8 +7,8 @@ number, so one rank's missing or diverged value does not hide the others'.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from math import isfinite
 from typing import Any
 
 __all__ = ["mean_metrics", "mean_of"]
@@ -20,7 +20,10 @@ def mean_of(metrics: Sequence[dict[str, Any]], name: str) -> float | None:
     count = 0
     for m in metrics:
         v = m.get(name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        kind = type(v)  # a plain float or int first: the rest is rare
+        if (
+            kind is float or kind is int or (kind is not bool and isinstance(v, (int, float)))
+        ) and isfinite(v):
             total += v
             count += 1
     return total / count if count else None
@@ -54,6 +57,10 @@ def mean_metrics(metrics: Sequence[dict[str, Any]]) -> dict[str, float | int]:
         alone = _one_rank(metrics[0])
         if alone is not None:
             return alone
+    elif metrics:
+        plain = _plain_ranks(metrics)
+        if plain is not None:
+            return plain
     names: dict[str, None] = {}
     for m in metrics:
         for k, v in m.items():
@@ -78,12 +85,49 @@ def _one_rank(metrics: dict[str, Any]) -> dict[str, float | int] | None:
     for name, value in metrics.items():
         kind = type(value)
         if kind is float:
-            if math.isfinite(value):
+            if isfinite(value):
                 out[name] = value
         elif kind is int:
             out[name] = value
         elif kind is not bool and isinstance(value, (int, float)):  # a subclass: the long way
             return None
+    return out
+
+
+def _plain_ranks(metrics: Sequence[dict[str, Any]]) -> dict[str, float | int] | None:
+    """``mean_metrics`` of ranks reporting the same names, all plain floats or ints, in one
+    pass (every round of a data-parallel run comes here); None for anything else."""
+    first = metrics[0]
+    names = first.keys()
+    for m in metrics:
+        if m.keys() != names:
+            return None
+    ranks = len(metrics)
+    out: dict[str, float | int] = {}
+    for name in first:
+        ints = floats = count = 0
+        total = 0.0
+        for m in metrics:
+            v = m[name]
+            kind = type(v)
+            if kind is float:
+                floats += 1
+                if isfinite(v):
+                    total += v
+                    count += 1
+            elif kind is int:
+                ints += v
+            else:
+                return None
+        if floats == ranks:
+            if count:
+                out[name] = total / count
+        elif not floats and not ints % ranks:
+            out[name] = ints // ranks
+        else:  # ints whose mean is not whole, or ints and floats: the long way's sums
+            value = mean_of(metrics, name)
+            if value is not None:
+                out[name] = value
     return out
 
 

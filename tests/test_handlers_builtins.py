@@ -139,6 +139,27 @@ def test_one_ranks_means_are_its_numbers_as_the_long_way_gives_them(
     ]
 
 
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        [{"loss": 0.5, "step": 3}, {"loss": 0.25, "step": 3}],
+        [{"loss": 0.1, "step": 3}, {"step": 4, "loss": 0.2}, {"loss": 0.3, "step": 4}],
+        [{"loss": float("nan"), "lr": 1.0}, {"loss": 2.0, "lr": float("inf")}],
+        [{"loss": float("nan")}, {"loss": float("-inf")}],  # no finite value: left out
+        [{"x": 1, "y": -3, "big": 10**30}, {"x": 2.5, "y": -4, "big": 10**30}],
+        [{"a": -0.0, "b": 7}, {"a": 0.0, "b": 8}],
+    ],
+)
+def test_several_ranks_means_are_what_the_long_way_gives(ranks: list[dict[str, Any]]) -> None:
+    """A data-parallel round (every rank the same names, plain numbers) takes a one-pass
+    path: it must give what ranks with a text field too (the long way) give, key order,
+    values and types alike."""
+    fast = mean_metrics(ranks)
+    long = mean_metrics([{**rank, "note": "x"} for rank in ranks])
+    assert json.dumps(fast) == json.dumps(long)  # key order and NaN-free floats exactly
+    assert [type(v) for v in fast.values()] == [type(v) for v in long.values()]
+
+
 def test_progress_display_counts_reports_per_rank_and_rounds() -> None:
     out = io.StringIO()
     clock = [0.0]
