@@ -20,9 +20,9 @@ def mean_of(metrics: Sequence[dict[str, Any]], name: str) -> float | None:
     count = 0
     for m in metrics:
         v = m.get(name)
-        kind = type(v)  # a plain float or int first: the rest is rare
+        # A plain float first (the usual case), then ints and subclasses of either.
         if (
-            kind is float or kind is int or (kind is not bool and isinstance(v, (int, float)))
+            type(v) is float or (isinstance(v, (int, float)) and not isinstance(v, bool))
         ) and isfinite(v):
             total += v
             count += 1
