@@ -238,7 +238,9 @@ class Dispatcher:
                         await lane.put(events)
                     else:
                         self.undispatched -= len(events)
-                        await run(sub, events)
+                        pending = run(sub, events)
+                        if pending is not None:
+                            await pending
             if inbox:
                 # More came in (handlers emit): let other tasks run, so no chain starves them.
                 await anyio.lowlevel.checkpoint()

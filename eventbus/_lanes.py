@@ -124,4 +124,6 @@ class Lane:
             if self._room is not None:
                 self._room.set()
                 self._room = None
-            await run(sub, batch)
+            pending = run(sub, batch)
+            if pending is not None:
+                await pending

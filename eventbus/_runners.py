@@ -49,25 +49,25 @@ class Runner:
         """Tell the watchdog to forget this runner: its task is over."""
         self._guard.release()
 
-    async def run(self, sub: Subscription, events: list[Event]) -> None:
-        """Deliver ``events`` to one handler, in order, timed and guarded."""
+    def run(self, sub: Subscription, events: list[Event]) -> Coroutine[Any, Any, None] | None:
+        """Deliver ``events`` to one handler, in order, timed and guarded: a plain sync
+        handler at once (``None``), else the coroutine to await (no coroutine per batch
+        of a sync handler)."""
         if sub.state != "normal" or not sub.active:
             if sub.state == "coalescing" and sub.active:
                 events = newest_per_type(events, sub.counters)
             else:
                 sub.counters.skip(len(events))
-                return
+                return None
         if sub.blocking:
-            await self._run_blocking(sub, events)
-        elif sub.is_async:
-            await self._run_async(sub, events)
+            return self._run_blocking(sub, events)
+        if sub.is_async:
+            return self._run_async(sub, events)
+        if sub.counters.timed_per_call or self._observers.every_call:
+            returned = self._run_sync(sub, events)
         else:
-            if sub.counters.timed_per_call or self._observers.every_call:
-                returned = self._run_sync(sub, events)
-            else:
-                returned = self._run_sync_cheap(sub, events)
-            if returned is not None:
-                await self._adopt_coroutine(sub, events, *returned)
+            returned = self._run_sync_cheap(sub, events)
+        return None if returned is None else self._adopt_coroutine(sub, events, *returned)
 
     async def _adopt_coroutine(
         self,

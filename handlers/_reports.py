@@ -218,11 +218,13 @@ class ReportCallbackHandler:
             )
             self._reject(report, "index", reason)
             return
-        try:
-            metrics = freeze_metrics(report.metrics)  # a live run's Reporter froze them already
-        except MetricsError as exc:
-            self._reject(report, exc.field, exc.reason)
-            return
+        metrics = report.metrics
+        if type(metrics) is not FrozenDict:  # a live run's Reporter froze them already
+            try:
+                metrics = freeze_metrics(metrics)
+            except MetricsError as exc:
+                self._reject(report, exc.field, exc.reason)
+                return
         checkpoint = report.checkpoint
         if checkpoint is not None and (type(checkpoint) is not str or not checkpoint):
             self._reject(report, "checkpoint", f"{checkpoint!r} is not a checkpoint location")
