@@ -118,6 +118,27 @@ def test_metrics_logger_logs_every_nth_round_with_means() -> None:
     ]
 
 
+def test_metrics_named_as_the_lines_own_fields_are_logged_renamed_said_once() -> None:
+    """A metric named ``round`` (or ``event``, ``run_id``, ...) used to fail every round's
+    line: the line keeps its own fields, the metric is logged as ``metric.<name>``."""
+    logger = MetricsLogger()
+    logger.log = structlog.get_logger("test")
+    odd = {"loss": 1.0, "round": 7, "event": 2.0, "self": 3, "metric.round": 5}
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(2):
+            logger.after_report(CTX, [odd, odd], "ck")
+    lines = [e for e in logs if e["event"] == "round"]
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    seen = [(e["round"], e["loss"], e["metric.metric.round"], e["metric.round"]) for e in lines]
+    assert seen == [(0, 1.0, 7, 5), (1, 1.0, 7, 5)]
+    assert lines[0]["metric.event"] == 2.0 and lines[0]["metric.self"] == 3
+    assert sorted((w["metric"], w["logged_as"]) for w in warnings) == [
+        ("event", "metric.event"),
+        ("round", "metric.metric.round"),
+        ("self", "metric.self"),
+    ]
+
+
 @pytest.mark.parametrize(
     "one_rank",
     [
