@@ -245,7 +245,9 @@ def test_a_synced_trainer_keeps_its_pace_beside_a_slow_coalescing_callback(
     pace = PACE_ROUNDS * STEP
     assert pace <= unthrottled < 1.5 * pace, "the machine is too loaded to measure a pace"
     loop, whole, result = anyio.run(synced_trainer, [callback()])
-    assert loop < 1.10 * unthrottled, f"{loop:.3f} s against {unthrottled:.3f} s without it"
+    # Throttled one to one it would take 2.5 times as long; 1.25 leaves room for a loaded
+    # machine (under three times more work than cores, 1.12 was seen).
+    assert loop < 1.25 * unthrottled, f"{loop:.3f} s against {unthrottled:.3f} s without it"
     # It skipped what it could not keep up with, so the run's end waits for a call or
     # two (the one in progress, the newest round), not for a backlog.
     assert whole - loop < 4 * SLOW_CALL, f"the run ended {whole - loop:.3f} s after the loop"
