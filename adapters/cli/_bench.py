@@ -20,12 +20,16 @@ from eventbus.log import LogError
 from eventbus.log._replay import log_timing
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, UserCallback
 
-from ._bench_figures import BenchResult, CallbackFigures, Spread, state_spans, states_text
 from ._bench_runner import (
     DEFAULT_METRICS,
+    BenchResult,
+    CallbackFigures,
+    Spread,
     Workload,
     report_metrics,
     run_bench,
+    state_spans,
+    states_text,
     synthetic_events,
 )
 from ._common import (
