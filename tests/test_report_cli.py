@@ -824,8 +824,8 @@ def test_a_huge_run_end_keeps_the_page_under_4_mb(tmp_path: Path, field: str) ->
 
 def test_bench_html(tmp_path: Path) -> None:
     result = run(
-        "bench", "noop", "--world-size", "4", "--rate", "5", "--duration", "10", "--repeat", "1",
-        "--html", "out.html", cwd=tmp_path,
+        "bench", *["noop"] * 12, "--world-size", "4", "--rate", "5", "--duration", "10",
+        "--repeat", "1", "--html", "out.html", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert files_in(tmp_path) == {"out.html"}
@@ -835,6 +835,7 @@ def test_bench_html(tmp_path: Path) -> None:
     assert "<td>NoOp.after_report</td>" in page
     (cost,) = report_data(page)["charts"]
     assert "NoOp.after_report" in {s["label"] for s in cost["series"]}
+    assert len({s["colour"] for s in cost["series"]}) == 12  # each callback its own
     assert cost["threshold"]["label"] == "budget 5% of a period"
 
 

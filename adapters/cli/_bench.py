@@ -13,7 +13,8 @@ from typing import Any
 
 import msgspec
 
-from adapters.report import bench_report
+from adapters.report._page import Chart, Document, escape, facts, table
+from adapters.report._series import SeriesGroup
 from eventbus import BusOptions, Event, configure_logging
 from eventbus._subscription import OverBudgetPolicy
 from eventbus.log import LogError
@@ -441,45 +442,69 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
     if result.floor_ratio is not None:
         summary.append(("ratio to the floor", f"{result.floor_ratio.median:.1f}x", ""))
     rows = [
-        [
-            f.name,
-            f"{f.calls:,}",
-            f"{f.mean_us:.2f}",
-            f"{f.p50_us:.2f}",
-            f"{f.p99_us:.2f}",
-            f"{f.max_us:.2f}",
-            f"{f.bus_calls:,}",
-            f"{f.bus_total_ms:.3f}",
-            f"{f.period_share_mean_pct:.3f}%",
-            f"{f.period_share_max_pct:.3f}%",
-            str(f.periods_over_budget),
-            f"{f.bus_skipped:,}",
-            f.over_budget,
-            states_text(f, periods) or "-",
-        ]
+        [cell(f, periods) for _, cell in PAGE_COLUMNS]
         for f in sorted(result.callbacks, key=lambda f: -f.bus_total_ms)
     ]
-
-    spans = [
-        (start, end, change.state, f"{f.name} {change.state}: {change.reason}")
-        for f in result.callbacks
-        for start, end, change in state_spans(f, periods)
-    ]
-    return bench_report(
-        title="Bench: " + ", ".join(specs),
-        subtitle=f"{result.events:,} events over {result.timeline_s:.1f} s of run time",
-        summary=summary,
-        per_period_pct=result.per_period_pct,
-        budget_pct=result.budget_pct,
-        rows=rows,
-        spans=spans,
-        notes=[
-            f"Per call: timed directly, without the runtime, over {runs} (exact percentiles).",
-            *callback_notes(result),
-            *result.notes,
-            _cost_line(result, runs),
-        ],
+    # The bench times every call, so its table has exact percentiles (a log keeps only
+    # each period's figures: the run report's are of each period's mean call).
+    group = SeriesGroup()
+    for name, shares in result.per_period_pct.items():
+        index = group.series(name)
+        for period, share in enumerate(shares):
+            group.add(index, period, share)
+    chart = Chart.of_shares(
+        "chart-cost",
+        "Each callback's share of every period",
+        "log scale; the dashed line is the budget",
     )
+    lines = group.lines()
+    chart.x = lines.x
+    for label, column in zip(lines.names, lines.columns, strict=True):
+        chart.line(label, column)  # each its own colour, in turn
+    chart.budget(result.budget_pct)
+    for f in result.callbacks:  # shaded as the run report shades them
+        for start, end, change in state_spans(f, periods):
+            chart.span(start, end, change.state, f"{f.name} {change.state}: {change.reason}")
+    notes = [
+        f"Per call: timed directly, without the runtime, over {runs} (exact percentiles).",
+        *callback_notes(result),
+        *result.notes,
+        _cost_line(result, runs),
+    ]
+    document = Document(
+        "Bench: " + ", ".join(specs),
+        f"{result.events:,} events over {result.timeline_s:.1f} s of run time",
+    )
+    document.section(
+        "summary",
+        "Summary",
+        facts(summary) + "".join(f'<p class="note">{escape(note)}</p>' for note in notes),
+    )
+    headers = [header for header, _ in PAGE_COLUMNS]
+    numeric = range(1, headers.index("over budget policy"))
+    document.section(
+        "cost", "Callback cost", document.add_chart(chart) + table(headers, rows, numeric=numeric)
+    )
+    return document.render()
+
+
+#: The page's table: each column's header and its cell for a callback of ``periods``.
+PAGE_COLUMNS: list[tuple[str, Callable[[CallbackFigures, int], str]]] = [
+    ("callback", lambda f, periods: f.name),
+    ("calls", lambda f, periods: f"{f.calls:,}"),
+    ("mean µs", lambda f, periods: f"{f.mean_us:.2f}"),
+    ("p50 µs", lambda f, periods: f"{f.p50_us:.2f}"),
+    ("p99 µs", lambda f, periods: f"{f.p99_us:.2f}"),
+    ("max µs", lambda f, periods: f"{f.max_us:.2f}"),
+    ("bus calls", lambda f, periods: f"{f.bus_calls:,}"),
+    ("bus total ms", lambda f, periods: f"{f.bus_total_ms:.3f}"),
+    ("share of run", lambda f, periods: f"{f.period_share_mean_pct:.3f}%"),
+    ("worst period", lambda f, periods: f"{f.period_share_max_pct:.3f}%"),
+    ("periods over budget", lambda f, periods: str(f.periods_over_budget)),
+    ("bus skipped", lambda f, periods: f"{f.bus_skipped:,}"),
+    ("over budget policy", lambda f, periods: f.over_budget),
+    ("disabled or coalescing", lambda f, periods: states_text(f, periods) or "-"),
+]
 
 
 def _events(

@@ -6,12 +6,10 @@ that fetches nothing: charts by a vendored uPlot, drawn from the data the
 page carries.
 """
 
-from ._bench_page import bench_report
 from ._compare import comparison_report
 from ._run_page import run_report
 
 __all__ = [
-    "bench_report",
     "comparison_report",
     "run_report",
 ]
