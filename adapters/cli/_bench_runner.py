@@ -242,12 +242,8 @@ def run_bench(
     over_budget: Sequence[OverBudgetPolicy | None] = (),
     **keywords: Unpack[BusKeywords],
 ) -> BenchResult:
-    """Benchmark fresh callbacks from ``make_callbacks`` on ``events``.
-
-    ``options`` (or its keywords) are the bench bus's. ``start``: when the first period
-    starts (default: the first event's time). ``repeats``: timings taken, interleaved.
-    ``over_budget``: per callback, the bus's policy over budget (``None``: its class's).
-    """
+    """Benchmark fresh callbacks from ``make_callbacks`` on ``events``, on a bus of
+    ``options``, its first period from ``start``; ``over_budget``: each callback's policy."""
     bus_options = BusOptions.build(options, **keywords)
     repeats = checked("repeats", repeats, Annotated[int, Meta(ge=1, le=1000)])
     # What a bus makes itself is not workload: the bench bus makes its own.

@@ -1,10 +1,5 @@
-"""The demo trainer behind ``eventbus demo``: data-parallel linear regression in pure Python.
-
-It is the reference trainer of the resume guarantee, so it is deterministic for a seed:
-each step's minibatch comes from a generator seeded by (seed, rank, step), and the ranks
-meet after every report, so a callback's stop is seen at the same step whatever the
-scheduling.
-"""
+"""The demo trainer behind ``eventbus demo``: data-parallel linear regression in pure Python,
+deterministic for a seed (the reference trainer of the resume guarantee)."""
 
 from __future__ import annotations
 
@@ -281,13 +276,8 @@ async def run_demo(
     sync: bool = True,
     **keywords: Any,
 ) -> DemoSummary:
-    """Train, and return what happened.
-
-    ``resume``: a checkpoint of an earlier demo run, or its run directory; the run
-    continues from it. ``log``: record the run's events to ``<out>/<run id>.evlog``.
-    ``sync=False``: ranks run ahead of each other (when a stop is seen then depends
-    on scheduling).
-    """
+    """Train, and return what happened. ``resume``: a checkpoint of an earlier demo run, or
+    its run directory; ``sync=False``: ranks run ahead of each other."""
     opts = DemoOptions.build(options, **keywords)
     if resume is not None:
         resume, folder = _demo_checkpoint(resume, opts.workers, out)

@@ -92,11 +92,8 @@ def _digest(path: Path, name: Path) -> RunDigest:
 def write_page(
     page: str, output: Path, *, inputs: tuple[Path, ...] = (), option: str = "-o"
 ) -> None:
-    """Write ``page`` to ``output``: a file is replaced whole (``atomic_write``: a
-    temporary file renamed into place, with the mode a new file gets); ``-`` is
-    stdout, and a device or a pipe (``/dev/stdout``) is written into, never replaced.
-    Never onto one of ``inputs`` (by identity: a hard link is the same file); any
-    failure is one line naming ``output``."""
+    """Write ``page`` to ``output``, never onto one of ``inputs``: a file replaced whole,
+    a device or a pipe written into, ``-`` stdout; a failure is one line naming it."""
     check_output(output, inputs=inputs, option=option)
     if str(output) == "-":  # a failing stdout: `main` names it
         sys.stdout.write(page)

@@ -1,11 +1,4 @@
-"""Two runs side by side: "did my change make callbacks cheaper?"
-
-Both runs are put on one grid first (``align``: the finer run's buckets
-are merged to the coarser's width), so round r of A is drawn above round r
-of B, and period p above period p. Metrics are drawn as each run's mean
-over ranks, with a band from the lowest to the highest rank; the callback
-table puts each callback's figures in both runs next to the change.
-"""
+"""Two runs side by side, on one grid (``align``): did a change make callbacks cheaper?"""
 
 from __future__ import annotations
 

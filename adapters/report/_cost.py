@@ -1,9 +1,5 @@
-"""What the callbacks cost over a run, from its budget reports, in bounded memory.
-
-A log keeps one report per handler and period, so per-call percentiles are of each period's
-mean call, weighted by its calls (``eventbus bench`` times every call). A period's skips are
-put down to the one state the handler was in during it; under none or two, no cause.
-"""
+"""What the callbacks cost over a run, from its budget reports, in bounded memory. A period's
+skips are put down to the one state the handler was in during it; under none or two, no cause."""
 
 from __future__ import annotations
 

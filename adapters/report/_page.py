@@ -93,11 +93,8 @@ def short(value: float) -> float:
 
 
 class TextBudget:
-    """What the log's long texts (messages, tracebacks, warnings, paths) may take of a
-    page: ``limit`` bytes, escaped. A text is cut to fit what is left, and once that is
-    spent, every further text to ``SHORT_TEXT`` characters: the page's size stays
-    bounded whatever the log holds (escaping alone can make a text 6 times longer).
-    """
+    """What the log's long texts may take of a page, escaped: ``limit`` bytes, then
+    ``SHORT_TEXT`` characters each, so the page stays small whatever the log holds."""
 
     def __init__(self, limit: int = TEXT_BUDGET) -> None:
         self.left = limit
