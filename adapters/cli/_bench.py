@@ -8,12 +8,13 @@ import io
 import json
 import sys
 from collections.abc import Callable
+from html import escape
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from adapters.report._page import Chart, Document, escape, facts, table
+from adapters.report._page import Chart, Document, facts, table
 from adapters.report._series import SeriesGroup
 from eventbus import BusOptions, Event, configure_logging
 from eventbus._subscription import OverBudgetPolicy

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from html import escape
 
 from ._cost import ALL_CALLBACKS, BUDGET, CallbackCost
 from ._digest import RunDigest
 from ._limits import MAX_METRICS
-from ._page import Chart, Document, escape, table
+from ._page import Chart, Document, table
 from ._run_page import damage_banner, seconds
 from ._series import align
-
-__all__ = ["comparison_report"]
 
 #: Each run's colour, dash and band fill: A solid blue, B dashed vermillion.
 RUN_STYLE = (

@@ -12,19 +12,6 @@ from eventbus import BudgetReport, HandlerStateChanged, HealthCheckTick
 from ._limits import MAX_HANDLERS, MAX_LABEL, MAX_SPANS, MAX_STATES, clip
 from ._series import SeriesGroup
 
-__all__ = [
-    "ALL_CALLBACKS",
-    "BUDGET",
-    "LIBRARY_TOTAL",
-    "SKIP_CAUSES",
-    "UNKNOWN_CAUSE",
-    "CallbackCost",
-    "CostDigest",
-    "Span",
-    "is_library",
-    "skip_cause",
-]
-
 #: The series of the cost chart that is not one handler.
 ALL_CALLBACKS = "all handlers"
 LIBRARY_TOTAL = "the library's handlers together"

@@ -50,8 +50,6 @@ from ._limits import (
 )
 from ._metrics import MetricCharts
 
-__all__ = ["Damage", "Failure", "Fault", "RunDigest", "digest_log"]
-
 
 class Failure(msgspec.Struct, frozen=True, kw_only=True):
     """A worker's exception: when, where, what."""

@@ -20,8 +20,6 @@ from ._limits import (
 )
 from ._series import SeriesGroup
 
-__all__ = ["ALL_RANKS", "Marker", "MetricCharts", "MetricSeries"]
-
 ALL_RANKS = "all ranks"
 
 

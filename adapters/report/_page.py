@@ -18,20 +18,6 @@ import eventbus
 
 from ._limits import MAX_DRAWN, SHORT_TEXT, TEXT_BUDGET, clip
 
-__all__ = [
-    "PALETTE",
-    "Chart",
-    "Document",
-    "TextBudget",
-    "bullets",
-    "escape",
-    "facts",
-    "kind_name",
-    "series_style",
-    "table",
-    "with_unit",
-]
-
 #: Okabe-Ito, without its yellow (too faint on white).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000")
 #: A chart's lines, one colour each: Okabe-Ito without its yellow and its black (the

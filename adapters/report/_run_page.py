@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Sequence
+from html import escape
 from itertools import groupby
 
 from ._cost import (
@@ -25,14 +26,11 @@ from ._page import (
     Document,
     TextBudget,
     bullets,
-    escape,
     facts,
     kind_name,
     series_style,
     table,
 )
-
-__all__ = ["cost_chart", "damage_banner", "run_report", "seconds", "skipped_text"]
 
 BAND_FILL = "rgba(0,114,178,0.18)"
 #: The chart's line of all handlers together, and of the library's handlers together.
