@@ -89,15 +89,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="benchmark callbacks' overhead per health-check period",
-        description=(
-            "Drive a synthetic workload (or a recorded log) through a real bus with the "
-            "callbacks attached, and report what each callback costs per call and per "
-            "health-check period, against its budget and against a plain loop. Synthetic "
-            f"reports carry {', '.join(DEFAULT_METRICS)} (random numbers; --metrics "
-            "changes them). Each callback instance has its row, named as a live run names "
-            "it (a second EarlyStopping is EarlyStopping.after_report#2); a callback that "
-            "raises is timed raising, its faults and first error in the table."
-        ),
+        description="Drive a synthetic workload (or a recorded log) through a real bus with the "
+        "callbacks attached: what each costs per call and per health-check period, against "
+        "its budget and against a plain loop.",
         epilog="docs: docs/guides/benchmarking.md",
     )
     parser.add_argument(
@@ -159,10 +153,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="[NAME=]POLICY",
-        help="what the bus does with a callback over budget in a period: warn, coalesce "
-        "(deliver only its newest pending event of each type) or disable (for its probation "
-        "periods); POLICY for every callback, NAME=POLICY for one (NAME: as given, or its "
-        "class name; repeatable). Default: each callback's own (its class's over_budget)",
+        help="warn, coalesce or disable a callback over budget: POLICY for every callback, "
+        "NAME=POLICY for one (as given, or its class name; repeatable; default: its own)",
     )
     parser.add_argument(
         "--repeat",
@@ -187,8 +179,7 @@ def register(subparsers: Any) -> None:
         "--html",
         type=Path,
         metavar="FILE.html",
-        help="write the figures as one self-contained HTML page (what `eventbus report` "
-        "writes for a run)",
+        help="write the figures as one self-contained HTML page",
     )
     parser.set_defaults(func=_run)
 
@@ -673,13 +664,8 @@ def over_budget_warning(result: BenchResult) -> str:
 def _progress_bar() -> Callable[[float], None]:
     def show(fraction: float) -> None:
         filled = int(fraction * 30)
-        end = "\n" if fraction >= 1.0 else ""
-        print(
-            f"\r[{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}",
-            end=end,
-            file=sys.stderr,
-            flush=True,
-        )
+        bar = f"\r[{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}"
+        print(bar, end="\n" if fraction >= 1.0 else "", file=sys.stderr, flush=True)
 
     return show
 

@@ -75,11 +75,8 @@ def register(subparsers: Any) -> None:
     replay = subparsers.add_parser(
         "replay",
         help="replay a log against callbacks",
-        description=(
-            "Replay a log into a fresh bus (instantly, on virtual time, unless --speed) "
-            "against callbacks, and print what each one cost. Exit code 1 if any failed "
-            "or timed out."
-        ),
+        description="Replay a log into a fresh bus against callbacks, and print what each one "
+        "cost; exit code 1 if any failed or timed out.",
         epilog="docs: docs/operations/cli.md#replay",
     )
     replay.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
@@ -88,9 +85,8 @@ def register(subparsers: Any) -> None:
         nargs="+",
         default=[],
         metavar="MODULE:NAME",
-        help="objects to replay against: handler callables (get every event) or training "
-        "callbacks (after_report/after_exception/...); classes and zero-argument "
-        "factories are called first",
+        help="handler callables (every event) or training callbacks; classes and "
+        "zero-argument factories are called first",
     )
     replay.add_argument("--speed", type=float, help="real time at this pace (1 = as recorded)")
     replay.add_argument("--period", type=float, help="health-check period (s)")
@@ -100,9 +96,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="NAME=SECONDS",
-        help="charge each call of handler NAME (as the table names it: "
-        "EarlyStopping.after_report) SECONDS of virtual time, to see what its budget "
-        "policy does; repeatable. The replay is then on virtual time, deterministic",
+        help="charge each call of handler NAME (EarlyStopping.after_report) SECONDS of "
+        "virtual time, to see what its budget policy does (repeatable)",
     )
     _add_filters(replay)
     replay.set_defaults(func=_replay)

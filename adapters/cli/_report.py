@@ -26,11 +26,8 @@ def register(subparsers: Any) -> None:
     report = subparsers.add_parser(
         "report",
         help="write a run's report: one self-contained HTML page",
-        description=(
-            "Write one HTML page for a recorded run (summary, metrics over rounds, callback "
-            "cost per period against the budget, failures), or for two runs side by side. "
-            "The page fetches nothing: open it from disk in any browser."
-        ),
+        description="Write one self-contained HTML page for a recorded run, or for two side by "
+        "side.",
         epilog="docs: docs/report.md",
     )
     report.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
