@@ -71,16 +71,9 @@ def _digest(path: Path, name: Path) -> RunDigest:
         first = damage.first_error.replace(str(path), str(digest.path))
         digest.damage = damage = msgspec.structs.replace(damage, first_error=first)
     if damage.any:
-        lost = []
-        if damage.truncated is not None:
-            lost.append(f"cut short at byte {damage.truncated.offset}")
-        if damage.skipped:
-            lost.append(f"{damage.skipped} corrupt record(s) skipped")
-        if damage.placeholders:
-            lost.append(f"{damage.placeholders} record(s) not decodable")
         print(
-            f"eventbus report: warning: {name} is damaged ({', '.join(lost)}); the report "
-            "shows what could be read",
+            f"eventbus report: warning: {name} is damaged: {damage.lost()}; the report shows "
+            "what could be read",
             file=sys.stderr,
         )
     return digest

@@ -86,6 +86,20 @@ class Damage(msgspec.Struct, frozen=True, kw_only=True):
     def any(self) -> bool:
         return self.truncated is not None or self.skipped > 0 or self.placeholders > 0
 
+    def lost(self) -> str:
+        """What was lost, in words: the page's banner and the command's warning say it."""
+        lost = []
+        if self.truncated is not None:
+            lost.append(
+                f"the last record was cut short at byte {self.truncated.offset} "
+                f"({self.truncated.size} bytes lost: a crash mid-write)"
+            )
+        if self.skipped:
+            lost.append(f"{self.skipped} corrupt record(s) skipped ({self.first_error})")
+        if self.placeholders:
+            lost.append(f"{self.placeholders} record(s) did not decode as their type, left out")
+        return "; ".join(lost)
+
 
 class RunDigest:
     """A run as its report shows it; made by ``digest_log`` (or fed events by hand)."""

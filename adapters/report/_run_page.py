@@ -81,20 +81,8 @@ def wall(value: float | None) -> str:
 
 def damage_banner(path: str, damage: Damage) -> str:
     """The banner of a damaged log: what was lost, and that the rest is shown."""
-    lost = []
-    if damage.truncated is not None:
-        lost.append(
-            f"the last record was cut short at byte {damage.truncated.offset} "
-            f"({damage.truncated.size} bytes lost: a crash mid-write)"
-        )
-    if damage.skipped:
-        lost.append(f"{damage.skipped} corrupt record(s) were skipped ({damage.first_error})")
-    if damage.placeholders:
-        lost.append(
-            f"{damage.placeholders} record(s) did not decode as their type and are left out"
-        )
     return (
-        f"<strong>This log is damaged.</strong> {escape(path)}: {escape('; '.join(lost))}. "
+        f"<strong>This log is damaged.</strong> {escape(path)}: {escape(damage.lost())}. "
         "The report shows everything that could be read."
     )
 
