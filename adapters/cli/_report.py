@@ -15,11 +15,10 @@ import msgspec
 
 from adapters.report import comparison_report, run_report
 from adapters.report._digest import RunDigest, digest_log
-from eventbus.log import LogError
 from eventbus.state import StateError
 from eventbus.state._files import atomic_write
 
-from ._common import CliError, cannot_write, check_output, local_log
+from ._common import CliError, cannot_write, check_output, local_log, log_errors
 
 
 def register(subparsers: Any) -> None:
@@ -53,16 +52,8 @@ def report_path(log: Path, other: Path | None = None) -> Path:
 def _digest(path: Path, name: Path) -> RunDigest:
     """The digest of the log at ``path``, which the user named ``name`` (``path`` may be
     a copy of a pipe, see ``local_log``): the page and the messages say ``name``."""
-    try:
+    with log_errors(name):
         digest = digest_log(path)
-    except FileNotFoundError:
-        raise CliError(f"{name}: no such file") from None
-    except IsADirectoryError:
-        raise CliError(f"{name}: is a directory, not an event log") from None
-    except LogError as exc:
-        raise CliError(str(exc)) from None
-    except OSError as exc:
-        raise CliError(f"{name}: cannot read: {exc.strerror or exc}") from None
     # A name that is not UTF-8 (Linux names are bytes) shows its bytes escaped: the
     # page is UTF-8 text.
     digest.path = Path(os.fsencode(name).decode("utf-8", "backslashreplace"))
