@@ -146,7 +146,6 @@ class Chart:
         colour: str | None = None,
         dash: Sequence[int] = (),
         width: float = 1.5,
-        fill: str | None = None,
     ) -> int:
         """Add a series (``values`` along ``self.x``); returns its uPlot index."""
         if colour is None:
@@ -158,8 +157,6 @@ class Chart:
         self.series.append(
             {"label": label, "values": kept, "colour": colour, "dash": list(dash), "width": width}
         )
-        if fill:
-            self.series[-1]["fill"] = fill
         return len(self.series)
 
     def band(
