@@ -368,16 +368,14 @@ def _write_outputs(
             continue
         try:
             check_output(path, inputs=inputs, option=option)  # again: the bench took a while
-            if option == "--json":
-                with writing(path):
-                    path.write_text(as_json + "\n")
-            elif option == "--plot":
+            if option == "--plot":
                 try:
                     plot_figure(result).savefig(path, dpi=100)
                 except (OSError, ValueError) as exc:  # ValueError: a format it cannot write
                     raise cannot_write(path, exc) from None
-            else:
-                write_page(html_page(result, specs), path, inputs=inputs, option=option)
+            else:  # whole or not at all
+                text = as_json + "\n" if option == "--json" else html_page(result, specs)
+                write_page(text, path, inputs=inputs, option=option)
         except CliError as exc:
             failed.append(str(exc))
             continue
