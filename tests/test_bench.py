@@ -14,8 +14,14 @@ import msgspec
 import pytest
 
 from adapters.cli._bench import plot_figure
-from adapters.cli._bench_figures import BenchResult, Timings, runtime_cost
-from adapters.cli._bench_runner import Workload, run_bench, synthetic_events
+from adapters.cli._bench_runner import (
+    BenchResult,
+    Timings,
+    Workload,
+    run_bench,
+    runtime_cost,
+    synthetic_events,
+)
 from eventbus import CheckpointSaved, Report, RunFinished, RunStarted, WorkerFailure
 from eventbus.log import read_log
 from eventbus.log._replay import log_timing

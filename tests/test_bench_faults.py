@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from adapters.cli._bench_figures import Timings, runtime_cost
+from adapters.cli._bench_runner import Timings, runtime_cost
 
 CALLBACKS = '''
 import time

@@ -29,11 +29,11 @@ async def test_the_demo_s_summary_has_each_callback_s_figures(tmp_path: Path) ->
     summary = await run_demo(
         workers=2, steps=12, step_time=0.0, out=tmp_path, log=False, progress=io.StringIO()
     )
-    costs = {cost.handler: cost for cost in summary.callbacks}
+    costs = {cost.handler: cost for cost in summary.result.callbacks}
     # The training callbacks' hooks, none of the library's handlers.
     assert {"EarlyStopping.after_report", "FinalLoss.after_report"} <= set(costs)
     assert not any(name.startswith(("handlers.", "demo.")) for name in costs)
-    assert costs["EarlyStopping.after_report"].calls == summary.rounds == 12
+    assert costs["EarlyStopping.after_report"].calls == summary.result.rounds == 12
     for cost in costs.values():
         assert cost.total >= cost.max >= 0.0
         assert cost.periods_over_budget <= summary.periods

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from adapters.report import bench_report, run_report
+from adapters.report import run_report
 from adapters.report._cost import is_library
 from adapters.report._digest import RunDigest
 from adapters.report._limits import COST_LINES, MAX_HANDLERS, MAX_RANK_LINES
@@ -115,16 +115,6 @@ def test_every_line_of_a_chart_has_its_own_colour() -> None:
         plain.line(f"rank {rank}", [1.0])
     assert len({s["colour"] for s in plain.series}) == MAX_RANK_LINES
     assert all(s["dash"] == [] for s in plain.series)  # within the ten colours: solid
-    page = bench_report(
-        title="bench",
-        subtitle="",
-        summary=[],
-        per_period_pct={f"C{i}.after_report": [0.1 * (i + 1)] for i in range(12)},
-        budget_pct=5.0,
-        rows=[],
-    )
-    (bench,) = report_data(page)["charts"]
-    assert len({s["colour"] for s in bench["series"]}) == 12
 
 
 def test_axes_and_figures_carry_their_units() -> None:

@@ -1,7 +1,5 @@
-"""The ``eventbus`` command line. Each command group's module has ``register(subparsers)``,
-which sets ``func`` (parsed arguments -> exit code). Stdout carries a command's data
-alone (diagnostics go to stderr) so that ``| jq`` works; a user's error is one line,
-exit 2; a reader that goes away (``| head``) ends the command quietly, exit 141."""
+"""The ``eventbus`` command line (docs/operations/cli.md): data alone on stdout, a user's
+error one line (exit 2), a reader gone away (``| head``) a quiet end (exit 141)."""
 
 from __future__ import annotations
 

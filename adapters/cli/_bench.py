@@ -8,24 +8,30 @@ import io
 import json
 import sys
 from collections.abc import Callable
+from html import escape
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from adapters.report import bench_report
+from adapters.report._page import Chart, Document, facts, table
+from adapters.report._series import SeriesGroup
 from eventbus import BusOptions, Event, configure_logging
 from eventbus._subscription import OverBudgetPolicy
 from eventbus.log import LogError
 from eventbus.log._replay import log_timing
 from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, ProgressDisplay, UserCallback
 
-from ._bench_figures import BenchResult, CallbackFigures, Spread, state_spans, states_text
 from ._bench_runner import (
     DEFAULT_METRICS,
+    BenchResult,
+    CallbackFigures,
+    Spread,
     Workload,
     report_metrics,
     run_bench,
+    state_spans,
+    states_text,
     synthetic_events,
 )
 from ._common import (
@@ -83,15 +89,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="benchmark callbacks' overhead per health-check period",
-        description=(
-            "Drive a synthetic workload (or a recorded log) through a real bus with the "
-            "callbacks attached, and report what each callback costs per call and per "
-            "health-check period, against its budget and against a plain loop. Synthetic "
-            f"reports carry {', '.join(DEFAULT_METRICS)} (random numbers; --metrics "
-            "changes them). Each callback instance has its row, named as a live run names "
-            "it (a second EarlyStopping is EarlyStopping.after_report#2); a callback that "
-            "raises is timed raising, its faults and first error in the table."
-        ),
+        description="Drive a synthetic workload (or a recorded log) through a real bus with the "
+        "callbacks attached: what each costs per call and per health-check period, against "
+        "its budget and against a plain loop.",
         epilog="docs: docs/guides/benchmarking.md",
     )
     parser.add_argument(
@@ -153,10 +153,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="[NAME=]POLICY",
-        help="what the bus does with a callback over budget in a period: warn, coalesce "
-        "(deliver only its newest pending event of each type) or disable (for its probation "
-        "periods); POLICY for every callback, NAME=POLICY for one (NAME: as given, or its "
-        "class name; repeatable). Default: each callback's own (its class's over_budget)",
+        help="warn, coalesce or disable a callback over budget: POLICY for every callback, "
+        "NAME=POLICY for one (as given, or its class name; repeatable; default: its own)",
     )
     parser.add_argument(
         "--repeat",
@@ -181,8 +179,7 @@ def register(subparsers: Any) -> None:
         "--html",
         type=Path,
         metavar="FILE.html",
-        help="write the figures as one self-contained HTML page (what `eventbus report` "
-        "writes for a run)",
+        help="write the figures as one self-contained HTML page",
     )
     parser.set_defaults(func=_run)
 
@@ -371,16 +368,14 @@ def _write_outputs(
             continue
         try:
             check_output(path, inputs=inputs, option=option)  # again: the bench took a while
-            if option == "--json":
-                with writing(path):
-                    path.write_text(as_json + "\n")
-            elif option == "--plot":
+            if option == "--plot":
                 try:
                     plot_figure(result).savefig(path, dpi=100)
                 except (OSError, ValueError) as exc:  # ValueError: a format it cannot write
                     raise cannot_write(path, exc) from None
-            else:
-                write_page(html_page(result, specs), path, inputs=inputs, option=option)
+            else:  # whole or not at all
+                text = as_json + "\n" if option == "--json" else html_page(result, specs)
+                write_page(text, path, inputs=inputs, option=option)
         except CliError as exc:
             failed.append(str(exc))
             continue
@@ -437,45 +432,69 @@ def html_page(result: BenchResult, specs: list[str]) -> str:
     if result.floor_ratio is not None:
         summary.append(("ratio to the floor", f"{result.floor_ratio.median:.1f}x", ""))
     rows = [
-        [
-            f.name,
-            f"{f.calls:,}",
-            f"{f.mean_us:.2f}",
-            f"{f.p50_us:.2f}",
-            f"{f.p99_us:.2f}",
-            f"{f.max_us:.2f}",
-            f"{f.bus_calls:,}",
-            f"{f.bus_total_ms:.3f}",
-            f"{f.period_share_mean_pct:.3f}%",
-            f"{f.period_share_max_pct:.3f}%",
-            str(f.periods_over_budget),
-            f"{f.bus_skipped:,}",
-            f.over_budget,
-            states_text(f, periods) or "-",
-        ]
+        [cell(f, periods) for _, cell in PAGE_COLUMNS]
         for f in sorted(result.callbacks, key=lambda f: -f.bus_total_ms)
     ]
-
-    spans = [
-        (start, end, change.state, f"{f.name} {change.state}: {change.reason}")
-        for f in result.callbacks
-        for start, end, change in state_spans(f, periods)
-    ]
-    return bench_report(
-        title="Bench: " + ", ".join(specs),
-        subtitle=f"{result.events:,} events over {result.timeline_s:.1f} s of run time",
-        summary=summary,
-        per_period_pct=result.per_period_pct,
-        budget_pct=result.budget_pct,
-        rows=rows,
-        spans=spans,
-        notes=[
-            f"Per call: timed directly, without the runtime, over {runs} (exact percentiles).",
-            *callback_notes(result),
-            *result.notes,
-            _cost_line(result, runs),
-        ],
+    # The bench times every call, so its table has exact percentiles (a log keeps only
+    # each period's figures: the run report's are of each period's mean call).
+    group = SeriesGroup()
+    for name, shares in result.per_period_pct.items():
+        index = group.series(name)
+        for period, share in enumerate(shares):
+            group.add(index, period, share)
+    chart = Chart.of_shares(
+        "chart-cost",
+        "Each callback's share of every period",
+        "log scale; the dashed line is the budget",
     )
+    lines = group.lines()
+    chart.x = lines.x
+    for label, column in zip(lines.names, lines.columns, strict=True):
+        chart.line(label, column)  # each its own colour, in turn
+    chart.budget(result.budget_pct)
+    for f in result.callbacks:  # shaded as the run report shades them
+        for start, end, change in state_spans(f, periods):
+            chart.span(start, end, change.state, f"{f.name} {change.state}: {change.reason}")
+    notes = [
+        f"Per call: timed directly, without the runtime, over {runs} (exact percentiles).",
+        *callback_notes(result),
+        *result.notes,
+        _cost_line(result, runs),
+    ]
+    document = Document(
+        "Bench: " + ", ".join(specs),
+        f"{result.events:,} events over {result.timeline_s:.1f} s of run time",
+    )
+    document.section(
+        "summary",
+        "Summary",
+        facts(summary) + "".join(f'<p class="note">{escape(note)}</p>' for note in notes),
+    )
+    headers = [header for header, _ in PAGE_COLUMNS]
+    numeric = range(1, headers.index("over budget policy"))
+    document.section(
+        "cost", "Callback cost", document.add_chart(chart) + table(headers, rows, numeric=numeric)
+    )
+    return document.render()
+
+
+#: The page's table: each column's header and its cell for a callback of ``periods``.
+PAGE_COLUMNS: list[tuple[str, Callable[[CallbackFigures, int], str]]] = [
+    ("callback", lambda f, periods: f.name),
+    ("calls", lambda f, periods: f"{f.calls:,}"),
+    ("mean µs", lambda f, periods: f"{f.mean_us:.2f}"),
+    ("p50 µs", lambda f, periods: f"{f.p50_us:.2f}"),
+    ("p99 µs", lambda f, periods: f"{f.p99_us:.2f}"),
+    ("max µs", lambda f, periods: f"{f.max_us:.2f}"),
+    ("bus calls", lambda f, periods: f"{f.bus_calls:,}"),
+    ("bus total ms", lambda f, periods: f"{f.bus_total_ms:.3f}"),
+    ("share of run", lambda f, periods: f"{f.period_share_mean_pct:.3f}%"),
+    ("worst period", lambda f, periods: f"{f.period_share_max_pct:.3f}%"),
+    ("periods over budget", lambda f, periods: str(f.periods_over_budget)),
+    ("bus skipped", lambda f, periods: f"{f.bus_skipped:,}"),
+    ("over budget policy", lambda f, periods: f.over_budget),
+    ("disabled or coalescing", lambda f, periods: states_text(f, periods) or "-"),
+]
 
 
 def _events(
@@ -643,13 +662,8 @@ def over_budget_warning(result: BenchResult) -> str:
 def _progress_bar() -> Callable[[float], None]:
     def show(fraction: float) -> None:
         filled = int(fraction * 30)
-        end = "\n" if fraction >= 1.0 else ""
-        print(
-            f"\r[{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}",
-            end=end,
-            file=sys.stderr,
-            flush=True,
-        )
+        bar = f"\r[{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}"
+        print(bar, end="\n" if fraction >= 1.0 else "", file=sys.stderr, flush=True)
 
     return show
 

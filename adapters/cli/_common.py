@@ -157,27 +157,29 @@ def _cannot_copy(path: Path, exc: OSError) -> CliError:
 
 @contextlib.contextmanager
 def reading_log(path: Path, *, skip_corrupt: bool = False) -> Iterator[LogReader]:
-    """Open a log; every way a user's file can be bad becomes a one-line ``CliError``."""
+    """Open a log, its errors one line each (``log_errors``)."""
     _check_stdout((path,))
+    with log_errors(path), LogReader(path, skip_corrupt=skip_corrupt) as reader:
+        yield reader
+
+
+@contextlib.contextmanager
+def log_errors(name: str | Path) -> Iterator[None]:
+    """Reading the log ``name`` inside: every way a user's file can be bad is one line."""
     try:
-        reader = LogReader(path, skip_corrupt=skip_corrupt)
+        yield
     except FileNotFoundError:
-        raise CliError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except LogError as exc:
-        raise CliError(str(exc)) from None
-    try:
-        with reader:
-            yield reader
+        raise CliError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{name}: cannot read: is a directory, not an event log") from None
     except LogError as exc:
         raise CliError(str(exc)) from None
     except BrokenPipeError:  # our stdout closed (`| head`): not the log's fault
         raise
     except OSError as exc:
-        raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise CliError(f"{name}: cannot read: {exc.strerror or exc}") from None
     except MemoryError:
-        raise CliError(f"{path}: not enough memory to read this log") from None
+        raise CliError(f"{name}: not enough memory to read this log") from None
 
 
 def check_log_tail(reader: LogReader, name: Path | None = None) -> None:

@@ -40,8 +40,7 @@ def register(subparsers: Any) -> None:
         "--resume",
         type=Path,
         metavar="CHECKPOINT",
-        help="continue from a checkpoint of an earlier demo run, or from the latest complete "
-        "one in its directory: weights and callback state",
+        help="continue from a checkpoint of an earlier demo run, or its directory's latest",
     )
     parser.add_argument(
         "--no-log", action="store_true", help="do not record the event log (<out>/<run id>.evlog)"
@@ -53,14 +52,12 @@ def register(subparsers: Any) -> None:
         "--summary",
         type=Path,
         metavar="FILE.json",
-        help="write the run's summary (status, rounds, last checkpoint, final mean loss, "
-        "every stateful callback's final state, what each callback cost) as JSON",
+        help="write the run's summary as JSON",
     )
     parser.add_argument(
         "--async-ranks",
         action="store_true",
-        help="let ranks run ahead of each other instead of meeting after every report "
-        "(when a callback's stop is seen then depends on scheduling)",
+        help="let ranks run ahead of each other, not meet after every report",
     )
     parser.set_defaults(func=run)
 

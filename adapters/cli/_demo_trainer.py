@@ -1,10 +1,5 @@
-"""The demo trainer behind ``eventbus demo``: data-parallel linear regression in pure Python.
-
-It is the reference trainer of the resume guarantee, so it is deterministic for a seed:
-each step's minibatch comes from a generator seeded by (seed, rank, step), and the ranks
-meet after every report, so a callback's stop is seen at the same step whatever the
-scheduling.
-"""
+"""The demo trainer behind ``eventbus demo``: data-parallel linear regression in pure Python,
+deterministic for a seed (the reference trainer of the resume guarantee)."""
 
 from __future__ import annotations
 
@@ -21,7 +16,13 @@ from typing import Annotated, Any, TextIO
 import anyio
 from msgspec import Meta
 
-from eventbus import BudgetReport, CheckpointSaved, StatefulCallback, TrainRunContext
+from eventbus import (
+    BudgetReport,
+    CheckpointSaved,
+    RunResult,
+    StatefulCallback,
+    TrainRunContext,
+)
 from eventbus._events import CallbackCost
 from eventbus._logging import get_logger
 from eventbus._options import Options, PeriodSeconds
@@ -114,43 +115,38 @@ class FinalLoss(UserCallback, StatefulCallback, state_name="eventbus.demo.FinalL
 @dataclass
 class DemoSummary:
     out: Path
-    rounds: int = 0
-    reports: int = 0
+    #: How the run ended (``Run.result``, read after the bus closed: each hook's whole cost).
+    result: RunResult
     checkpoints: int = 0
-    failures: int = 0
-    restarts: int = 0
     stopped_early: bool = False
     best_checkpoint: str | None = None
     final_loss: float | None = None
-    status: str = ""
     callback_seconds: dict[str, float] = field(default_factory=dict)
     periods: int = 0
-    #: What each hook of the training callbacks cost (the run's ``RunResult.callbacks``).
-    callbacks: tuple[CallbackCost, ...] = ()
     log: Path | None = None
     resumed_from: Path | None = None
     restored: tuple[str, ...] = ()
     early_stopping: str = ""
-    last_checkpoint: str | None = None
     #: Every stateful callback's final ``state()``, by state key.
     states: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """What ``--summary`` writes: what an uninterrupted run and a resumed one must agree
         on, and apart, under ``callback_costs``, what differs from run to run."""
+        result = self.result
         return {
-            "status": self.status,
-            "rounds": self.rounds,
-            "reports": self.reports,
-            "failures": self.failures,
-            "restarts": self.restarts,
+            "status": result.status,
+            "rounds": result.rounds,
+            "reports": result.reports,
+            "failures": result.failures,
+            "restarts": result.restarts,
             "stopped_early": self.stopped_early,
-            "last_checkpoint": self.last_checkpoint,
+            "last_checkpoint": result.last_checkpoint,
             "final_mean_loss": self.final_loss,
             "states": self.states,
             "callback_costs": {
                 "periods": self.periods,
-                "callbacks": [_cost_json(cost) for cost in self.callbacks],
+                "callbacks": [_cost_json(cost) for cost in result.callbacks],
             },
         }
 
@@ -165,9 +161,10 @@ class DemoSummary:
         )
         return [
             *resumed,
-            f"run {self.status}: {self.rounds} rounds from {self.reports} reports",
+            f"run {self.result.status}: {self.result.rounds} rounds from {self.result.reports} "
+            "reports",
             f"checkpoints: {self.checkpoints} in {self.out} (best by loss: {self.best_checkpoint})",
-            f"failures: {self.failures}, restarts: {self.restarts}, "
+            f"failures: {self.result.failures}, restarts: {self.result.restarts}, "
             f"stopped early: {'yes' if self.stopped_early else 'no'}, final mean loss: {loss}",
             f"early stopping: {self.early_stopping}",
             f"callback time: {total * 1e3:.3f} ms over {self.periods} health-check periods"
@@ -178,10 +175,10 @@ class DemoSummary:
 
     def _cost_lines(self) -> list[str]:
 
-        if not self.callbacks:
+        if not self.result.callbacks:
             return []
         lines = ["callbacks:"]
-        for cost in self.callbacks:
+        for cost in self.result.callbacks:
             if not cost.calls:
                 lines.append(f"  {cost.handler}: not called")
                 continue
@@ -281,13 +278,8 @@ async def run_demo(
     sync: bool = True,
     **keywords: Any,
 ) -> DemoSummary:
-    """Train, and return what happened.
-
-    ``resume``: a checkpoint of an earlier demo run, or its run directory; the run
-    continues from it. ``log``: record the run's events to ``<out>/<run id>.evlog``.
-    ``sync=False``: ranks run ahead of each other (when a stop is seen then depends
-    on scheduling).
-    """
+    """Train, and return what happened. ``resume``: a checkpoint of an earlier demo run, or
+    its run directory; ``sync=False``: ranks run ahead of each other."""
     opts = DemoOptions.build(options, **keywords)
     if resume is not None:
         resume, folder = _demo_checkpoint(resume, opts.workers, out)
@@ -296,7 +288,7 @@ async def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     run_id = _resumed_run_id(out, resume) or f"demo-{uuid.uuid4().hex[:8]}"
     log_path = out / f"{run_id}.evlog" if log else None
-    summary = DemoSummary(out=out, log=log_path)
+    summary = DemoSummary(out, RunResult(run_id=run_id, status="cancelled"), log=log_path)
     stopping = EarlyStopping("loss", patience=opts.patience, threshold=1e-4)
     best = BestCheckpoints("loss", k=3)
     final = FinalLoss()
@@ -367,12 +359,7 @@ async def run_demo(
 
     summary.callback_seconds = {s.name: s.total for s in run.bus.stats().subscriptions if s.total}
 
-    result = run.result
-    summary.status = result.status
-    summary.rounds = result.rounds
-    summary.reports = result.reports
-    summary.failures = result.failures
-    summary.restarts = result.restarts
+    summary.result = run.result
     summary.stopped_early = stopping.should_stop
     summary.early_stopping = (
         f"best loss {stopping.best:.5f}, {stopping.wait} rounds without improvement "
@@ -381,10 +368,8 @@ async def run_demo(
         else "no rounds yet"
     )
     summary.best_checkpoint = best.best
-    summary.last_checkpoint = result.last_checkpoint
     summary.states = {state_key_of(c): c.state() for c in run.callbacks if is_stateful(c)}
     summary.final_loss = final.loss
-    summary.callbacks = result.callbacks  # read after the run: up to the bus's close
     return summary
 
 

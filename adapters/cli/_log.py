@@ -75,11 +75,8 @@ def register(subparsers: Any) -> None:
     replay = subparsers.add_parser(
         "replay",
         help="replay a log against callbacks",
-        description=(
-            "Replay a log into a fresh bus (instantly, on virtual time, unless --speed) "
-            "against callbacks, and print what each one cost. Exit code 1 if any failed "
-            "or timed out."
-        ),
+        description="Replay a log into a fresh bus against callbacks, and print what each one "
+        "cost; exit code 1 if any failed or timed out.",
         epilog="docs: docs/operations/cli.md#replay",
     )
     replay.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
@@ -88,9 +85,8 @@ def register(subparsers: Any) -> None:
         nargs="+",
         default=[],
         metavar="MODULE:NAME",
-        help="objects to replay against: handler callables (get every event) or training "
-        "callbacks (after_report/after_exception/...); classes and zero-argument "
-        "factories are called first",
+        help="handler callables (every event) or training callbacks; classes and "
+        "zero-argument factories are called first",
     )
     replay.add_argument("--speed", type=float, help="real time at this pace (1 = as recorded)")
     replay.add_argument("--period", type=float, help="health-check period (s)")
@@ -100,9 +96,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="NAME=SECONDS",
-        help="charge each call of handler NAME (as the table names it: "
-        "EarlyStopping.after_report) SECONDS of virtual time, to see what its budget "
-        "policy does; repeatable. The replay is then on virtual time, deterministic",
+        help="charge each call of handler NAME (EarlyStopping.after_report) SECONDS of "
+        "virtual time, to see what its budget policy does (repeatable)",
     )
     _add_filters(replay)
     replay.set_defaults(func=_replay)
@@ -326,39 +321,36 @@ class LogStats(msgspec.Struct, kw_only=True):
 
 
 def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats:
+    stats = LogStats(run_id=reader.header.run_id, schema_version=reader.header.schema_version)
     by_type: Counter[str] = Counter()
     by_rank: Counter[int] = Counter()
     reports: Counter[int] = Counter()
     failures: Counter[int] = Counter()
     round_ranks: dict[tuple[str, int], set[int]] = {}
-    world = 0
-    first = last = None
-    handler_failures = handler_timeouts = rolled_back = periods = 0
-    periods_span = 0.0
     costs: dict[str, CallbackCost] = {}  # each handler's, summed over the budget reports
     for event in reader:
         by_type[type(event).__name__] += 1
         if plan is not None and plan.is_rolled_back(event):
-            rolled_back += 1
-        if first is None:
-            first = event.time
-        last = event.time
+            stats.rolled_back += 1
+        if stats.first_time is None:
+            stats.first_time = event.time
+        stats.last_time = event.time
         rank = getattr(event, "rank", None)
         if rank is not None:
             by_rank[rank] += 1
         if isinstance(event, Report):
             reports[event.rank] += 1
-            world = max(world, event.world_size)
+            stats.world_size = max(stats.world_size, event.world_size)
             round_ranks.setdefault((event.run_id, event.index), set()).add(event.rank)
         elif isinstance(event, WorkerFailure):
             failures[event.rank] += 1
         elif isinstance(event, HandlerFailed):
-            handler_failures += 1
+            stats.handler_failures += 1
         elif isinstance(event, HandlerTimedOut):
-            handler_timeouts += 1
+            stats.handler_timeouts += 1
         elif isinstance(event, BudgetReport):
-            periods += 1
-            periods_span += max(0.0, event.end - event.start)
+            stats.periods += 1
+            stats.periods_span += max(0.0, event.end - event.start)
             for usage in event.handlers:
                 was = costs.get(usage.handler) or CallbackCost(handler=usage.handler)
                 costs[usage.handler] = msgspec.structs.replace(
@@ -381,39 +373,28 @@ def _collect_stats(reader: LogReader, plan: Rollbacks | None = None) -> LogStats
         ]
         return sorted(chosen, key=lambda cost: cost.total, reverse=True)
 
-    return LogStats(
-        events=sum(by_type.values()),
-        run_id=reader.header.run_id,
-        schema_version=reader.header.schema_version,
-        first_time=first,
-        last_time=last,
-        span=(last - first) if first is not None and last is not None else 0.0,
-        by_type=dict(by_type.most_common()),
-        by_rank=dict(sorted(by_rank.items())),
-        reports_per_rank=dict(sorted(reports.items())),
-        complete_rounds=sum(1 for ranks in round_ranks.values() if len(ranks) >= world),
-        world_size=world,
-        worker_failures=dict(sorted(failures.items())),
-        handler_failures=handler_failures,
-        handler_timeouts=handler_timeouts,
-        truncated_at=reader.truncated.offset if reader.truncated else None,
-        skipped_corrupt=reader.skipped,
-        rolled_back=rolled_back,
-        resumes=[
-            ResumeStats(
-                seq=r.seq,
-                time=r.time,
-                checkpoint=r.checkpoint,
-                checkpoint_seq=r.position.checkpoint_seq,
-                rounds=r.position.rounds,
-            )
-            for r in (plan.resumes if plan is not None else ())
-        ],
-        periods=periods,
-        periods_span=periods_span,
-        callbacks=ranked(True),
-        other_handlers=ranked(False),
-    )
+    first, last = stats.first_time, stats.last_time
+    stats.events = sum(by_type.values())
+    stats.span = (last - first) if first is not None and last is not None else 0.0
+    stats.by_type = dict(by_type.most_common())
+    stats.by_rank = dict(sorted(by_rank.items()))
+    stats.reports_per_rank = dict(sorted(reports.items()))
+    stats.complete_rounds = sum(1 for r in round_ranks.values() if len(r) >= stats.world_size)
+    stats.worker_failures = dict(sorted(failures.items()))
+    stats.truncated_at = reader.truncated.offset if reader.truncated else None
+    stats.skipped_corrupt = reader.skipped
+    stats.resumes = [
+        ResumeStats(
+            seq=r.seq,
+            time=r.time,
+            checkpoint=r.checkpoint,
+            checkpoint_seq=r.position.checkpoint_seq,
+            rounds=r.position.rounds,
+        )
+        for r in (plan.resumes if plan is not None else ())
+    ]
+    stats.callbacks, stats.other_handlers = ranked(True), ranked(False)
+    return stats
 
 
 def _stats(args: argparse.Namespace) -> int:

@@ -15,22 +15,18 @@ import msgspec
 
 from adapters.report import comparison_report, run_report
 from adapters.report._digest import RunDigest, digest_log
-from eventbus.log import LogError
 from eventbus.state import StateError
 from eventbus.state._files import atomic_write
 
-from ._common import CliError, cannot_write, check_output, local_log
+from ._common import CliError, cannot_write, check_output, local_log, log_errors
 
 
 def register(subparsers: Any) -> None:
     report = subparsers.add_parser(
         "report",
         help="write a run's report: one self-contained HTML page",
-        description=(
-            "Write one HTML page for a recorded run (summary, metrics over rounds, callback "
-            "cost per period against the budget, failures), or for two runs side by side. "
-            "The page fetches nothing: open it from disk in any browser."
-        ),
+        description="Write one self-contained HTML page for a recorded run, or for two side by "
+        "side.",
         epilog="docs: docs/report.md",
     )
     report.add_argument("log", type=Path, help="event log (.evlog msgpack or .jsonl)")
@@ -56,16 +52,8 @@ def report_path(log: Path, other: Path | None = None) -> Path:
 def _digest(path: Path, name: Path) -> RunDigest:
     """The digest of the log at ``path``, which the user named ``name`` (``path`` may be
     a copy of a pipe, see ``local_log``): the page and the messages say ``name``."""
-    try:
+    with log_errors(name):
         digest = digest_log(path)
-    except FileNotFoundError:
-        raise CliError(f"{name}: no such file") from None
-    except IsADirectoryError:
-        raise CliError(f"{name}: is a directory, not an event log") from None
-    except LogError as exc:
-        raise CliError(str(exc)) from None
-    except OSError as exc:
-        raise CliError(f"{name}: cannot read: {exc.strerror or exc}") from None
     # A name that is not UTF-8 (Linux names are bytes) shows its bytes escaped: the
     # page is UTF-8 text.
     digest.path = Path(os.fsencode(name).decode("utf-8", "backslashreplace"))
@@ -74,16 +62,9 @@ def _digest(path: Path, name: Path) -> RunDigest:
         first = damage.first_error.replace(str(path), str(digest.path))
         digest.damage = damage = msgspec.structs.replace(damage, first_error=first)
     if damage.any:
-        lost = []
-        if damage.truncated is not None:
-            lost.append(f"cut short at byte {damage.truncated.offset}")
-        if damage.skipped:
-            lost.append(f"{damage.skipped} corrupt record(s) skipped")
-        if damage.placeholders:
-            lost.append(f"{damage.placeholders} record(s) not decodable")
         print(
-            f"eventbus report: warning: {name} is damaged ({', '.join(lost)}); the report "
-            "shows what could be read",
+            f"eventbus report: warning: {name} is damaged: {damage.lost()}; the report shows "
+            "what could be read",
             file=sys.stderr,
         )
     return digest
@@ -92,11 +73,8 @@ def _digest(path: Path, name: Path) -> RunDigest:
 def write_page(
     page: str, output: Path, *, inputs: tuple[Path, ...] = (), option: str = "-o"
 ) -> None:
-    """Write ``page`` to ``output``: a file is replaced whole (``atomic_write``: a
-    temporary file renamed into place, with the mode a new file gets); ``-`` is
-    stdout, and a device or a pipe (``/dev/stdout``) is written into, never replaced.
-    Never onto one of ``inputs`` (by identity: a hard link is the same file); any
-    failure is one line naming ``output``."""
+    """Write ``page`` to ``output``, never onto one of ``inputs``: a file replaced whole,
+    a device or a pipe written into, ``-`` stdout; a failure is one line naming it."""
     check_output(output, inputs=inputs, option=option)
     if str(output) == "-":  # a failing stdout: `main` names it
         sys.stdout.write(page)

@@ -1,17 +1,10 @@
-"""``eventbus report``: a recorded run as one self-contained HTML page.
+"""``eventbus report``: a recorded run (or two, side by side) as one self-contained HTML
+page that fetches nothing (docs/report.md)."""
 
-``run_report`` reads a log once, in bounded memory, and makes its page
-(``comparison_report`` puts two runs side by side). The page is one file
-that fetches nothing: charts by a vendored uPlot, drawn from the data the
-page carries.
-"""
-
-from ._bench_page import bench_report
 from ._compare import comparison_report
 from ._run_page import run_report
 
 __all__ = [
-    "bench_report",
     "comparison_report",
     "run_report",
 ]

@@ -1,24 +1,16 @@
-"""Two runs side by side: "did my change make callbacks cheaper?"
-
-Both runs are put on one grid first (``align``: the finer run's buckets
-are merged to the coarser's width), so round r of A is drawn above round r
-of B, and period p above period p. Metrics are drawn as each run's mean
-over ranks, with a band from the lowest to the highest rank; the callback
-table puts each callback's figures in both runs next to the change.
-"""
+"""Two runs side by side, on one grid (``align``): did a change make callbacks cheaper?"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from html import escape
 
 from ._cost import ALL_CALLBACKS, BUDGET, CallbackCost
 from ._digest import RunDigest
 from ._limits import MAX_METRICS
-from ._page import Chart, Document, escape, table
+from ._page import Chart, Document, table
 from ._run_page import damage_banner, seconds
 from ._series import align
-
-__all__ = ["comparison_report"]
 
 #: Each run's colour, dash and band fill: A solid blue, B dashed vermillion.
 RUN_STYLE = (

@@ -1,9 +1,5 @@
-"""What the callbacks cost over a run, from its budget reports, in bounded memory.
-
-A log keeps one report per handler and period, so per-call percentiles are of each period's
-mean call, weighted by its calls (``eventbus bench`` times every call). A period's skips are
-put down to the one state the handler was in during it; under none or two, no cause.
-"""
+"""What the callbacks cost over a run, from its budget reports, in bounded memory. A period's
+skips are put down to the one state the handler was in during it; under none or two, no cause."""
 
 from __future__ import annotations
 
@@ -15,19 +11,6 @@ from eventbus import BudgetReport, HandlerStateChanged, HealthCheckTick
 
 from ._limits import MAX_HANDLERS, MAX_LABEL, MAX_SPANS, MAX_STATES, clip
 from ._series import SeriesGroup
-
-__all__ = [
-    "ALL_CALLBACKS",
-    "BUDGET",
-    "LIBRARY_TOTAL",
-    "SKIP_CAUSES",
-    "UNKNOWN_CAUSE",
-    "CallbackCost",
-    "CostDigest",
-    "Span",
-    "is_library",
-    "skip_cause",
-]
 
 #: The series of the cost chart that is not one handler.
 ALL_CALLBACKS = "all handlers"

@@ -1,12 +1,5 @@
-"""One pass over a log, in bounded memory: everything a run's report shows.
-
-The log is streamed (``LogReader``, corrupt records skipped and counted)
-and each event is folded into fixed-size figures: counts, the summary,
-the metric charts (``_metrics``), the callback cost (``_cost``) and the
-first failures with their tracebacks. Nothing grows with the log's length,
-so a 10-million-event log is read as a thousand-event one is, only longer.
-Events a resume rolled back are left out (and counted), as a replay does.
-"""
+"""One pass over a log into fixed-size figures: everything a run's report shows, in memory
+that does not grow with the log. Events a resume rolled back are left out, as a replay does."""
 
 from __future__ import annotations
 
@@ -57,8 +50,6 @@ from ._limits import (
 )
 from ._metrics import MetricCharts
 
-__all__ = ["Damage", "Failure", "Fault", "RunDigest", "digest_log"]
-
 
 class Failure(msgspec.Struct, frozen=True, kw_only=True):
     """A worker's exception: when, where, what."""
@@ -94,6 +85,20 @@ class Damage(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def any(self) -> bool:
         return self.truncated is not None or self.skipped > 0 or self.placeholders > 0
+
+    def lost(self) -> str:
+        """What was lost, in words: the page's banner and the command's warning say it."""
+        lost = []
+        if self.truncated is not None:
+            lost.append(
+                f"the last record was cut short at byte {self.truncated.offset} "
+                f"({self.truncated.size} bytes lost: a crash mid-write)"
+            )
+        if self.skipped:
+            lost.append(f"{self.skipped} corrupt record(s) skipped ({self.first_error})")
+        if self.placeholders:
+            lost.append(f"{self.placeholders} record(s) did not decode as their type, left out")
+        return "; ".join(lost)
 
 
 class RunDigest:
@@ -344,12 +349,8 @@ def _few(names: tuple[str, ...], limit: int = MAX_NAME) -> tuple[str, ...]:
 
 
 def digest_log(path: str | os.PathLike[str], *, buckets: int = BUCKETS) -> RunDigest:
-    """Read the log at ``path`` once and return its ``RunDigest``.
-
-    Corrupt records are skipped and a torn tail ends the reading; both are in
-    ``digest.damage``, so a damaged log still gives a report of what was
-    read. ``LogError`` (or ``OSError``) only when the file is not a log at all.
-    """
+    """Read the log at ``path`` once. A damaged log still gives what was read (the damage
+    in ``digest.damage``): ``LogError`` or ``OSError`` only for a file that is no log."""
     plan = rollbacks(path)
     with LogReader(path, skip_corrupt=True) as reader:
         digest = RunDigest(Path(path), reader.header.run_id, buckets=buckets)

@@ -1,10 +1,5 @@
-"""What a log may cost a report: every cap, in one place.
-
-A page must stay small (under 4 MB) and a report's memory bounded whatever
-the log holds, hostile logs included: millions of ranks, thousands of
-metric or handler names, megabyte tracebacks and names. Past a cap, the
-rest is counted on the page, never silently dropped.
-"""
+"""What a log may cost a report, hostile logs included: every cap, in one place. Past a cap,
+the rest is counted on the page, never silently dropped."""
 
 from __future__ import annotations
 

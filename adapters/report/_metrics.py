@@ -1,14 +1,5 @@
-"""The metrics a run's ranks reported, one chart each, with where things happened.
-
-Rounds come from ``RoundGathered`` (what the callbacks were given:
-``metrics[i]`` from rank ``ranks[i]``). A log without the gathering (a
-bus fed reports directly) is charted by each rank's report index instead.
-Numbers are charted, one level of nested dicts included (``"eval/loss"``);
-NaN and infinities are counted and left as gaps. Up to ``MAX_RANK_LINES``
-ranks get a line each; a wider run gets one band (lowest to highest rank)
-around the mean. Charts, markers and names are all capped, so a hostile
-log costs bounded memory.
-"""
+"""The metrics a run's ranks reported, one chart each, with where things happened: by round
+(``RoundGathered``), else by report index; one level of nested dicts (``"eval/loss"``)."""
 
 from __future__ import annotations
 
@@ -28,8 +19,6 @@ from ._limits import (
     clip,
 )
 from ._series import SeriesGroup
-
-__all__ = ["ALL_RANKS", "Marker", "MetricCharts", "MetricSeries"]
 
 ALL_RANKS = "all ranks"
 
@@ -76,12 +65,8 @@ class MetricCharts:
         return len(self.ranks) <= MAX_RANK_LINES
 
     def add(self, x: float, ranks: Sequence[int], metrics: Sequence[Mapping[str, Any]]) -> None:
-        """One round at ``x``: ``metrics[i]`` from rank ``ranks[i]``.
-
-        Each value goes to its rank's line (while the run is narrow enough);
-        the ranks' values are pooled first, so the band of all ranks costs one
-        addition per metric and round, not one per rank.
-        """
+        """One round at ``x``: ``metrics[i]`` from rank ``ranks[i]``; the ranks' values
+        are pooled first, so the band of all ranks costs one addition per metric."""
         if x > self.last_x:
             self.last_x = x
         seen = self.ranks

@@ -18,20 +18,6 @@ import eventbus
 
 from ._limits import MAX_DRAWN, SHORT_TEXT, TEXT_BUDGET, clip
 
-__all__ = [
-    "PALETTE",
-    "Chart",
-    "Document",
-    "TextBudget",
-    "bullets",
-    "escape",
-    "facts",
-    "kind_name",
-    "series_style",
-    "table",
-    "with_unit",
-]
-
 #: Okabe-Ito, without its yellow (too faint on white).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000")
 #: A chart's lines, one colour each: Okabe-Ito without its yellow and its black (the
@@ -93,11 +79,8 @@ def short(value: float) -> float:
 
 
 class TextBudget:
-    """What the log's long texts (messages, tracebacks, warnings, paths) may take of a
-    page: ``limit`` bytes, escaped. A text is cut to fit what is left, and once that is
-    spent, every further text to ``SHORT_TEXT`` characters: the page's size stays
-    bounded whatever the log holds (escaping alone can make a text 6 times longer).
-    """
+    """What the log's long texts may take of a page, escaped: ``limit`` bytes, then
+    ``SHORT_TEXT`` characters each, so the page stays small whatever the log holds."""
 
     def __init__(self, limit: int = TEXT_BUDGET) -> None:
         self.left = limit
@@ -163,7 +146,6 @@ class Chart:
         colour: str | None = None,
         dash: Sequence[int] = (),
         width: float = 1.5,
-        fill: str | None = None,
     ) -> int:
         """Add a series (``values`` along ``self.x``); returns its uPlot index."""
         if colour is None:
@@ -175,8 +157,6 @@ class Chart:
         self.series.append(
             {"label": label, "values": kept, "colour": colour, "dash": list(dash), "width": width}
         )
-        if fill:
-            self.series[-1]["fill"] = fill
         return len(self.series)
 
     def band(

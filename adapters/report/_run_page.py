@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Sequence
+from html import escape
 from itertools import groupby
 
 from ._cost import (
@@ -25,14 +26,11 @@ from ._page import (
     Document,
     TextBudget,
     bullets,
-    escape,
     facts,
     kind_name,
     series_style,
     table,
 )
-
-__all__ = ["cost_chart", "damage_banner", "run_report", "seconds", "skipped_text"]
 
 BAND_FILL = "rgba(0,114,178,0.18)"
 #: The chart's line of all handlers together, and of the library's handlers together.
@@ -83,20 +81,8 @@ def wall(value: float | None) -> str:
 
 def damage_banner(path: str, damage: Damage) -> str:
     """The banner of a damaged log: what was lost, and that the rest is shown."""
-    lost = []
-    if damage.truncated is not None:
-        lost.append(
-            f"the last record was cut short at byte {damage.truncated.offset} "
-            f"({damage.truncated.size} bytes lost: a crash mid-write)"
-        )
-    if damage.skipped:
-        lost.append(f"{damage.skipped} corrupt record(s) were skipped ({damage.first_error})")
-    if damage.placeholders:
-        lost.append(
-            f"{damage.placeholders} record(s) did not decode as their type and are left out"
-        )
     return (
-        f"<strong>This log is damaged.</strong> {escape(path)}: {escape('; '.join(lost))}. "
+        f"<strong>This log is damaged.</strong> {escape(path)}: {escape(damage.lost())}. "
         "The report shows everything that could be read."
     )
 

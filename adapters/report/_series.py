@@ -10,8 +10,6 @@ from typing import NamedTuple
 
 from ._limits import BUCKETS
 
-__all__ = ["Band", "Lines", "SeriesGroup", "align"]
-
 # A bucket: [lowest, x of lowest, highest, x of highest, sum, count].
 _LO, _LO_X, _HI, _HI_X, _SUM, _COUNT = range(6)
 
