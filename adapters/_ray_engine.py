@@ -380,6 +380,32 @@ class _ControllerHooks(ControllerCallback):  # type: ignore[misc]  # ray is unty
         ray.get(self.forwarder.send(("closed", None)))
 
 
+#: ``ray.init`` keywords that only shape a cluster it starts: joining one, Ray refuses them.
+_NEW_CLUSTER_ONLY = (
+    "num_cpus",
+    "num_gpus",
+    "resources",
+    "labels",
+    "object_store_memory",
+    "_system_config",
+)
+
+
+def _init_keywords(init: Mapping[str, Any]) -> dict[str, Any]:
+    """``init`` as ``ray.init`` takes it: joining a cluster, without what shapes a new one."""
+    address = init.get("address") or os.environ.get("RAY_ADDRESS")
+    if not address or address == "local":
+        return dict(init)
+    left_out = [name for name in _NEW_CLUSTER_ONLY if name in init]
+    if left_out:
+        _log.info(
+            "joining a Ray cluster: the init keywords that shape a new one are left out",
+            address=address,
+            left_out=left_out,
+        )
+    return {name: value for name, value in init.items() if name not in left_out}
+
+
 class RayEngine:
     """Runs ``open_run``'s workers as a Ray Train v2 job (``open_run(engine=RayEngine())``).
 
@@ -390,8 +416,11 @@ class RayEngine:
     Args:
         use_gpu: give each worker a GPU (``ScalingConfig(use_gpu=...)``).
         resources_per_worker: Ray resources per worker (``ScalingConfig``).
-        init: ``ray.init`` keywords, used only when Ray is not initialised yet
-            (to join a cluster, call ``ray.init(address=...)`` first).
+        init: ``ray.init`` keywords, used only when Ray is not initialised yet. Joining
+            a cluster (``address=``, or ``RAY_ADDRESS``, which ``ray job submit`` sets),
+            those that only shape a cluster Ray starts (``num_cpus``, ``num_gpus``,
+            ``resources``, ...) are left out, which Ray would refuse: one script runs on
+            a laptop and on a cluster.
     """
 
     def __init__(
@@ -426,7 +455,7 @@ class RayEngine:
             latest = str(_absolute(latest))
         if not ray.is_initialized():
             taken = signal.getsignal(signal.SIGTERM)
-            ray.init(**self.init)
+            ray.init(**_init_keywords(self.init))
             if taken is not signal.SIG_DFL:  # the run's (or the user's): not Ray's exit
                 signal.signal(signal.SIGTERM, taken)
         first_index = [run.first_index(rank) for rank in range(run.world_size)]

@@ -1,6 +1,7 @@
 """What ``open_run(engine=RayEngine())`` costs a Ray Train job, against plain Ray Train.
 
-One local Ray cluster (``ray.init(num_cpus=2)``), two CPU workers, the same
+One local Ray cluster (``ray.init(num_cpus=2)``; the one ``RAY_ADDRESS`` names, if
+set), two CPU workers, the same
 training step in both conditions: a small MLP (``--hidden`` wide, batch 64,
 one torch thread) doing forward, backward and an SGD step, one report per
 step, a checkpoint (the model's ``state_dict`` in a local temporary folder)
@@ -346,7 +347,10 @@ def main() -> int:
     if not 0 < args.warmup < args.steps:
         parser.error("--warmup must be between 0 and --steps")
     out = Path(tempfile.mkdtemp(prefix="bench_ray_engine_"))
-    ray.init(num_cpus=WORKERS, include_dashboard=False, logging_level="WARNING")
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(logging_level="WARNING")
+    else:
+        ray.init(num_cpus=WORKERS, include_dashboard=False, logging_level="WARNING")
     conditions = ["plain", *dict.fromkeys(c for c in args.conditions if c != "plain")]
     jobs: dict[str, list[dict[str, Any]]] = {name: [] for name in conditions}
     try:

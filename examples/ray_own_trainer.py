@@ -82,7 +82,8 @@ def train_fn(config: dict[str, Any]) -> None:
 
 def main() -> int:
     storage = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="ray_train_")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    if not os.environ.get("RAY_ADDRESS"):  # else the cluster it names (`ray job submit`)
+        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     bus_callback = EventBusUserCallback([Console("[controller]")], period=1.0)
     # Ray's annotation says UserCallbacks; its controller takes the lifecycle's kind too.
     callbacks: list[Any] = [bus_callback, bus_callback.lifecycle]

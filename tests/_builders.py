@@ -1,5 +1,6 @@
 """What several tests build or take apart: deeply nested dicts, a log's records, reports,
-a stateful callback that restores itself, the command line run as a user runs it."""
+a stateful callback that restores itself, the command line and the examples run as a user
+runs them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ from typing import Any
 from eventbus import Report
 from eventbus.state._model import CallbackState
 
-__all__ = ["Custom", "eventbus", "nested_dict", "ranked_report", "record_spans"]
+__all__ = [
+    "EXAMPLES",
+    "Custom",
+    "eventbus",
+    "nested_dict",
+    "ranked_report",
+    "record_spans",
+    "run_example",
+]
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def nested_dict(depth: int) -> dict[str, Any]:
@@ -71,4 +82,23 @@ def eventbus(
         cwd=cwd,
         check=False,
         timeout=timeout,
+    )
+
+
+def run_example(
+    name: str,
+    timeout: float,
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python examples/NAME ARGS`` in a subprocess, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=cwd,
+        env=env,
     )

@@ -80,7 +80,7 @@ SLOW = (
     "test_docs.py",  # 76: the README's and docs' commands, from fresh directories
     "test_cli_log.py",  # 46: the log commands, each a subprocess
     "test_replay_costs_cli.py",  # 5: eventbus replay --cost, in subprocesses
-    "test_examples.py",  # 44: the examples, Ray's and Hugging Face's trainers included
+    "test_examples.py",  # 45: the examples, Hugging Face's, Lightning's and torchrun's
     "test_cli_output_files.py",  # 42: every command's outputs, each a subprocess
     "test_benchmarks_run.py",  # 29: make bench-quick
     "reliability/test_adversarial.py",  # 29
@@ -191,24 +191,25 @@ MARKERS: dict[str, tuple[str, ...]] = {
 RAY_FILES = (
     "adapter_tests/test_ray.py",
     "adapter_tests/test_ray_engine.py",
+    "adapter_tests/test_ray_engine_bench.py",
+    "adapter_tests/test_ray_examples.py",
     "adapter_tests/test_ray_stalls.py",
 )
 
 #: The groups of files (a file, or ``ray`` for RAY_FILES; one xdist worker runs a group) that
 #: take longest, longest first, with their seconds in a run of the whole suite on one process
-#: (2026-12-06, --durations): the workers take the groups in this order, then the others in
+#: (2026-12-07, --durations): the workers take the groups in this order, then the others in
 #: the order collected, so that no long group starts last.
 LONGEST = (
-    "ray",  # 175: seven Ray jobs and more
-    "test_examples.py",  # 141: Ray's examples start their own clusters, three times
+    "ray",  # 220: ten Ray jobs and more, Ray's examples and its benchmark among them
     "test_docs.py",  # 76
-    "adapter_tests/test_ray_engine_bench.py",  # 56: its own cluster
     "reliability/test_resume_equivalence.py",  # 50: 60 demos killed and resumed (forked)
     "test_cli_log.py",  # 46
+    "test_examples.py",  # 45
     "test_cli_output_files.py",  # 42
     "adapter_tests/test_lightning_ddp.py",  # 40
-    "adapter_tests/test_torchrun.py",  # 33: real torchrun jobs, two ranks each
     "reliability/test_adversarial.py",  # 35
+    "adapter_tests/test_torchrun.py",  # 33: real torchrun jobs, two ranks each
     "adapter_tests/test_trainer_overhead_bench.py",  # 28
     "test_benchmarks_run.py",  # 26
 )
@@ -374,6 +375,15 @@ def ray_cluster() -> Generator[None]:
     upcoming = _next_item[0]
     if upcoming is None or where(upcoming)[0] not in RAY_FILES:
         ray.shutdown()
+
+
+@pytest.fixture
+def joining_ray(ray_cluster: None) -> dict[str, str]:
+    """The environment for a process of a test's own to join ``ray_cluster`` (no cluster of
+    its own to start), as ``ray job submit`` gives its entrypoint: ``RAY_ADDRESS``."""
+    import ray
+
+    return {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
 
 
 @pytest.hookimpl(wrapper=True)

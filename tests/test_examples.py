@@ -1,4 +1,4 @@
-"""The examples users copy still run as written."""
+"""The examples users copy still run as written (Ray's: adapter_tests/test_ray_examples.py)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def run_example(
-    name: str, timeout: float, *args: str, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=cwd,
-    )
+from _builders import EXAMPLES, run_example
 
 
 def test_demo_trainer_example() -> None:
@@ -49,21 +35,6 @@ def test_lightning_trainer_example() -> None:
     assert "run ended: failed, 4 rounds" in done.stdout
     # Restored as of last.ckpt (step 5: 3 rounds), then the rounds of steps 6 to 15.
     assert "tracker: rounds=9" in done.stdout and "stopped at step 15" in done.stdout
-
-
-def test_ray_train_example_runs_and_resumes_from_a_relative_folder(tmp_path: Path) -> None:
-    """As the README says: run it, then again with the same folder, typed relative."""
-    pytest.importorskip("ray")
-    done = run_example("ray_train.py", 300, "runs/ray", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "rank 1 failed: RuntimeError: injected failure on rank 1 at step 5" in done.stdout
-    assert "1 restart(s)" in done.stdout and "stopped by EarlyStopping" in done.stdout
-    again = run_example("ray_train.py", 300, "runs/ray", cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from runs/ray/checkpoint_" in again.stderr
-    assert "failed" not in again.stdout and "stopped by EarlyStopping" in again.stdout
-    first_line = done.stdout.splitlines()[0]
-    assert first_line.startswith("run run-") and again.stdout.startswith(first_line)  # its id
 
 
 def test_torchrun_train_example_runs_and_resumes_one_history(tmp_path: Path) -> None:
@@ -105,15 +76,6 @@ def test_torchrun_train_example_runs_and_resumes_one_history(tmp_path: Path) -> 
     assert resumed["rounds"] == first["rounds"][start:]
     assert resumed["states"] == first["states"]
     assert resumed["stopped_by"] == first["stopped_by"]
-
-
-def test_ray_own_trainer_example() -> None:
-    pytest.importorskip("ray")
-    done = run_example("ray_own_trainer.py", timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "fit() raised WorkerGroupError, as injected" in done.stdout
-    assert "[replay] rank 1 failed: RuntimeError: injected failure" in done.stdout
-    assert "[replay] run ended: failed" in done.stdout
 
 
 def test_trackers_example_fails_then_resumes_into_the_same_tracker_runs(tmp_path: Path) -> None:

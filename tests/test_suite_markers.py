@@ -66,7 +66,8 @@ def test_each_key_names_a_folder_file_or_test_that_exists(key: str) -> None:
 
 def test_every_in_process_ray_cluster_is_the_shared_one() -> None:
     """A test module that starts its own cluster would run beside the shared one, on the
-    other xdist worker or after it: each starts through ``ray_cluster``, in RAY_FILES."""
+    other xdist worker or after it: each starts through ``ray_cluster`` (or joins it, through
+    ``joining_ray``), in RAY_FILES."""
     starting = sorted(
         path.relative_to(TESTS).as_posix()
         for path in TESTS.rglob("test_*.py")
@@ -76,7 +77,8 @@ def test_every_in_process_ray_cluster_is_the_shared_one() -> None:
     using = sorted(
         path.relative_to(TESTS).as_posix()
         for path in TESTS.rglob("test_*.py")
-        if "ray_cluster" in path.read_text() and path != Path(__file__).resolve()
+        if any(name in path.read_text() for name in ("ray_cluster", "joining_ray"))
+        and path != Path(__file__).resolve()
     )
     assert using == sorted(conftest.RAY_FILES)
 

@@ -120,7 +120,9 @@ def test_a_hung_rank_is_said_stalled_once_then_recovered(job: dict[str, Any]) ->
     (recovered,) = [e for e in job["events"] if isinstance(e, RankRecovered)]
     # Said at the next tick, with the rank's latest report then.
     assert recovered.rank == HANG_RANK and HANG_AT <= recovered.index < STEPS
-    assert HANG_S - 0.1 <= recovered.silent_s <= HANG_S + PERIOD
+    # Its hang, and at most two periods more: the tick's, and the worker's own report (4.76 s
+    # was seen with three test processes on two cores).
+    assert HANG_S - 0.1 <= recovered.silent_s <= HANG_S + 2 * PERIOD
     assert recovered.seq > stall.seq
     assert [line for line in job["said"] if "recovered" in line] == [
         f"rank 1 recovered after {recovered.silent_s:.1f} s: reported step {recovered.index}"
