@@ -16,11 +16,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
-# The project and its dependencies go in with uv: every extra in about 10 s where pip takes
+# The project and its dependencies go in with uv: every extra in about 20 s where pip takes
 # 70 (on the 2-core machine this project is tested on, with no cache). pip installs uv
-# itself, and torch: pip's configuration says where a machine keeps its wheels.
+# itself, and torch: pip's configuration says where a machine keeps its wheels. Compiled
+# to bytecode at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, nothing else
+# would, and each process would compile torch's and ray's imports anew (seconds each).
 UV := $(BIN)/uv
-INSTALL := $(UV) pip install --quiet --python $(BIN)/python
+INSTALL := $(UV) pip install --quiet --compile-bytecode --python $(BIN)/python
 # torch is installed first, pinned to the CPU build this project is tested with:
 # an unpinned torch requirement with no torch installed pulls a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
