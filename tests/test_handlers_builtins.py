@@ -137,6 +137,11 @@ def test_metrics_named_as_the_lines_own_fields_are_logged_renamed_said_once() ->
         ("round", "metric.metric.round"),
         ("self", "metric.self"),
     ]
+    # A later round with a metric named as the earlier one's new name keeps both.
+    with structlog.testing.capture_logs() as logs:
+        logger.after_report(CTX, [{"round": 1, "metric.metric.round": 2}], None)
+    (line,) = [e for e in logs if e["event"] == "round"]
+    assert (line["metric.metric.round"], line["metric.round"]) == (2, 1)
 
 
 @pytest.mark.parametrize(

@@ -55,10 +55,11 @@ class MetricsLogger(UserCallback):
             line_name = name
             if name in _OWN_FIELDS:
                 line_name = self._line_names.get(name, "")
-                if not line_name:
+                if not line_name or line_name in means:  # a metric of this round has it
                     line_name = f"metric.{name}"
                     while line_name in means:
                         line_name = f"metric.{line_name}"
+                if self._line_names.get(name) != line_name:
                     self._line_names[name] = line_name
                     _log.warning(
                         "a metric is named as a field of MetricsLogger's line: logged renamed",
