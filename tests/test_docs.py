@@ -31,6 +31,9 @@ Kinds:
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import json
 import math
 import os
 import re
@@ -424,13 +427,51 @@ def test_fragments_belong_to_an_example_that_runs(block: Block) -> None:
     names = [name.strip() for line in ours for name in line.split("import", 1)[1].split(",")]
     source = example.read_text()
     assert [n for n in names if n not in source] == [], f"{block.where}: not used in {block.arg}"
-    if "adapters.transformers" in block.text:
-        pytest.importorskip("transformers")
-    if "adapters.ray" in block.text:
-        pytest.importorskip("ray")
-    if "adapters.lightning" in block.text:
-        pytest.importorskip("lightning")
-    run([sys.executable, "-c", "\n".join(imports)], ROOT)
+    for adapter, library in LIBRARIES.items():
+        if f"adapters.{adapter}" in block.text and importlib.util.find_spec(library) is None:
+            pytest.skip(f"{block.where} needs {library}, not installed")
+    failed = fragment_import_failures().get(block.where)
+    assert failed is None, f"{block.where}: its imports fail in a fresh process:\n{failed}"
+
+
+#: The libraries the adapters a fragment may import need (found, not imported: that takes
+#: seconds, and the fragments' imports run in another process).
+LIBRARIES = {"transformers": "transformers", "ray": "ray", "lightning": "lightning"}
+#: Runs each fragment's imports in a fresh namespace, in one process (the heavy libraries
+#: they import are loaded once, not once per fragment), and prints what failed, as JSON.
+_IMPORT_EACH = """
+import json, sys, traceback
+failed = {}
+for where, imports in json.loads(sys.argv[1]).items():
+    try:
+        exec(imports, {})
+    except BaseException:
+        failed[where] = traceback.format_exc()
+print(json.dumps(failed))
+"""
+
+
+@functools.cache
+def fragment_import_failures() -> dict[str, str]:
+    """Per fragment (its ``where``), the traceback of its imports, if they failed."""
+    imports = {
+        block.where: "\n".join(
+            line for line in block.text.splitlines() if line.startswith(("from ", "import "))
+        )
+        for block in blocks_of("fragment")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH, json.dumps(imports)],
+        cwd=ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"the fragments' imports crashed:\n{done.stderr[-3000:]}"
+    failed: dict[str, str] = json.loads(done.stdout)
+    return failed
 
 
 def test_quick_start_targets_do_what_the_readme_says() -> None:
