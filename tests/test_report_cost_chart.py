@@ -42,7 +42,7 @@ class Case:
 
 def costs(ident: str, periods: list[dict[str, float]], budget_pct: float = 5.0) -> Case:
     """A run's cost chart: per period, each handler's share of it (%), periods of 1 s."""
-    cost = CostDigest(256)
+    cost = CostDigest()
     for period, shares in enumerate(periods):
         usages = tuple(
             HandlerUsage(handler=name, calls=1, total=share / 100.0, max=share / 100.0)

@@ -252,22 +252,20 @@ def run_bench(
         raise ValueError("the workload has no events")
     begin = workload[0].time if start is None else min(start, workload[0].time)
     passes = 3 * repeats + 1  # for the progress bar: the first pass, then one step each
-    done = 1
+    done = 0.0
 
-    def first(fraction: float) -> None:
-        if progress is not None:
-            progress(fraction / passes)
-
-    def step() -> None:
+    def step(fraction: float = 1.0) -> None:
         nonlocal done
-        done += 1
-        first(done)
+        if progress is not None:
+            progress((done + fraction) / passes)
+        if fraction == 1.0:
+            done += 1
 
     def through_bus(callbacks: list[Any], progress: Progress | None = None) -> _Pass:
         passing = functools.partial(_through_bus, over_budget=over_budget)
         return anyio.run(passing, callbacks, workload, bus_options, begin, progress)
 
-    measured = through_bus(make_callbacks(), first if progress else None)
+    measured = through_bus(make_callbacks(), step if progress else None)
     workload = measured.published  # without the events this bus derives itself
     timings = Timings(bus=[measured.seconds])
     short: dict[str, str] = {}  # a handler the bus disabled or coalesced, and why
@@ -280,8 +278,7 @@ def run_bench(
             _shortfalls(again, short)
             step()
         # The same workload with nothing attached: what driving it costs, to take out.
-        alone = through_bus([])
-        timings.baseline.append(alone.seconds)
+        timings.baseline.append(through_bus([]).seconds)
         step()
         timings.floor.append(anyio.run(_floor, _direct_calls(make_callbacks(), measured)))
         step()

@@ -9,11 +9,12 @@ import random
 import sys
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
 import anyio
+import msgspec
 from msgspec import Meta
 
 from eventbus import (
@@ -84,16 +85,11 @@ class LinearModel:
         return loss / n
 
     def to_json(self) -> str:
-        return json.dumps({"weights": self.weights, "bias": self.bias, "step": self.step})
+        return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> LinearModel:
-        data = json.loads(text)
-        return cls(
-            weights=[float(w) for w in data["weights"]],
-            bias=float(data["bias"]),
-            step=int(data["step"]),
-        )
+        return msgspec.json.decode(text, type=cls)
 
 
 class FinalLoss(UserCallback, StatefulCallback, state_name="eventbus.demo.FinalLoss"):

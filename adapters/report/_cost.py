@@ -112,15 +112,15 @@ class Span:
 class CostDigest:
     """Every budget report of a run, added up: per handler, per period, in total."""
 
-    def __init__(self, buckets: int) -> None:
+    def __init__(self) -> None:
         self.handlers: dict[str, CallbackCost] = {}
         #: Each handler's share of every period (%), the total, the budget line.
-        self.shares = SeriesGroup(buckets)
+        self.shares = SeriesGroup()
         self._all = self.shares.series(ALL_CALLBACKS)
         self._budget = self.shares.series(BUDGET)
         self._library = self.shares.series(LIBRARY_TOTAL)
         #: Timeouts, faults and skipped deliveries (by cause) per period.
-        self.incidents = SeriesGroup(buckets)
+        self.incidents = SeriesGroup()
         for kind in INCIDENTS:
             self.incidents.series(kind)
         self.periods = 0

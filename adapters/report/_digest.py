@@ -39,7 +39,6 @@ from eventbus.log._history import rollbacks
 
 from ._cost import CostDigest
 from ._limits import (
-    BUCKETS,
     MAX_LISTED,
     MAX_MESSAGE,
     MAX_NAME,
@@ -104,7 +103,7 @@ class Damage(msgspec.Struct, frozen=True, kw_only=True):
 class RunDigest:
     """A run as its report shows it; made by ``digest_log`` (or fed events by hand)."""
 
-    def __init__(self, path: Path, run_id: str = "", *, buckets: int = BUCKETS) -> None:
+    def __init__(self, path: Path, run_id: str = "") -> None:
         self.path = path
         self.run_id = run_id
         self.name = ""
@@ -140,9 +139,9 @@ class RunDigest:
         self.fault_count = 0
         self.timeout_count = 0
         self.damage = Damage()
-        self.by_round = MetricCharts(buckets, "round")
-        self.by_report: MetricCharts | None = MetricCharts(buckets, "report index")
-        self.cost = CostDigest(buckets)
+        self.by_round = MetricCharts("round")
+        self.by_report: MetricCharts | None = MetricCharts("report index")
+        self.cost = CostDigest()
         self._elapsed_before = 0.0
         self._segment_start: float | None = None
         self._last_time = 0.0
@@ -348,12 +347,12 @@ def _few(names: tuple[str, ...], limit: int = MAX_NAME) -> tuple[str, ...]:
     return (*kept, f"... and {more} more") if more > 0 else kept
 
 
-def digest_log(path: str | os.PathLike[str], *, buckets: int = BUCKETS) -> RunDigest:
+def digest_log(path: str | os.PathLike[str]) -> RunDigest:
     """Read the log at ``path`` once. A damaged log still gives what was read (the damage
     in ``digest.damage``): ``LogError`` or ``OSError`` only for a file that is no log."""
     plan = rollbacks(path)
     with LogReader(path, skip_corrupt=True) as reader:
-        digest = RunDigest(Path(path), reader.header.run_id, buckets=buckets)
+        digest = RunDigest(Path(path), reader.header.run_id)
         add = digest.add
         for event in reader if plan is None else filterfalse(plan.is_rolled_back, reader):
             add(event)

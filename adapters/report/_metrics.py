@@ -36,9 +36,9 @@ class MetricSeries:
 
     __slots__ = ("all_ranks", "first_nonfinite", "group", "name", "nonfinite", "ranks")
 
-    def __init__(self, buckets: int, name: str) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name  # as shown (a hostile name is clipped)
-        self.group = SeriesGroup(buckets)
+        self.group = SeriesGroup()
         self.all_ranks = self.group.series(ALL_RANKS)
         self.ranks: dict[int, int] = {}
         self.nonfinite = 0
@@ -48,8 +48,7 @@ class MetricSeries:
 class MetricCharts:
     """Every charted metric of a run, by round (or by report index: ``x_label``)."""
 
-    def __init__(self, buckets: int, x_label: str) -> None:
-        self.buckets = buckets
+    def __init__(self, x_label: str) -> None:
         self.x_label = x_label
         self.metrics: dict[str, MetricSeries] = {}
         self.uncharted: dict[str, None] = {}  # names past MAX_METRICS, in order seen
@@ -112,7 +111,7 @@ class MetricCharts:
                 elif clip(name) not in self.uncharted:
                     self.uncharted_more = True
                 return
-            series = self.metrics[name] = MetricSeries(self.buckets, clip(name))
+            series = self.metrics[name] = MetricSeries(clip(name))
         if value - value != 0.0:  # NaN or infinite
             series.nonfinite += 1
             if series.first_nonfinite is None:

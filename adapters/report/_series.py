@@ -39,8 +39,6 @@ class SeriesGroup:
     __slots__ = ("_buckets", "_data", "buckets", "dropped", "names", "width")
 
     def __init__(self, buckets: int = BUCKETS) -> None:
-        if buckets < 2:
-            raise ValueError(f"a series group needs at least 2 buckets, got {buckets}")
         self.buckets = buckets
         self.width = 1.0
         self.names: list[str] = []
@@ -89,9 +87,7 @@ class SeriesGroup:
         bucket[_COUNT] += count
 
     def widen_to(self, width: float) -> None:
-        """Merge buckets until they are ``width`` wide (a power of two)."""
-        if width < self.width:
-            raise ValueError(f"cannot narrow buckets from {self.width} to {width}")
+        """Merge buckets until they are ``width`` wide (a power of two, not narrower)."""
         factor = width / self.width
         if factor == 1.0:
             return
