@@ -133,3 +133,15 @@ def test_an_empty_metric_is_refused(tmp_path: Path) -> None:
     done = bench("early-stopping", "--metric", " ", "--events", "40", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr == "eventbus bench: error: --metric must name a metric, got ' '\n"
+
+
+def test_no_built_in_faults_on_the_failures_the_workload_injects() -> None:
+    """A built-in's ``after_exception`` runs as it would in a run: the bench's own quiet
+    logger for ``metrics-logger`` once lacked ``warning``, and every call was a fault."""
+    from adapters.cli._bench import BUILTINS
+
+    result, _ = bench_json(*BUILTINS, "--failure-rate", "0.3", "--duration", "4", "--rate", "5")
+    called = {row["name"]: row for row in result["callbacks"]}
+    assert "MetricsLogger.after_exception" in called
+    faulted = {name: row["first_error"] for name, row in called.items() if row["faults"]}
+    assert faulted == {}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 
 from adapters.report._page import Chart, Document, facts, table
 from adapters.report._series import SeriesGroup
@@ -71,18 +72,12 @@ BUILTINS: dict[str, Callable[[str], Any]] = {
     "noop-handler": lambda metric: NoOpHandler(),
     "early-stopping": lambda metric: EarlyStopping(metric=metric, patience=5),
     "best-checkpoints": lambda metric: BestCheckpoints(metric=metric, k=3),
-    "metrics-logger": lambda metric: MetricsLogger(logger=_SilentLogger()),
+    # A logger that formats and writes nothing: a bench measures the callback, not the terminal.
+    "metrics-logger": lambda metric: MetricsLogger(logger=structlog.ReturnLogger()),
     "progress": lambda metric: ProgressDisplay(stream=io.StringIO(), tty=False),
 }
 #: The built-ins that watch one metric (``--metric``).
 WATCHING = ("early-stopping", "best-checkpoints")
-
-
-class _SilentLogger:
-    """Formats nothing: a bench measures the callback, not the terminal."""
-
-    def info(self, event: str, **fields: Any) -> None:
-        pass
 
 
 def register(subparsers: Any) -> None:
