@@ -4,6 +4,7 @@ call of that length would take."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
@@ -95,50 +96,32 @@ class Charges:
             def advance(seconds: float) -> None:
                 clock.advance(seconds, blocked=True)
 
-        cost_of = self.cost
+        # Measured: the call's wall time; else what ``cost`` says before the call.
+        wall = time.perf_counter
+        begin = (lambda event: wall()) if measured else functools.partial(self.cost, sub)
         wrapper: Callable[[Any], Any]
-        if measured:
-            wall = time.perf_counter
-            if sub.is_async:
-
-                async def measured_async(event: Event) -> Any:
-                    start = wall()
-                    try:
-                        return await handler(event)
-                    finally:
-                        advance(wall() - start)
-
-                wrapper = measured_async
-            else:
-
-                def measured_sync(event: Event) -> Any:
-                    start = wall()
-                    try:
-                        return handler(event)
-                    finally:
-                        advance(wall() - start)
-
-                wrapper = measured_sync
-        elif sub.is_async:
+        if sub.is_async:
 
             async def charged_async(event: Event) -> Any:
-                cost = cost_of(sub, event)
+                begun = begin(event)
                 try:
                     return await handler(event)
                 finally:
-                    if cost:
-                        advance(cost)
+                    seconds = wall() - begun if measured else begun
+                    if seconds:
+                        advance(seconds)
 
             wrapper = charged_async
         else:
 
             def charged_sync(event: Event) -> Any:
-                cost = cost_of(sub, event)
+                begun = begin(event)
                 try:
                     return handler(event)
                 finally:
-                    if cost:
-                        advance(cost)
+                    seconds = wall() - begun if measured else begun
+                    if seconds:
+                        advance(seconds)
 
             wrapper = charged_sync
         sub.handler = wrapper
