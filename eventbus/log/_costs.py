@@ -98,7 +98,9 @@ class Charges:
 
         # Measured: the call's wall time; else what ``cost`` says before the call.
         wall = time.perf_counter
-        begin = (lambda event: wall()) if measured else functools.partial(self.cost, sub)
+        begin: Callable[[Event], float] = (
+            (lambda event: wall()) if measured else functools.partial(self.cost, sub)
+        )
         wrapper: Callable[[Any], Any]
         if sub.is_async:
 

@@ -334,26 +334,12 @@ def settle_args(
 
 
 class VettedState(msgspec.Struct, frozen=True, kw_only=True):
-    """A saved state cut down to the names the live callback declares, and what was cut
-    (``ignored``), or saved with another JSON kind (``wrong_types``)."""
+    """A saved state cut down to the names the live callback declares; ``problems``: what
+    was cut, or saved with another JSON kind."""
 
     state: CallbackState
-    ignored: tuple[str, ...] = ()
-    wrong_types: tuple[str, ...] = ()
-    own_from_state: bool = False
+    problems: tuple[str, ...] = ()
     args_note: str | None = None
-
-    def problems(self, key: str) -> tuple[str, ...]:
-
-        lines = []
-        if self.ignored:
-            lines.append(
-                f"{key}: ignored saved names its class does not declare as state: "
-                f"{listed(self.ignored)}"
-            )
-        if self.wrong_types:
-            lines.append(f"{key}: {listed(self.wrong_types)}")
-        return tuple(lines)
 
 
 _STATEFUL_FROM_STATE = StatefulCallback.__dict__["from_state"].__func__
@@ -390,36 +376,33 @@ def _declared_names(callback: object) -> tuple[dict[str, Any], dict[str, Any]]:
     return live["args"], live["attributes"]
 
 
+_JSON_KINDS = (
+    (bool, "a boolean"),
+    (int | float, "a number"),
+    (str, "a string"),
+    (list | tuple, "an array"),
+    (dict, "an object"),
+)
+
+
 def _json_kind(value: Any) -> str | None:
     """The JSON kind of a value (int and float alike); None for null or a non-JSON value."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return None
+    return next((kind for types, kind in _JSON_KINDS if isinstance(value, types)), None)
 
 
-def vet_state(callback: object, state: CallbackState) -> VettedState:
-    """What of ``state`` a restore of ``callback`` may set: only its declared names (a
-    class with its own ``from_state`` gets the state whole). ``ValueError`` if the state
+def vet_state(callback: object, state: CallbackState, key: str) -> VettedState:
+    """What of ``state`` a restore of ``callback`` (``key``) may set: only its declared names
+    (a class with its own ``from_state`` gets the state whole). ``ValueError`` if the state
     is misshapen or the callback's ``state()`` raised."""
     if not _is_state(state):
         raise ValueError("the saved state is not {'args': {...}, 'attributes': {...}}")
     if _own_from_state(type(callback)) is not None:
         if not isinstance(callback, StatefulCallback):
-            return VettedState(state=state, own_from_state=True)
+            return VettedState(state=state)
         live = {name: getattr(callback, name, None) for name in type(callback).state_args}
         args, note = settle_args(callback, state["args"], live)
         whole: CallbackState = {"args": args, "attributes": state["attributes"]}
-        return VettedState(state=whole, own_from_state=True, args_note=note)
+        return VettedState(state=whole, args_note=note)
     try:
         live_args, live_attributes = _declared_names(callback)
     except Exception as exc:
@@ -429,6 +412,11 @@ def vet_state(callback: object, state: CallbackState) -> VettedState:
     kept, ignored = declared_only(state, list(live_args), list(live_attributes))
     kept["args"], note = settle_args(callback, kept["args"], live_args)
     wrong: list[str] = []
+    problems = []
+    if ignored:
+        problems.append(
+            f"{key}: ignored saved names its class does not declare as state: {listed(ignored)}"
+        )
     for part, live in (("args", live_args), ("attributes", live_attributes)):
         for name, value in kept[part].items():  # type: ignore[literal-required]
             saved_kind, live_kind = _json_kind(value), _json_kind(live[name])
@@ -437,7 +425,9 @@ def vet_state(callback: object, state: CallbackState) -> VettedState:
                     f"{member(part, name)} is {saved_kind} in the snapshot, "
                     f"the live value is {live_kind}"
                 )
-    return VettedState(state=kept, ignored=tuple(ignored), wrong_types=tuple(wrong), args_note=note)
+    if wrong:
+        problems.append(f"{key}: {listed(wrong)}")
+    return VettedState(state=kept, problems=tuple(problems), args_note=note)
 
 
 def rebuild_vetted(callback: object, vetted: VettedState) -> object:

@@ -231,11 +231,11 @@ class StateStore:
         for position, saved_key in plan.matches.items():
             live_key = state_key_of(callbacks[position])
             try:
-                checked = vet_state(callbacks[position], snapshot.states[saved_key])
+                checked = vet_state(callbacks[position], snapshot.states[saved_key], live_key)
             except ValueError as exc:
                 failures.append(f"could not restore {live_key}: {exc}; it starts fresh")
                 continue
-            problems.extend(checked.problems(live_key))
+            problems.extend(checked.problems)
             vetted[position] = checked
         if self.strict and (notes or plan.warnings or problems or failures):
             raise StateRestoreError(
