@@ -42,42 +42,38 @@ class Charges:
     def of(cls, costs: Costs, subs: Iterable[Subscription], clock: VirtualClock) -> Charges:
         """The charges ``costs`` asks for on ``subs``; ``OptionError`` before any event."""
         subs = tuple(subs)
-        if isinstance(costs, str):
-            if costs != "measured":
-                raise OptionError(
-                    "costs",
-                    f"costs must be seconds by handler name, a function of (handler name, "
-                    f"event) or 'measured', got {costs!r}",
-                )
-            charges = cls(clock, _no_cost)
-            for sub in subs:
-                charges.wrap(sub, measured=True)
-            return charges
+        measured = isinstance(costs, str)
+        cost_of: Callable[[Subscription, Event], float] = functools.partial(_fixed_cost, {})
+        if measured and costs != "measured":
+            raise OptionError(
+                "costs",
+                f"costs must be seconds by handler name, a function of (handler name, "
+                f"event) or 'measured', got {costs!r}",
+            )
         if isinstance(costs, Mapping):
             fixed = _checked_costs(costs, subs)
-            charges = cls(clock, lambda sub, event: fixed[sub.name])
+            subs = tuple(sub for sub in subs if fixed.get(sub.name))
             for sub in subs:
-                if fixed.get(sub.name):
-                    _check_deadline(sub, fixed[sub.name])
-                    charges.wrap(sub)
-            return charges
-        if not callable(costs):
-            raise OptionTypeError(
-                "costs",
-                "costs must be seconds by handler name, a function of (handler name, event) "
-                f"or 'measured', got {costs!r} ({type(costs).__name__})",
-            )
-        function = costs
+                _check_deadline(sub, fixed[sub.name])
+            cost_of = functools.partial(_fixed_cost, fixed)
+        elif not measured:
+            if not callable(costs):
+                raise OptionTypeError(
+                    "costs",
+                    "costs must be seconds by handler name, a function of (handler name, "
+                    f"event) or 'measured', got {costs!r} ({type(costs).__name__})",
+                )
+            function = costs
 
-        def cost_of(sub: Subscription, event: Event) -> float:
-            cost = _checked_cost(sub.name, function(sub.name, event))
-            if cost:
-                _check_deadline(sub, cost)
-            return cost
+            def cost_of(sub: Subscription, event: Event) -> float:
+                cost = _checked_cost(sub.name, function(sub.name, event))
+                if cost:
+                    _check_deadline(sub, cost)
+                return cost
 
         charges = cls(clock, cost_of)
         for sub in subs:
-            charges.wrap(sub)
+            charges.wrap(sub, measured=measured)
         return charges
 
     def wrap(self, sub: Subscription, *, measured: bool = False) -> None:
@@ -157,8 +153,8 @@ class Charges:
         self.wrapped.clear()
 
 
-def _no_cost(sub: Subscription, event: Event) -> float:
-    return 0.0
+def _fixed_cost(fixed: Mapping[str, float], sub: Subscription, event: Event) -> float:
+    return fixed.get(sub.name, 0.0)
 
 
 def _checked_cost(name: str, value: Any) -> float:

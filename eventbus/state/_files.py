@@ -51,6 +51,14 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
+
+
 class StatePathError(StateError, ValueError):
     """A checkpoint location is empty, too long, unresolvable or outside where it must
     be, or a snapshot file is a link out of its confinement."""
@@ -230,15 +238,7 @@ def read_regular_file(
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = (
-                "a FIFO"
-                if stat.S_ISFIFO(info.st_mode)
-                else "a directory"
-                if stat.S_ISDIR(info.st_mode)
-                else "a device"
-                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
-                else "a socket or other special file"
-            )
+            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "a socket or other special file")
             raise StateFormatError(f"{path}: {kind}, not a regular file; refused")
         limit = f"over the limit of {max_bytes} bytes (max_bytes)"
         if info.st_size > max_bytes:
