@@ -317,19 +317,26 @@ class LogReader:
             max_line = _format.MAX_LINE  # looked up here, so a test can lower it
             readline = self._file.readline
             limit = max_line + 1  # the longest line and its newline
+            quick = min(limit, max(self.chunk_size, 1 << 16))  # one read holds most lines
             decode = decoder_for("json").decode
             undecodable = (msgspec.DecodeError, RecursionError)
             offset = self.data_offset
             index = 0
-            while line := readline(limit):
+            line: bytes | bytearray
+            while line := readline(quick):
                 size = len(line)
-                if size == limit and line[-1] != 10:
-                    # Longer than any event: skip to the next newline, holding no more of it.
-                    size += _skip_line(self._file, self.chunk_size)
-                    self._corrupt(offset, index, f"line longer than {max_line} bytes")
-                    offset += size
-                    index += 1
-                    continue
+                if size == quick and line[-1] != 10:
+                    if size < limit:
+                        # In one bytearray: ``readline(limit)`` would hold a long line twice.
+                        line = _rest_of_line(self._file, line, limit, self.chunk_size)
+                        size = len(line)
+                    if size == limit and line[-1] != 10:
+                        # Longer than any event: skip to the next newline, holding no more of it.
+                        size += _skip_line(self._file, self.chunk_size)
+                        self._corrupt(offset, index, f"line longer than {max_line} bytes")
+                        offset += size
+                        index += 1
+                        continue
                 if line.isspace():
                     offset += size
                     continue
@@ -401,6 +408,18 @@ def _may_start_log(start: bytes) -> bool:
         return False
     rest = text[1:].lstrip()
     return not rest or rest[:1] == b'"'
+
+
+def _rest_of_line(file: IO[bytes], start: bytes, limit: int, chunk: int) -> bytes | bytearray:
+    """A line longer than one read, up to ``limit`` bytes, in one buffer."""
+    line = bytearray(start)
+    piece = start
+    while len(line) < limit and piece[-1] != 10:
+        piece = file.readline(min(limit - len(line), max(chunk, 1 << 16)))
+        if not piece:
+            break
+        line += piece
+    return line
 
 
 def _skip_line(file: IO[bytes], chunk: int) -> int:
