@@ -8,20 +8,26 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from eventbus import Report
+import msgspec
+
+from eventbus import Event, Report
 from eventbus.state._model import CallbackState
 
 __all__ = [
     "EXAMPLES",
     "Custom",
+    "EventCapture",
     "eventbus",
     "nested_dict",
     "ranked_report",
     "record_spans",
     "run_example",
+    "sample_event",
 ]
+
+E = TypeVar("E", bound=Event)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -102,3 +108,70 @@ def run_example(
         cwd=cwd,
         env=env,
     )
+
+
+def _sample_value(info: msgspec.inspect.Type, name: str) -> Any:
+    """A plain valid value of a field's type: the smallest that validates."""
+    if isinstance(info, msgspec.inspect.StrType):
+        return name
+    if isinstance(info, msgspec.inspect.BoolType):
+        return False
+    if isinstance(info, msgspec.inspect.IntType):
+        return 0
+    if isinstance(info, msgspec.inspect.FloatType):
+        return 0.0
+    if isinstance(info, msgspec.inspect.LiteralType):
+        return info.values[0]
+    if isinstance(info, msgspec.inspect.UnionType):
+        if info.includes_none:
+            return None
+        return _sample_value(info.types[0], name)
+    if isinstance(info, msgspec.inspect.DictType):
+        return {}
+    if isinstance(info, msgspec.inspect.ListType):
+        return []
+    if isinstance(info, msgspec.inspect.VarTupleType):
+        return ()
+    if isinstance(info, msgspec.inspect.SetType | msgspec.inspect.FrozenSetType):
+        return set() if isinstance(info, msgspec.inspect.SetType) else frozenset()
+    if isinstance(info, msgspec.inspect.TupleType):
+        return tuple(_sample_value(item, name) for item in info.item_types)
+    if isinstance(info, msgspec.inspect.StructType):
+        return info.cls(**_required_fields(info))
+    if isinstance(info, msgspec.inspect.AnyType):
+        return None
+    raise TypeError(f"sample_event cannot fill field {name!r} of type {info!r}; pass it")
+
+
+def _required_fields(info: msgspec.inspect.StructType) -> dict[str, Any]:
+    return {f.name: _sample_value(f.type, f.name) for f in info.fields if f.required}
+
+
+def sample_event(cls: type[E], **fields: Any) -> E:
+    """An instance of event class ``cls`` with every required field filled (strings by
+    their field name, numbers 0, optionals ``None``); ``fields`` override."""
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    values = _required_fields(info)
+    values.update(fields)
+    return cls(**values)
+
+
+class EventCapture:
+    """A handler that keeps every event it gets, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of_type(self, cls: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    @property
+    def types(self) -> list[str]:
+        return [type(e).__name__ for e in self.events]
+
+    def __len__(self) -> int:
+        return len(self.events)

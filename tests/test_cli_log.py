@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from _builders import eventbus as run
+from _builders import sample_event
 
 from eventbus import CheckpointSaved, Report, WorkerFailure
 from eventbus._codec import encode_json, encode_msgpack
@@ -18,7 +19,6 @@ from eventbus._events import SCHEMA_VERSION
 from eventbus.log import LogRecorder, read_log
 from eventbus.log._format import LOG_MAGIC
 from eventbus.testing import report_rounds, write_log
-from eventbus.testing._helpers import sample_event
 
 
 @pytest.fixture

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from _builders import sample_event
 
 from eventbus import CheckpointSaved, WorkerFailure
 from eventbus.log import read_log
 from eventbus.testing import report_rounds, write_log
-from eventbus.testing._helpers import sample_event
 
 CLI = [sys.executable, "-m", "adapters.cli"]
 FULL = "No space left on device"

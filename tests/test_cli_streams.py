@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from _builders import sample_event
 
 from eventbus import CheckpointSaved, WorkerFailure
 from eventbus.testing import report_rounds, write_log
-from eventbus.testing._helpers import sample_event
 
 CLI = [sys.executable, "-m", "adapters.cli"]
 #: What a command must never say about a closed stdout.

@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _builders import sample_event
 
 import handlers
 from eventbus import (
@@ -28,7 +29,6 @@ from eventbus._codec import decode_json, encode_json
 from eventbus._events import event_types, is_derived
 from eventbus.log import read_log
 from eventbus.testing import replay_log
-from eventbus.testing._helpers import sample_event
 from handlers import UserCallback, open_run
 from handlers._attach import attach_user_callbacks
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from _builders import sample_event
 
 from eventbus import CheckpointSaved, Event, Report, WorkerFailure
 from eventbus._codec import (
@@ -18,7 +19,6 @@ from eventbus._codec import (
 )
 from eventbus._events import event_types
 from eventbus.log import LogRecorder
-from eventbus.testing._helpers import sample_event
 
 BuiltinReport = Report
 

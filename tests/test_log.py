@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from _builders import sample_event
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,6 @@ from eventbus._events import SCHEMA_VERSION, event_types
 from eventbus.log import LogError, LogReader, LogRecorder, read_log
 from eventbus.log._format import LOG_MAGIC, CorruptLogError, LogFormatError
 from eventbus.testing import report_rounds, write_log
-from eventbus.testing._helpers import sample_event
 
 FORMATS = ["log.evlog", "log.jsonl"]
 

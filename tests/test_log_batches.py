@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from _builders import record_spans
+from _builders import EventCapture, record_spans, sample_event
 
 from eventbus import (
     CheckpointSaved,
@@ -32,7 +32,6 @@ from eventbus import (
 from eventbus.log import LogReader, LogRecorder, read_log, replay
 from eventbus.log._format import CorruptLogError
 from eventbus.testing import write_log
-from eventbus.testing._helpers import EventCapture, sample_event
 
 
 def report(i: int, **fields: object) -> Report:

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from _builders import nested_dict, record_spans
+from _builders import EventCapture, nested_dict, record_spans
 from msgspec.structs import replace
 
 import eventbus.log._format
@@ -44,7 +44,6 @@ from eventbus._events import SCHEMA_VERSION
 from eventbus.log import LogReader, LogRecorder, read_log
 from eventbus.log._format import LOG_MAGIC, CorruptLogError, LogFormatError
 from eventbus.testing import replay_log, write_log
-from eventbus.testing._helpers import EventCapture
 
 FORMATS = ["log.evlog", "log.jsonl"]
 
@@ -769,7 +768,9 @@ def test_a_log_of_gathered_events_reads_without_importing_handlers(tmp_path: Pat
         f"""
         from eventbus import AfterRun, BeforeRun, FailuresGathered, RoundGathered
         from eventbus.testing import write_log
-        from eventbus.testing._helpers import sample_event
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from _builders import sample_event
         events = [sample_event(c) for c in (BeforeRun, RoundGathered, FailuresGathered, AfterRun)]
         write_log({str(log)!r}, events)
         write_log({str(log.with_suffix(".jsonl"))!r}, events)

@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _builders import sample_event
 
 from eventbus import Event, RunResumed, WorkerFailure
 from eventbus._events import RunPosition
 from eventbus.log import LogReader, read_log
 from eventbus.testing import report_rounds, write_log
-from eventbus.testing._helpers import sample_event
 
 FORMATS = ["run.evlog", "run.jsonl"]
 CLI = [sys.executable, "-m", "adapters.cli"]

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import msgspec
 import pytest
+from _builders import EventCapture
 
 from eventbus import (
     BudgetReport,
@@ -23,7 +24,6 @@ from eventbus import (
 from eventbus._events import is_derived
 from eventbus.log import LogRecorder, read_log, replay
 from eventbus.testing import assert_rounds, replay_log, report_rounds, write_log
-from eventbus.testing._helpers import EventCapture
 
 pytest_plugins = ["pytester"]
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "test_replay_example.py"

@@ -1,13 +1,6 @@
-"""The event log: record a run's events, read them back (damage and all), replay them.
-
-A log is the run's history: one header, then one record per event in
-sequence order (length-prefixed msgpack with a CRC, or JSON lines). The
-recorder is a tap of the bus, so it costs one call per batch; the reader
-yields what a torn or corrupt file still holds and says what was lost; a
-replay feeds a log back into a bus, on virtual time or at recorded speed,
-charging callbacks the costs a test gives them (``costs=``).
-A resumed run appends to its log, so the log is the run's one history;
-what the resumes in it rolled back is told apart (a replay skips it).
+"""The event log: a run's one history (a resumed run appends to it), recorded by a tap of
+the bus, read back with what a torn or corrupt file still holds and what was lost, and
+replayed into a bus on virtual time or at recorded speed (what resumes rolled back skipped).
 """
 
 from ._costs import Costs

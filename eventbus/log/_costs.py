@@ -4,6 +4,7 @@ call of that length would take."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
@@ -41,42 +42,38 @@ class Charges:
     def of(cls, costs: Costs, subs: Iterable[Subscription], clock: VirtualClock) -> Charges:
         """The charges ``costs`` asks for on ``subs``; ``OptionError`` before any event."""
         subs = tuple(subs)
-        if isinstance(costs, str):
-            if costs != "measured":
-                raise OptionError(
-                    "costs",
-                    f"costs must be seconds by handler name, a function of (handler name, "
-                    f"event) or 'measured', got {costs!r}",
-                )
-            charges = cls(clock, _no_cost)
-            for sub in subs:
-                charges.wrap(sub, measured=True)
-            return charges
+        measured = isinstance(costs, str)
+        cost_of: Callable[[Subscription, Event], float] = functools.partial(_fixed_cost, {})
+        if measured and costs != "measured":
+            raise OptionError(
+                "costs",
+                f"costs must be seconds by handler name, a function of (handler name, "
+                f"event) or 'measured', got {costs!r}",
+            )
         if isinstance(costs, Mapping):
             fixed = _checked_costs(costs, subs)
-            charges = cls(clock, lambda sub, event: fixed[sub.name])
+            subs = tuple(sub for sub in subs if fixed.get(sub.name))
             for sub in subs:
-                if fixed.get(sub.name):
-                    _check_deadline(sub, fixed[sub.name])
-                    charges.wrap(sub)
-            return charges
-        if not callable(costs):
-            raise OptionTypeError(
-                "costs",
-                "costs must be seconds by handler name, a function of (handler name, event) "
-                f"or 'measured', got {costs!r} ({type(costs).__name__})",
-            )
-        function = costs
+                _check_deadline(sub, fixed[sub.name])
+            cost_of = functools.partial(_fixed_cost, fixed)
+        elif not measured:
+            if not callable(costs):
+                raise OptionTypeError(
+                    "costs",
+                    "costs must be seconds by handler name, a function of (handler name, "
+                    f"event) or 'measured', got {costs!r} ({type(costs).__name__})",
+                )
+            function = costs
 
-        def cost_of(sub: Subscription, event: Event) -> float:
-            cost = _checked_cost(sub.name, function(sub.name, event))
-            if cost:
-                _check_deadline(sub, cost)
-            return cost
+            def cost_of(sub: Subscription, event: Event) -> float:
+                cost = _checked_cost(sub.name, function(sub.name, event))
+                if cost:
+                    _check_deadline(sub, cost)
+                return cost
 
         charges = cls(clock, cost_of)
         for sub in subs:
-            charges.wrap(sub)
+            charges.wrap(sub, measured=measured)
         return charges
 
     def wrap(self, sub: Subscription, *, measured: bool = False) -> None:
@@ -95,50 +92,34 @@ class Charges:
             def advance(seconds: float) -> None:
                 clock.advance(seconds, blocked=True)
 
-        cost_of = self.cost
+        # Measured: the call's wall time; else what ``cost`` says before the call.
+        wall = time.perf_counter
+        begin: Callable[[Event], float] = (
+            (lambda event: wall()) if measured else functools.partial(self.cost, sub)
+        )
         wrapper: Callable[[Any], Any]
-        if measured:
-            wall = time.perf_counter
-            if sub.is_async:
-
-                async def measured_async(event: Event) -> Any:
-                    start = wall()
-                    try:
-                        return await handler(event)
-                    finally:
-                        advance(wall() - start)
-
-                wrapper = measured_async
-            else:
-
-                def measured_sync(event: Event) -> Any:
-                    start = wall()
-                    try:
-                        return handler(event)
-                    finally:
-                        advance(wall() - start)
-
-                wrapper = measured_sync
-        elif sub.is_async:
+        if sub.is_async:
 
             async def charged_async(event: Event) -> Any:
-                cost = cost_of(sub, event)
+                begun = begin(event)
                 try:
                     return await handler(event)
                 finally:
-                    if cost:
-                        advance(cost)
+                    seconds = wall() - begun if measured else begun
+                    if seconds:
+                        advance(seconds)
 
             wrapper = charged_async
         else:
 
             def charged_sync(event: Event) -> Any:
-                cost = cost_of(sub, event)
+                begun = begin(event)
                 try:
                     return handler(event)
                 finally:
-                    if cost:
-                        advance(cost)
+                    seconds = wall() - begun if measured else begun
+                    if seconds:
+                        advance(seconds)
 
             wrapper = charged_sync
         sub.handler = wrapper
@@ -172,8 +153,8 @@ class Charges:
         self.wrapped.clear()
 
 
-def _no_cost(sub: Subscription, event: Event) -> float:
-    return 0.0
+def _fixed_cost(fixed: Mapping[str, float], sub: Subscription, event: Event) -> float:
+    return fixed.get(sub.name, 0.0)
 
 
 def _checked_cost(name: str, value: Any) -> float:

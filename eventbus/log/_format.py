@@ -99,9 +99,20 @@ class CorruptLogError(LogError):
         super().__init__(f"{path}: corrupt record {index} at byte {offset}: {reason}")
 
 
+class _JsonlHeader(msgspec.Struct, frozen=True, kw_only=True):
+    """A JSON Lines header line: ``LogHeader`` with the format version under the marker."""
+
+    format_version: int | None = msgspec.field(default=None, name=JSONL_MARKER)
+    schema_version: int = SCHEMA_VERSION
+    run_id: str = ""
+    created: float = 0.0
+    writer: str = ""
+    event_types: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 _meta_encoder = msgspec.msgpack.Encoder()
 _meta_decoder = msgspec.msgpack.Decoder(LogHeader)
-_json_header_decoder = msgspec.json.Decoder(dict[str, object])
+_json_header_decoder = msgspec.json.Decoder(_JsonlHeader)
 
 
 def format_for_path(path: str | Path) -> LogFormat:
@@ -158,26 +169,15 @@ def decode_msgpack_header(path: str | Path, prefix: bytes, meta: bytes) -> LogHe
 def decode_jsonl_header(path: str | Path, line: bytes) -> LogHeader:
     try:
         fields = _json_header_decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        raise LogFormatError(f"{path}: damaged event-log header: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise LogFormatError(f"{path}: first line is not an event-log header: {exc}") from None
-    if JSONL_MARKER not in fields:
+    if fields.format_version is None:
         raise LogFormatError(
             f"{path}: first line is not an event-log header (no {JSONL_MARKER!r} key)"
         )
-    try:
-        header = msgspec.convert(
-            {
-                "format_version": fields[JSONL_MARKER],
-                "schema_version": fields.get("schema_version", SCHEMA_VERSION),
-                "run_id": fields.get("run_id", ""),
-                "created": fields.get("created", 0.0),
-                "writer": fields.get("writer", ""),
-                "event_types": fields.get("event_types", {}),
-            },
-            LogHeader,
-        )
-    except msgspec.ValidationError as exc:
-        raise LogFormatError(f"{path}: damaged event-log header: {exc}") from None
+    header = LogHeader(**msgspec.structs.asdict(fields))
     check_versions(path, header)
     return header
 

@@ -31,19 +31,9 @@ SEARCH_BLOCK = 1 << 20
 
 
 class LogTail(msgspec.Struct, frozen=True, kw_only=True):
-    """What an existing log held when a recorder appended to it: where the resumed
-    run's bus continues from.
-
-    Attributes:
-        events: the intact records found (placeholders included).
-        last_seq: the highest ``seq`` among them (-1 if none).
-        last_time: the time of the last of them (``None`` if none).
-        last_period: the highest health-check period recorded (-1 if none);
-            ``period_end`` is when it ended.
-        closed: whether the recorded bus closed (no period was cut by a crash).
-        dropped_bytes: what a torn last record held, cut off before appending.
-        skipped: corrupt records passed over (they stay in the file).
-    """
+    """What a log held when a recorder appended to it: where the resumed run's bus
+    continues from. ``closed``: the recorded bus closed (no period cut by a crash);
+    ``dropped_bytes``: a torn last record, cut off; ``skipped``: corrupt records (kept)."""
 
     events: int = 0
     last_seq: int = -1
@@ -97,16 +87,10 @@ def scan_tail(reader: LogReader) -> LogTail:
 
 
 class Rollbacks:
-    """The resumes of a log, and which of its events they rolled back.
-
-    For a ``RunResumed`` at ``seq`` s with ``position`` p, an earlier ``Report`` E is
-    rolled back when ``E.index >= p.next_index[E.rank]``; any other event when
-    ``p.checkpoint_seq < E.seq < s``. ``RunStarted`` and ``RunResumed`` never are.
-    Each event costs one bisection.
-
-    Args:
-        resumes: the log's ``RunResumed`` events, in log order.
-    """
+    """The resumes of a log (its ``RunResumed`` events, in log order), and which of its
+    events they rolled back: for one at ``seq`` s with ``position`` p, an earlier ``Report``
+    E when ``E.index >= p.next_index[E.rank]``, any other event when
+    ``p.checkpoint_seq < E.seq < s`` (never ``RunStarted`` or ``RunResumed``)."""
 
     __slots__ = ("_ahead", "_last", "_spans", "_unrequired", "resumes")
 

@@ -1,30 +1,27 @@
-"""What stands in for an event a log cannot hold as itself: ``EventPlaceholder``.
+"""``EventPlaceholder``: what stands in for an event a log cannot hold as itself, so that
+one bad value never costs the rest of a log.
 
-The recorder makes one for an event it cannot encode, the reader for an
-intact record that does not decode as its type. Either way the placeholder
-keeps what can be kept (the type, ``seq``, ``time``) and a readable, bounded
-rendering of what was there: never more than ``TEXT_LIMIT`` characters,
-whatever the value (deep, huge, cyclic, or with a failing ``__repr__``), and
-never an exception, so one bad value never costs the rest of a log.
+The recorder makes one for an event it cannot encode; the reader, for an intact record
+its fast decoder refused and a second try (a fresh stack for a record nested nearly as
+deep as the recursion limit allows, Python's ``json`` for ``NaN``) cannot decode either.
+A placeholder keeps the type, ``seq``, ``time`` and a bounded rendering of what was there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
 
 import msgspec
 
-from .._events import MAX_TIME, EventPlaceholder, tag_of
+from .._codec import decoder_for, event_union, known_tags, loads_json_nonfinite, may_hold_nonfinite
+from .._events import MAX_TIME, Event, EventPlaceholder, tag_of
 from .._text import clip, describe
 
-__all__ = [
-    "TEXT_LIMIT",
-    "bounded_repr",
-    "peek_msgpack_map",
-    "placeholder_for",
-    "placeholder_from_raw",
-]
+__all__ = ["decode_again", "placeholder_for"]
 
 #: A placeholder's ``text`` (a rendering of what was there) is at most this long.
 TEXT_LIMIT = 4096
@@ -64,50 +61,39 @@ class _BoundedRepr:
             self.write(repr(str(value[: self.left])))
         elif isinstance(value, bytes | bytearray):
             self.write(repr(bytes(value[: self.left])))
-        elif depth >= REPR_DEPTH and isinstance(value, dict | list | tuple | set | frozenset):
-            self.write("…")
-        elif isinstance(value, dict):
-            self.write("{")
-            for i, (key, item) in enumerate(value.items()):
+        elif isinstance(value, dict | list | tuple | set | frozenset | msgspec.Struct):
+            if depth >= REPR_DEPTH:
+                self.write("…")
+                return
+            if isinstance(value, msgspec.Struct):
+                opening, closing = f"{type(value).__name__}(", ")"
+                items: Any = ((f"{n}=", getattr(value, n, None)) for n in value.__struct_fields__)
+            elif isinstance(value, dict):
+                opening, closing, items = "{", "}", value.items()
+            else:
+                opening, closing = (
+                    "[]" if isinstance(value, list) else "()" if isinstance(value, tuple) else "{}"
+                )
+                items = ((None, item) for item in value)
+            self.write(opening)
+            for i, (key, item) in enumerate(items):
                 if self.left <= 0:
                     break
                 if i:
                     self.write(", ")
-                self.add(key, depth + 1)
-                self.write(": ")
+                if isinstance(value, msgspec.Struct):
+                    self.write(key)
+                elif isinstance(value, dict):
+                    self.add(key, depth + 1)
+                    self.write(": ")
                 self.add(item, depth + 1)
-            self.write("}")
-        elif isinstance(value, list | tuple | set | frozenset):
-            brackets = (
-                "[]" if isinstance(value, list) else "()" if isinstance(value, tuple) else "{}"
-            )
-            self.write(brackets[0])
-            for i, item in enumerate(value):
-                if self.left <= 0:
-                    break
-                if i:
-                    self.write(", ")
-                self.add(item, depth + 1)
-            self.write(brackets[1])
-        elif isinstance(value, msgspec.Struct) and depth < REPR_DEPTH:
-            self.write(f"{type(value).__name__}(")
-            for i, name in enumerate(value.__struct_fields__):
-                if self.left <= 0:
-                    break
-                if i:
-                    self.write(", ")
-                self.write(f"{name}=")
-                self.add(getattr(value, name, None), depth + 1)
-            self.write(")")
+            self.write(closing)
         else:
             try:
                 text = repr(value)
             except Exception:
                 text = f"<{type(value).__qualname__} object>"
             self.write(text)
-
-    def text(self) -> str:
-        return "".join(self.parts) + ("…" if self.cut else "")
 
 
 def bounded_repr(value: object, limit: int = TEXT_LIMIT) -> str:
@@ -117,7 +103,7 @@ def bounded_repr(value: object, limit: int = TEXT_LIMIT) -> str:
         out.add(value, 0)
     except Exception as exc:  # a container that fails to iterate, say
         out.write(f"<{describe(exc)}>")
-    return clip(out.text(), limit + 1)
+    return clip("".join(out.parts) + ("…" if out.cut else ""), limit + 1)
 
 
 def plain_int(value: object) -> int:
@@ -153,11 +139,7 @@ def placeholder_for(event: object, exc: BaseException) -> EventPlaceholder:
 
 
 def placeholder_from_raw(raw: object, reason: str, *, text: str | None = None) -> EventPlaceholder:
-    """A placeholder for a stored record that does not decode as its type.
-
-    ``raw`` is what the record holds as plain data (a map, normally):
-    ``type``, ``seq`` and ``time`` come from it when they are there.
-    """
+    """A placeholder for a stored record, from what it holds as plain data (a map)."""
     fields: dict[Any, Any] = raw if isinstance(raw, dict) else {}
     event_type = fields.get("type")
     return EventPlaceholder(
@@ -170,12 +152,8 @@ def placeholder_from_raw(raw: object, reason: str, *, text: str | None = None) -
 
 
 def peek_msgpack_map(data: bytes | bytearray | memoryview, entries: int = 8) -> dict[str, object]:
-    """The first scalar entries of a msgpack map, without decoding the rest.
-
-    For a record too deep or too malformed to decode: the recorder writes
-    ``type``, ``seq`` and ``time`` first, so a placeholder can still name
-    them. Stops at the first entry that is not a string key with a scalar value.
-    """
+    """The first scalar entries of a msgpack map too malformed to decode: the recorder
+    writes ``type``, ``seq`` and ``time`` first, so a placeholder can still name them."""
     data = bytes(data[: 64 * entries + 16])
     found: dict[str, object] = {}
     pos = 0
@@ -227,3 +205,96 @@ def peek_msgpack_map(data: bytes | bytearray | memoryview, entries: int = 8) -> 
     except (IndexError, ValueError, KeyError, msgspec.DecodeError):
         pass
     return found
+
+
+# --- the reader's second try --------------------------------------------------------
+
+
+def decode_again(
+    kind: Literal["msgpack", "json"],
+    data: bytes | bytearray,
+    exc: BaseException,
+    event_types: Mapping[str, str],
+) -> Event | str:
+    """The event after all, a placeholder, or why a JSON line is corrupt (one that is not
+    even a well-formed object). ``exc`` is what the fast decoder raised; a msgpack record
+    got here with its CRC intact, so it is never corrupt. ``event_types``: the header's
+    tags and modules, for a placeholder's reason."""
+    deep = isinstance(exc, RecursionError)  # the writer's stack was shallower than ours
+
+    def run(work: Callable[[], Any]) -> Any:
+        return _on_fresh_stack(work) if deep else work()
+
+    if deep:
+        retried = _attempt(run, lambda: decoder_for(kind).decode(data))
+        if isinstance(retried, Event):
+            return retried
+        exc = retried
+    plain = msgspec.msgpack.decode if kind == "msgpack" else msgspec.json.decode
+    raw: object = None
+    parsed = via_json = False
+    try:
+        raw, parsed = run(lambda: plain(data)), True
+    except (msgspec.DecodeError, RecursionError):
+        if kind == "json" and may_hold_nonfinite(data):
+            with contextlib.suppress(ValueError, RecursionError):
+                raw, parsed = run(lambda: loads_json_nonfinite(data)), True
+                via_json = True
+    if not parsed:
+        if kind == "json":
+            return _why(exc)
+        shown = f"{len(data)} bytes: {bytes(data[:256]).hex(' ')}"
+        return placeholder_from_raw(peek_msgpack_map(data), _why(exc), text=shown)
+    unknown = _unknown(raw, event_types)
+    if via_json:
+        retried = _attempt(run, lambda: msgspec.convert(raw, event_union()))
+        if isinstance(retried, Event):
+            return retried
+        exc = retried
+    reason = unknown or _why(exc)
+    if kind == "msgpack" or isinstance(raw, dict):
+        return placeholder_from_raw(raw, reason)
+    return reason
+
+
+def _unknown(raw: object, event_types: Mapping[str, str]) -> str | None:
+    """Why a record whose ``type`` no event class has cannot decode: the class that wrote
+    it is not defined here. Nothing is imported on a log's word."""
+    tag = raw.get("type") if isinstance(raw, dict) else None
+    if not isinstance(tag, str) or tag in known_tags():
+        return None
+    shown = repr(clip(tag, 200))
+    module = event_types.get(tag)
+    if module is None:
+        return (
+            f"unknown event type {shown}: no event class of that name is defined; "
+            "import the module that defines it before reading this log"
+        )
+    return (
+        f"event type {shown} is defined in module {clip(module, 200)!r}: "
+        "import it before reading this log"
+    )
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deep to decode (RecursionError)"
+    return f"not a valid event: {clip(str(exc), 1000)}"
+
+
+def _attempt(
+    run: Callable[[Callable[[], Any]], Any], decode: Callable[[], Any]
+) -> Event | msgspec.DecodeError | RecursionError:
+    """One more try at decoding a record: the event, or why it still failed."""
+    try:
+        found: Event = run(decode)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        return exc
+    return found
+
+
+def _on_fresh_stack(work: Callable[[], Any]) -> Any:
+    """``work()`` on a new thread, whose stack starts empty: the whole recursion limit is
+    there for the decoder. Only for records that hit it."""
+    with ThreadPoolExecutor(1, thread_name_prefix="eventbus-log-deep-decode") as pool:
+        return pool.submit(work).result()

@@ -11,14 +11,13 @@ import stat
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Literal, Self
 
 import msgspec
 
 from .._codec import decoder_for
-from .._events import Event
+from .._events import Event, EventPlaceholder
 from . import _format
-from ._fallback import DecodeFallback
 from ._format import (
     LOG_MAGIC,
     MAX_HEADER_LINE,
@@ -38,6 +37,7 @@ from ._format import (
     intact_record_in,
     length_check,
 )
+from ._placeholders import decode_again
 
 __all__ = ["LogContents", "LogReader", "LogStreamError", "read_log", "require_file"]
 
@@ -49,6 +49,14 @@ RESYNC_BUDGET = MAX_RECORD
 RESYNC_BUDGET_PER_BYTE = 8
 #: The most one read of a stream (no size to bound it by) may ask for: the longest record.
 STREAM_READ = MAX_RECORD + RECORD_HEADER.size
+
+
+_KINDS = {
+    stat.S_IFIFO: "a pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 class LogStreamError(LogError):
@@ -65,22 +73,10 @@ def require_file(path: str | os.PathLike[str], purpose: str) -> None:
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return
     raise LogStreamError(
-        f"{os.fsdecode(path)}: is {_file_kind(mode)}, which can be read only once, and "
+        f"{os.fsdecode(path)}: is {_KINDS.get(stat.S_IFMT(mode), 'not a regular file')}, "
+        "which can be read only once, and "
         f"{purpose} reads a log twice: copy it to a file first"
     )
-
-
-def _file_kind(mode: int) -> str:
-
-    if stat.S_ISFIFO(mode):
-        return "a pipe"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    return "not a regular file"
 
 
 class LogReader:
@@ -122,14 +118,9 @@ class LogReader:
         except BaseException:
             self._file.close()
             raise
-        self._fallback = DecodeFallback(self.path, self.header.event_types)
-
+        #: Placeholders made for intact records not decodable as their type.
+        self.placeholders = 0
         self._failed_checksums = 0
-
-    @property
-    def placeholders(self) -> int:
-        """Placeholders this reader made for intact records not decodable as their type."""
-        return self._fallback.placeholders
 
     def _read_header(self) -> tuple[LogFormat, LogHeader, int]:
         """The header; what does not start as a log (``/dev/zero``) is refused at its
@@ -193,6 +184,13 @@ class LogReader:
         self._iterated = True
         return self._jsonl_events() if self.format == "jsonl" else self._msgpack_events()
 
+    def _decode_again(
+        self, kind: Literal["msgpack", "json"], data: bytes | bytearray, exc: BaseException
+    ) -> Event | str:
+        found = decode_again(kind, data, exc, self.header.event_types)
+        self.placeholders += isinstance(found, EventPlaceholder)
+        return found
+
     def _corrupt(self, offset: int, index: int, reason: str) -> None:
 
         error = CorruptLogError(self.path, offset, index, reason)
@@ -233,7 +231,7 @@ class LogReader:
                     try:
                         event = decode(payload)
                     except undecodable as exc:
-                        fallback = self._fallback("msgpack", payload, exc)
+                        fallback = self._decode_again("msgpack", payload, exc)
                         assert isinstance(fallback, Event)  # an intact record: never corrupt
                         event = fallback
                         decode = decoder_for("msgpack").decode  # a class may be new since
@@ -329,6 +327,7 @@ class LogReader:
                 size = len(line)
                 if size == quick and line[-1] != 10:
                     if size < limit:
+                        # In one bytearray: ``readline(limit)`` would hold a long line twice.
                         line = _rest_of_line(self._file, line, limit, self.chunk_size)
                         size = len(line)
                     if size == limit and line[-1] != 10:
@@ -344,7 +343,7 @@ class LogReader:
                 try:
                     event = decode(line)
                 except undecodable as exc:
-                    found = self._fallback("json", line, exc)
+                    found = self._decode_again("json", line, exc)
                     decode = decoder_for("json").decode  # a class may be new since
                     if isinstance(found, str):
                         if line[-1] != 10:  # the last line, cut short mid-write

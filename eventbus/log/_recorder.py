@@ -1,11 +1,5 @@
-"""Recording a run's events to a log file, from a bus or directly.
-
-The recorder sits on the bus's hot path, so it does as little as it can per
-event (an encoding, a CRC, a buffer append) and writes in batches. It must
-never lose the run: an event it cannot encode is recorded as a placeholder,
-and a resumed run appends to the log it continues, so that a run has one
-history however often it was killed.
-"""
+"""Recording a run's events to a log file: on the bus's hot path, so per event only an
+encoding, a CRC and a buffer append; an event it cannot encode becomes a placeholder."""
 
 from __future__ import annotations
 
@@ -61,11 +55,8 @@ class RecordTooLarge(ValueError):
 
 
 class RunIdMismatch(ValueError):
-    """A recorder asked to append one run's events to another run's log.
-
-    One log holds one run's history: appending a different run would make
-    its sequence numbers and rollbacks meaningless, so the file is left as it was.
-    """
+    """A recorder asked to append one run's events to another run's log (whose sequence
+    numbers and rollbacks that would make meaningless)."""
 
 
 class LogInUse(OSError):
@@ -74,12 +65,8 @@ class LogInUse(OSError):
 
 
 def _open_locked(path: Path, *, new: bool) -> BinaryIO:
-    """``path`` opened for writing, not truncated, and locked against other recorders.
-
-    ``new``: create it, or ``FileExistsError`` if anything is there (one step, so two
-    runs cannot both find the name free and then write over each other). The lock
-    (``flock``) is taken before anything is read or cut, and goes with the file.
-    """
+    """``path`` opened for writing, not truncated, locked (``flock``) before anything is read
+    or cut. ``new``: create it or raise ``FileExistsError``, in one step (no race)."""
     flags = os.O_RDWR | os.O_CREAT | (os.O_EXCL if new else 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, 0o666)
@@ -107,10 +94,8 @@ def _open_locked(path: Path, *, new: bool) -> BinaryIO:
 class LogRecorder:
     """Writes a run's events to a log file, from a bus (``attach``) or directly (``write``).
 
-    Attached to a bus, it is a tap: it gets every batch before any handler does, so the
-    event a handler failed on is in the log. It makes the log durable at every checkpoint
-    by default. An event it cannot encode is recorded as an ``EventPlaceholder`` (counted
-    in ``placeholders``).
+    An event it cannot encode is recorded as an ``EventPlaceholder`` (counted in
+    ``placeholders``).
 
     Args:
         path: the log; a ``.jsonl`` name makes it JSON Lines, any other msgpack.
@@ -122,24 +107,18 @@ class LogRecorder:
             ``CheckpointSaved``), ``"batch"`` (at every write) or ``"never"``.
         batch_bytes: write the buffer out once it holds this many bytes.
         flush_interval: write it out once this many seconds have passed since
-            the last write (checked on direct writes, and at every health-check
-            period of an attached bus).
+            the last write (checked on direct writes and at an attached bus's ticks).
         event_types: more type tags and their modules for the header (those of
-            a log being converted, say); every event type defined so far is
-            named there anyway, so that a reader can say what it lacks.
+            a log being converted, say), beside every event type defined so far.
         append: continue the log at ``path``, as a resumed run does: its header
-            (format, run id, creation time) stays, a torn last record is cut off
-            with a warning, new records follow the last intact one, and
-            ``appended`` says what the log held. A missing or empty file makes a
-            new log (``appended`` is ``None``). A log of another run raises
-            ``ValueError``, a file this library cannot continue (or a
-            ``format`` other than the log's) ``LogError`` or
-            ``ValueError``; the file is then left as it was.
+            stays, a torn last record is cut off with a warning, and ``appended``
+            says what the log held (``None`` for a missing or empty file: a new
+            log). A log of another run, or one this library cannot continue,
+            raises ``ValueError`` or ``LogError`` and is left as it was.
         overwrite: replace a file already at ``path`` (when not appending);
             with ``False``, a file there raises ``FileExistsError``.
 
-    One recorder writes a log at a time: another one writing it, in this
-    process or another, makes this one raise ``LogInUse``.
+    Another recorder writing the log, in this process or another, raises ``LogInUse``.
     """
 
     def __init__(
@@ -197,13 +176,8 @@ class LogRecorder:
     # --- appending ----------------------------------------------------------------
 
     def _continue(self, run_id: str, format: LogFormat | None) -> bytes | None:
-        """Continue the existing log, open (and locked) in ``_file``: its end is where
-        records go next; returns the bytes to write first, or ``None`` if there is no
-        log to continue (an empty file).
-
-        Everything is checked before anything is written, so a refused file is left
-        as it was.
-        """
+        """Continue the log open (and locked) in ``_file``, checked before anything is
+        written; the bytes to write first, or ``None`` for an empty file (no log)."""
         file = self._file
         end = file.seek(0, os.SEEK_END)
         if end == 0:
@@ -255,11 +229,10 @@ class LogRecorder:
 
     # --- recording ------------------------------------------------------------
 
-    # Closures over locals, a batch at a time (the recorder is a tap): the hot path.
+    # The hot path: closures over locals, a batch at a time, the fewest calls measured
+    # (``benchmarks/bench_log.py``).
 
     def _msgpack_recorder(self) -> Callable[[Iterable[Event]], None]:
-        # Per record: one encode into a reused scratch buffer, one CRC-32 of it, one
-        # 12-byte header, one extend: the fewest calls measured (``benchmarks/bench_log.py``).
         buffer = self._buffer
         extend = buffer.extend
         scratch = bytearray()  # each payload is encoded here, then appended whole
@@ -306,10 +279,8 @@ class LogRecorder:
                 start = len(buffer)
                 try:
                     encode_into(event, buffer, -1)
-                    # msgspec writes NaN and ±inf as null, so only a line with a null can
-                    # have lost one. A lone null that ends the line is the last field's
-                    # (``"checkpoint":null}`` of most reports): if that field is None, no
-                    # float was lost. Otherwise the event is checked and maybe re-encoded.
+                    # msgspec writes NaN and ±inf as null: only a line with a null (other
+                    # than a None last field's, ``"checkpoint":null}``) may have lost one.
                     at = find(b"null", start)
                     if (
                         at >= 0
@@ -355,9 +326,7 @@ class LogRecorder:
         self.write_many((event,))
 
     def write_many(self, events: Iterable[Event]) -> None:
-        """Record events directly (not through a bus); honours every policy: the
-        buffer goes out every ``flush_interval``, and is made durable after a
-        ``CheckpointSaved`` (policy ``checkpoint``)."""
+        """Record events directly (not through a bus); honours every policy."""
         if self._file.closed:
             raise ValueError(f"{self.path}: the recorder is closed")
         events = events if isinstance(events, list | tuple) else list(events)
@@ -371,12 +340,9 @@ class LogRecorder:
     # --- a bus -------------------------------------------------------------------
 
     def attach(self, bus: EventBus) -> Self:
-        """Record every event ``bus`` carries from now on, in sequence order.
-
-        It gets each batch before any handler does (so the event that made a handler
-        fail the run is recorded), one call per batch. Attach before the bus starts to
-        record from its first event.
-        """
+        """Record every event ``bus`` carries from now on, in sequence order: a tap, it
+        gets each batch before any handler does (so the event a handler failed on is in
+        the log). Attach before the bus starts to record from its first event."""
         if self._file.closed:
             raise ValueError(f"{self.path}: the recorder is closed")
         self._detach.append(bus.add_tap(self.record_many))

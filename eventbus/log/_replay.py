@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Annotated, Any
 
 import anyio
-import anyio.from_thread
 import msgspec
 
 from .._bus import BusStats, EventBus
@@ -185,18 +184,8 @@ async def replay(
     if charges is not None and charges.error is not None:
         raise charges.error
     stats = bus.stats()
-    handlers = tuple(
-        HandlerSummary(
-            name=figures.name,
-            calls=figures.calls,
-            failed=figures.failed,
-            timed_out=figures.timed_out,
-            skipped=figures.skipped,
-            state=figures.state,
-            total=figures.total,
-            max=figures.max,
-        )
-        for figures in stats.subscriptions
+    handlers = msgspec.convert(
+        stats.subscriptions, tuple[HandlerSummary, ...], from_attributes=True
     )
     return ReplaySummary(
         replayed=selection.replayed,
@@ -254,7 +243,7 @@ async def _replay_instant(
 
 class _Selection:
     """The events to replay, in order, counting what was left out; ``plan``: the log's
-    rollbacks (a generator of their own, so a log without any pays nothing per event)."""
+    rollbacks."""
 
     def __init__(
         self,
@@ -265,7 +254,8 @@ class _Selection:
         *,
         plan: Rollbacks | None = None,
     ) -> None:
-        self.events = events if plan is None else self._kept(events, plan)
+        self.events = events
+        self.plan = plan
         self.keep = keep
         self.left_out = () if include_diagnostics else BUS_DIAGNOSTICS
         self.derived = derived
@@ -279,7 +269,11 @@ class _Selection:
         derived = self.derived
         # Decided once per type: a dict lookup is cheaper than ``isinstance`` per event.
         verdicts: dict[type, int] = {EventPlaceholder: _PLACEHOLDER}
+        rolled_back = None if self.plan is None else self.plan.is_rolled_back
         for event in self.events:
+            if rolled_back is not None and rolled_back(event):
+                self.rolled_back += 1
+                continue
             verdict = verdicts.get(type(event))
             if verdict is None:
                 left = issubclass(type(event), left_out) or (derived and is_derived(type(event)))
@@ -294,14 +288,6 @@ class _Selection:
                 self.filtered += 1
                 continue
             self.replayed += 1
-            yield event
-
-    def _kept(self, events: Iterable[Event], plan: Rollbacks) -> Iterator[Event]:
-        rolled_back = plan.is_rolled_back
-        for event in events:
-            if rolled_back(event):
-                self.rolled_back += 1
-                continue
             yield event
 
 
@@ -363,14 +349,10 @@ async def replay_file(
     Args:
         path: the log.
         setup: called with the new bus before the replay, to subscribe the handlers.
-        speed: as for ``replay``: ``None`` is instant, on a ``VirtualClock``.
+        speed: as for ``replay`` (as are ``filter``, ``include_diagnostics``,
+            ``skip_corrupt`` and ``costs``): ``None`` is instant, on a ``VirtualClock``.
         period: the replay bus's health-check period (the recorded one by default).
-        filter: only the events it keeps are published.
-        include_diagnostics: as for ``replay``.
-        skip_corrupt: go on past damaged records instead of raising.
         real_time: time the handlers in real time (idle gaps still skipped).
-        costs: charge handlers' calls to the virtual clock, as for ``replay``
-            (``{"Slow.after_report": 0.05}``).
         **bus_options: the rest of the bus's options (``EventBus``).
     """
     require_file(path, "a replay")

@@ -1,12 +1,6 @@
-"""Snapshot files: confined, written atomically, read defensively, versioned.
-
-A checkpoint location reported by a worker is untrusted and must resolve strictly inside the
-configured root. A checkpoint the operator resumes from may lie anywhere, but its snapshot
-file must not be a link out of its confinement, and must be a regular file within a size
-limit, checked on the open file before a byte is read. Directories are walked one component
-at a time with ``O_NOFOLLOW``, so a component swapped for a symlink after the check is
-refused. The rules are in docs/state.md.
-"""
+"""Snapshot files: confined, written atomically, read defensively, versioned (the rules
+are docs/state.md's: a worker's checkpoint lies inside the root, the operator's anywhere,
+and no snapshot file is a link out of its confinement)."""
 
 from __future__ import annotations
 
@@ -36,22 +30,18 @@ from ._model import (
 #: Name of the snapshot file inside a checkpoint directory.
 STATE_FILENAME = "callback_state.json"
 
-#: Largest snapshot read or written by default (``StateStore(max_bytes=...)``):
-#: far above any real callback state, far below what could exhaust memory.
+#: Largest snapshot read or written by default (``StateStore(max_bytes=...)``).
 DEFAULT_MAX_BYTES = 64 * 2**20
 
-#: Longest checkpoint location accepted, before and after resolution (Linux's
-#: PATH_MAX): longer ones cannot be opened anyway, and resolving them is costly.
+#: Longest checkpoint location accepted, before and after resolution (Linux's PATH_MAX).
 MAX_LOCATION_CHARS = 4096
 
-#: Most components a checkpoint location may have once resolved: real ones have a
-#: few dozen, and a worker must not make the store create thousands of directories.
+#: Most components a checkpoint location may have once resolved (a worker must not make
+#: the store create thousands of directories).
 MAX_LOCATION_DEPTH = 256
 
-#: A temporary file of a snapshot is removed by later writers only once it is
-#: this much older (seconds, by the file system's own clock) than their own:
-#: no write takes that long, and pids cannot tell across hosts whether its
-#: writer is still alive.
+#: A snapshot's temporary file is removed by later writers once this much older (seconds,
+#: by the file system's clock) than their own: no write takes that long.
 LEFTOVER_AGE = 3600.0
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -59,6 +49,14 @@ _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _PATH_FLAG: int = getattr(os, "O_PATH", os.O_RDONLY)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
 
 
 class StatePathError(StateError, ValueError):
@@ -100,13 +98,8 @@ def _shown(location: str) -> str:
 
 
 def resolve_location(checkpoint: str | os.PathLike[str]) -> Path:
-    """``checkpoint`` made absolute against the cwd with symlinks resolved.
-
-    Anything that cannot be (empty, NUL, not UTF-8, longer than ``MAX_LOCATION_CHARS``,
-    a symlink loop, a name the OS refuses, so deep that resolution recurses
-    too far) is a ``StatePathError`` naming it, never a ``RecursionError`` or
-    a bare ``OSError``.
-    """
+    """``checkpoint`` made absolute against the cwd with symlinks resolved; anything
+    that cannot be is a ``StatePathError`` naming it, never a bare ``OSError``."""
     try:
         text = os.fspath(checkpoint)
     except TypeError:
@@ -148,14 +141,8 @@ def _snapshot_file(location: Path, shown: str) -> Path:
 
 
 def state_path(root: Path, checkpoint: str | os.PathLike[str]) -> Path:
-    """Where the snapshot of a worker-reported ``checkpoint`` lives (inside it, or
-    beside it if it is a file), once the location is known to be inside ``root``.
-
-    ``root`` must already be resolved. A relative location is taken from the
-    current working directory, as every other path is; anything resolving to
-    the root itself or outside it (``..``, an absolute path elsewhere, a
-    symlink pointing out) is a ``StatePathError``.
-    """
+    """Where the snapshot of a worker-reported ``checkpoint`` lives; anything resolving
+    to the (resolved) ``root`` itself or outside it is a ``StatePathError``."""
     location = resolve_location(checkpoint)
     shown = _shown(os.fspath(checkpoint))
     if location == root or not location.is_relative_to(root):
@@ -166,12 +153,8 @@ def state_path(root: Path, checkpoint: str | os.PathLike[str]) -> Path:
 
 
 def resume_state_path(root: Path, checkpoint: str | os.PathLike[str]) -> tuple[Path, Path]:
-    """(snapshot file, directory it must stay in) of a checkpoint the operator resumes from.
-
-    The checkpoint may be anywhere (it is the operator's own input); its
-    snapshot file is confined to the root when the checkpoint is inside it,
-    else to the checkpoint's own directory.
-    """
+    """(snapshot file, directory it must stay in) of a checkpoint the operator resumes
+    from, anywhere: the root when it is inside, else the checkpoint's own directory."""
     location = resolve_location(checkpoint)
     path = _snapshot_file(location, _shown(os.fspath(checkpoint)))
     within = root if path.is_relative_to(root) else path.parent
@@ -196,13 +179,9 @@ def _path_error(path: Path, exc: OSError) -> StateError | OSError:
 
 
 def _open_directory(base: Path, parts: Sequence[str], *, create: bool, readable: bool) -> int:
-    """An fd of ``base/parts...``, opened one component at a time below ``base``.
-
-    Every component below ``base`` (itself trusted) is opened with ``O_NOFOLLOW``, using
-    ``O_PATH`` where there is one (search permission only); only the last directory is
-    opened for reading when ``readable``. With ``create`` missing directories are made,
-    iteratively (pathlib's recursive ``mkdir`` fails on deep paths).
-    """
+    """An fd of ``base/parts...``, opened a component at a time with ``O_NOFOLLOW`` (a
+    component swapped for a link after the check is refused); ``create`` makes missing
+    ones, iteratively (pathlib's recursive ``mkdir`` fails on deep paths)."""
     walk = _PATH_FLAG | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     last = (os.O_RDONLY if readable else _PATH_FLAG) | os.O_DIRECTORY | os.O_NOFOLLOW
     last |= os.O_CLOEXEC
@@ -226,24 +205,15 @@ def _open_directory(base: Path, parts: Sequence[str], *, create: bool, readable:
     return fd
 
 
-def _parts_below(path: Path, within: Path) -> tuple[str, ...]:
-    return path.relative_to(within).parts
-
-
 # --- reading -------------------------------------------------------------------------
 
 
 def read_regular_file(
     path: Path, *, within: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> bytes:
-    """The bytes of ``path``, refusing whatever a planted file could do to a reader.
-
-    With ``within``, ``path`` is opened by walking down from ``within`` without following
-    links: a link out is a ``StatePathError``. It is opened with ``O_NONBLOCK`` (a FIFO
-    cannot hang the open) and ``fstat``-ed: anything but a regular file, or a size over
-    ``max_bytes`` (checked before and while reading), is a ``StateFormatError``. A
-    missing file is ``FileNotFoundError``.
-    """
+    """The bytes of ``path``, refusing whatever a planted file could do to a reader: with
+    ``within``, a link out of it (``StatePathError``); a FIFO, device or a size over
+    ``max_bytes`` (``StateFormatError``, checked on the open file before a byte is read)."""
     try:
         if within is None:
             # The caller's own path: links are followed, the file itself still checked.
@@ -255,7 +225,7 @@ def read_regular_file(
                 raise StatePathError(f"{path}: cannot be resolved ({exc})") from None
             if real == within or not real.is_relative_to(within):
                 raise StatePathError(f"{path}: resolves to {real}, a link out of {within}; refused")
-            parts = _parts_below(real, within)
+            parts = real.relative_to(within).parts
             directory = _open_directory(within, parts[:-1], create=False, readable=False)
             try:
                 fd = os.open(parts[-1], _READ_FLAGS, dir_fd=directory)
@@ -268,15 +238,7 @@ def read_regular_file(
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = (
-                "a FIFO"
-                if stat.S_ISFIFO(info.st_mode)
-                else "a directory"
-                if stat.S_ISDIR(info.st_mode)
-                else "a device"
-                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
-                else "a socket or other special file"
-            )
+            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "a socket or other special file")
             raise StateFormatError(f"{path}: {kind}, not a regular file; refused")
         limit = f"over the limit of {max_bytes} bytes (max_bytes)"
         if info.st_size > max_bytes:
@@ -299,13 +261,8 @@ def read_regular_file(
 def read_snapshot(
     path: Path, *, within: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> Snapshot:
-    """Read a snapshot file (see ``read_regular_file`` for what is refused before reading).
-
-    A malformed or newer-format file is a ``StateFormatError`` naming the file and the
-    path inside it. One malformed state does not cost the others: each is decoded on its
-    own, and a bad one's key goes to ``errors`` with the reason (that callback starts
-    fresh).
-    """
+    """Read a snapshot file; a malformed or newer-format one is a ``StateFormatError``.
+    One malformed state does not cost the others: its key goes to ``errors``."""
     if within is None:
         within = resolve_location(path.parent)
     data = read_regular_file(path, within=within, max_bytes=max_bytes)
@@ -352,34 +309,23 @@ def read_snapshot(
 
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:
-    """The bytes ``write_snapshot`` writes: indented JSON (people read these when a
-    resume goes wrong)."""
+    """Indented JSON: people read these when a resume goes wrong."""
     return msgspec.json.format(_encoder.encode(snapshot), indent=2) + b"\n"
-
-
-def write_snapshot(path: Path, snapshot: Snapshot, *, within: Path | None = None) -> None:
-    """Write ``snapshot`` atomically (see ``atomic_write``)."""
-    atomic_write(path, encode_snapshot(snapshot), within=within)
 
 
 def atomic_write(
     path: Path, data: bytes, *, within: Path | None = None, durable: bool = True
 ) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, whole.
-
-    With ``within`` (a resolved directory ``path`` lies in), the directories below it are
-    opened without following links, so the write cannot be redirected out of it.
-    ``durable=False`` leaves out the two ``fsync`` calls: the file is still whole after a
-    killed process, not after a power loss; for a file its owner writes without them
-    (Hugging Face's ``trainer_state.json``).
-    """
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, whole;
+    with ``within``, never through a link out of it. ``durable=False``: no ``fsync`` (whole
+    after a killed process, not a power loss), for Hugging Face's ``trainer_state.json``."""
     try:
         if within is None:
             os.makedirs(path.parent, exist_ok=True)
             directory = os.open(path.parent, _DIRECTORY_FLAGS)
         else:
             within.mkdir(parents=True, exist_ok=True)
-            parts = _parts_below(path.parent, within)
+            parts = path.parent.relative_to(within).parts
             directory = _open_directory(within, parts, create=True, readable=True)
     except OSError as exc:
         raise _path_error(path, exc) from None
@@ -428,12 +374,8 @@ def _replace_in(directory: int, name: str, data: bytes, durable: bool) -> None:
 
 
 def _remove_leftovers(directory: int, name: str, now: float) -> None:
-    """Delete temporary files of ``name`` left by writers that died mid-write.
-
-    A temporary file is in flight for a fraction of a second; one whose mtime is more
-    than ``LEFTOVER_AGE`` older than the file we just created (same file system's clock)
-    belongs to a writer that is gone. Pids cannot tell across hosts or containers.
-    """
+    """Delete temporary files of ``name`` more than ``LEFTOVER_AGE`` older than ours:
+    their writers died mid-write (pids cannot tell across hosts)."""
     prefix = f".{name}."
     try:
         with os.scandir(directory) as entries:

@@ -3,14 +3,14 @@ reported; only what a callback declares as its state is set (a snapshot is edita
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from .._text import clip, describe, safe_str
-from ._args import settle_args
 from ._model import (
     MALFORMED,
     MAX_REASON_CHARS,
@@ -29,7 +29,6 @@ __all__ = [
     "VettedState",
     "move_state",
     "plan_restore",
-    "rebuild",
     "rebuild_vetted",
     "vet_state",
 ]
@@ -112,19 +111,11 @@ class RestorePlan(msgspec.Struct, frozen=True, kw_only=True):
     """Which live callback gets which saved state, and every mismatch found."""
 
     matches: dict[int, str]  # position in the live list -> saved key
-    restored: tuple[str, ...]  # live keys that get a state
     missing: tuple[str, ...]  # saved keys with no live callback
     unsaved: tuple[str, ...]  # live keys with no saved state
     mismatched: tuple[str, ...]  # "Class: N saved, M live"
     warnings: tuple[str, ...]
-    #: Earlier entries of an HF list that grew, passed over.
-    stale: tuple[str, ...] = ()
-
-    moved: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def clean(self) -> bool:
-        return not self.warnings
+    moved: tuple[tuple[str, str], ...] = ()  # (saved key, live key) matched across a move
 
 
 def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan:
@@ -142,7 +133,6 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
     unsaved_at: list[tuple[int, str]] = []
     reasons: dict[str, str] = {}
     mismatched: list[str] = []
-    stale: list[str] = []
     stale_notes: list[str] = []
     used: set[str] = set()
     moved: dict[str, str] = {}  # live key -> saved key, matched across a module move
@@ -173,7 +163,6 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
             found = sorted(entries.get(name, []))
             if len(found) > len(group):
                 cut = len(found) - len(group)
-                stale.extend(key for *_, key in found[:cut])
                 used.update(key for *_, key in found[:cut])
                 found = found[cut:]
                 mismatched.append(f"{name}: {cut + len(group)} saved, {len(group)} live")
@@ -220,7 +209,6 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
     missing = [key for key in saved if key not in used]
     taken.sort()
     matches = {position: saved_key for position, _, saved_key in taken}
-    restored = [live_key for _, live_key, _ in taken]
     unsaved = [live_key for _, live_key in sorted(unsaved_at)]
 
     warnings: list[str] = []
@@ -246,40 +234,112 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
     warnings.extend(moved_notes)
     return RestorePlan(
         matches=matches,
-        restored=tuple(restored),
         missing=tuple(missing),
         unsaved=tuple(unsaved),
         mismatched=tuple(mismatched),
         warnings=tuple(warnings),
-        stale=tuple(stale),
         moved=tuple((moved[key], key) for key in live if key in moved),
     )
+
+
+# --- saved args against live ones: the saved win (a resume continues the saved run),
+# except ``state_live_args`` (a snapshot, editable data, must not switch them on); never silently
+
+_SAVED_WIN = "a resume continues the saved run"
+_LIVE_WIN = "the value given now always wins for it: a snapshot may not switch it on"
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as a snapshot would hold it (a tuple as a list), to compare with a saved one."""
+    try:
+        return _decoder.decode(_encoder.encode(value))
+    except Exception:  # not a JSON value: compared as it is (and so differs)
+        return value
+
+
+def _same(saved: Any, live: Any) -> bool:
+    try:
+        return bool(saved == _as_json(live))
+    except Exception:  # an __eq__ that raises or cannot say (an array)
+        return False
+
+
+def _defaults(callback: object) -> dict[str, Any]:
+    """The defaults of its class's ``__init__`` (none if it has no signature to read)."""
+    try:
+        parameters = inspect.signature(type(callback)).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {n: p.default for n, p in parameters.items() if p.default is not p.empty}
+
+
+def _shown(name: str, value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__qualname__}>"
+    return f"{name}={clip(text, 100)}"
+
+
+def settle_args(
+    callback: object, saved: Mapping[str, Any], live: Mapping[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """The args to rebuild ``callback`` with, and a note naming each that differs.
+
+    ``saved`` (the snapshot's) win, except the live-wins ones of the callback's
+    class, which take their ``live`` value (also when the snapshot lacks them).
+    The note (``None`` when nothing differs) reads ``resumed with the saved
+    patience=3, not patience=10 given now (a resume continues the saved run)``.
+    A saved arg that wins over a live one left at its default is not noted: a
+    callback built with defaults to take a saved state asked for nothing else.
+    Only a ``StatefulCallback`` declares its args as what it was built with; any
+    other stateful object's saved args win unnoted (Hugging Face's
+    ``TrainerControl`` saves its per-step flags as args).
+    """
+    if not isinstance(callback, StatefulCallback):
+        return dict(saved), None
+    live_wins = set(type(callback).state_live_args) & set(live)
+    defaults = _defaults(callback)
+    settled = dict(saved)
+    settled.update({name: live[name] for name in live_wins})
+    saved_used: list[str] = []
+    live_used: list[str] = []
+    for name, value in saved.items():
+        if name not in live or _same(value, live[name]):
+            continue
+        if (
+            name not in live_wins
+            and name in defaults
+            and _same(_as_json(defaults[name]), live[name])
+        ):
+            continue
+        given, stored = _shown(name, live[name]), _shown(name, value)
+        if name in live_wins:
+            live_used.append(f"{given} given now, not the saved {stored}")
+        else:
+            saved_used.append(f"the saved {stored}, not {given} given now")
+    groups = []
+    if saved_used:
+        groups.append(f"{'; '.join(saved_used)} ({_SAVED_WIN})")
+    if live_used:
+        groups.append(f"{'; '.join(live_used)} ({_LIVE_WIN})")
+    note = f"resumed with {'; with '.join(groups)}" if groups else None
+    return settled, note
 
 
 # --- what a restore may set ---------------------------------------------------------------
 
 
 class VettedState(msgspec.Struct, frozen=True, kw_only=True):
-    """A saved state cut down to the names the live callback declares, and what was cut
-    (``ignored``), or saved with another JSON kind (``wrong_types``)."""
+    """A saved state cut down to the names the live callback declares; ``problems``: what
+    was cut, or saved with another JSON kind."""
 
     state: CallbackState
-    ignored: tuple[str, ...] = ()
-    wrong_types: tuple[str, ...] = ()
-    own_from_state: bool = False
+    problems: tuple[str, ...] = ()
     args_note: str | None = None
-
-    def problems(self, key: str) -> tuple[str, ...]:
-
-        lines = []
-        if self.ignored:
-            lines.append(
-                f"{key}: ignored saved names its class does not declare as state: "
-                f"{listed(self.ignored)}"
-            )
-        if self.wrong_types:
-            lines.append(f"{key}: {listed(self.wrong_types)}")
-        return tuple(lines)
 
 
 _STATEFUL_FROM_STATE = StatefulCallback.__dict__["from_state"].__func__
@@ -316,36 +376,33 @@ def _declared_names(callback: object) -> tuple[dict[str, Any], dict[str, Any]]:
     return live["args"], live["attributes"]
 
 
+_JSON_KINDS = (
+    (bool, "a boolean"),
+    (int | float, "a number"),
+    (str, "a string"),
+    (list | tuple, "an array"),
+    (dict, "an object"),
+)
+
+
 def _json_kind(value: Any) -> str | None:
     """The JSON kind of a value (int and float alike); None for null or a non-JSON value."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return None
+    return next((kind for types, kind in _JSON_KINDS if isinstance(value, types)), None)
 
 
-def vet_state(callback: object, state: CallbackState) -> VettedState:
-    """What of ``state`` a restore of ``callback`` may set: only its declared names (a
-    class with its own ``from_state`` gets the state whole). ``ValueError`` if the state
+def vet_state(callback: object, state: CallbackState, key: str) -> VettedState:
+    """What of ``state`` a restore of ``callback`` (``key``) may set: only its declared names
+    (a class with its own ``from_state`` gets the state whole). ``ValueError`` if the state
     is misshapen or the callback's ``state()`` raised."""
     if not _is_state(state):
         raise ValueError("the saved state is not {'args': {...}, 'attributes': {...}}")
     if _own_from_state(type(callback)) is not None:
         if not isinstance(callback, StatefulCallback):
-            return VettedState(state=state, own_from_state=True)
+            return VettedState(state=state)
         live = {name: getattr(callback, name, None) for name in type(callback).state_args}
         args, note = settle_args(callback, state["args"], live)
         whole: CallbackState = {"args": args, "attributes": state["attributes"]}
-        return VettedState(state=whole, own_from_state=True, args_note=note)
+        return VettedState(state=whole, args_note=note)
     try:
         live_args, live_attributes = _declared_names(callback)
     except Exception as exc:
@@ -355,6 +412,11 @@ def vet_state(callback: object, state: CallbackState) -> VettedState:
     kept, ignored = declared_only(state, list(live_args), list(live_attributes))
     kept["args"], note = settle_args(callback, kept["args"], live_args)
     wrong: list[str] = []
+    problems = []
+    if ignored:
+        problems.append(
+            f"{key}: ignored saved names its class does not declare as state: {listed(ignored)}"
+        )
     for part, live in (("args", live_args), ("attributes", live_attributes)):
         for name, value in kept[part].items():  # type: ignore[literal-required]
             saved_kind, live_kind = _json_kind(value), _json_kind(live[name])
@@ -363,7 +425,9 @@ def vet_state(callback: object, state: CallbackState) -> VettedState:
                     f"{member(part, name)} is {saved_kind} in the snapshot, "
                     f"the live value is {live_kind}"
                 )
-    return VettedState(state=kept, ignored=tuple(ignored), wrong_types=tuple(wrong), args_note=note)
+    if wrong:
+        problems.append(f"{key}: {listed(wrong)}")
+    return VettedState(state=kept, problems=tuple(problems), args_note=note)
 
 
 def rebuild_vetted(callback: object, vetted: VettedState) -> object:
@@ -412,8 +476,3 @@ def move_state(live: object, rebuilt: object) -> str | None:
         return f"reading its __dict__ raised {describe(exc)}"
     target.update(source)
     return None
-
-
-def rebuild(callback: object, state: CallbackState) -> object:
-    """A new instance of ``callback``'s class carrying the declared part of ``state``."""
-    return rebuild_vetted(callback, vet_state(callback, state))

@@ -1,10 +1,6 @@
 """The state store: snapshot every stateful callback at every checkpoint, restore on resume.
-
-Attached to a bus, it snapshots on each ``CheckpointSaved`` after the other handlers of that
-event (a high ``order``), so the states include what those handlers did with the checkpoint.
-A checkpoint reported by a worker (``snapshot``, ``path_of``) must lie inside the root; the
-one the operator resumes from (``load``, ``restore``) may lie anywhere (``_files``).
-"""
+A worker's checkpoint (``snapshot``, ``path_of``) lies inside the root; the one the operator
+resumes from (``load``, ``restore``) anywhere (``_files``)."""
 
 from __future__ import annotations
 
@@ -84,11 +80,8 @@ class StateStore:
         return tuple(self._callbacks)
 
     def register(self, callbacks: Sequence[object]) -> None:
-        """Track the stateful ones of ``callbacks`` (replacing any earlier registration).
-
-        Two callbacks with one key are a ``StateError`` naming both, and
-        nothing is registered.
-        """
+        """Track the stateful ones of ``callbacks`` (replacing any earlier registration);
+        two with one key are a ``StateError`` naming both, and nothing is registered."""
         self._callbacks = stateful_keys(callbacks)
 
     def path_of(self, checkpoint: str | os.PathLike[str]) -> Path:
@@ -104,12 +97,9 @@ class StateStore:
         self, checkpoint: str, *, run_id: str = "", position: RunPosition | None = None
     ) -> StateSnapshotted:
         """Write the state of every registered callback for ``checkpoint`` (and where
-        the run stood, ``position``, when given).
-
-        A callback whose state fails (``state()`` raised, not strict JSON, or
-        so big the file would exceed ``max_bytes``) is listed in ``errors``
-        with the reason; the others are written. A bad location raises
-        ``StateError`` and an I/O failure ``OSError``; nothing is written then.
+        the run stood, ``position``). A state that fails (``state()`` raised, not strict
+        JSON, too big for ``max_bytes``) is listed in ``errors``, the others written. A bad
+        location raises ``StateError``, an I/O failure ``OSError``; nothing is written then.
         """
         path, snapshot, data = self._encode(checkpoint, run_id, position)
         atomic_write(path, data, within=self.root)
@@ -118,8 +108,6 @@ class StateStore:
     def _encode(
         self, checkpoint: str, run_id: str, position: RunPosition | None
     ) -> tuple[Path, Snapshot, bytes]:
-        """The file, the snapshot of the states now and its bytes: what ``snapshot``
-        writes."""
         path = self.path_of(checkpoint)
         snapshot = self.capture(checkpoint, run_id=run_id, position=position)
         data = encode_snapshot(snapshot)
@@ -151,12 +139,8 @@ class StateStore:
         )
 
     def _fit(self, snapshot: Snapshot, data: bytes, path: Path) -> tuple[Snapshot, bytes]:
-        """The snapshot without its biggest states, until the file fits ``max_bytes``.
-
-        Each state left out is named in ``errors`` with its size, so the
-        callback that made the snapshot big is the one reported, and the
-        others are still written (and the file can be read back).
-        """
+        """The snapshot without its biggest states (each named in ``errors`` with its
+        size), until the file fits ``max_bytes``."""
         total = len(data)
         sizes = sorted(
             ((len(_compact.encode(state)), key) for key, state in snapshot.states.items()),
@@ -188,12 +172,9 @@ class StateStore:
     def load(self, checkpoint: str | os.PathLike[str]) -> Snapshot:
         """The snapshot of the checkpoint the operator names (relative to the cwd, anywhere).
 
-        ``FileNotFoundError`` if it has none; ``StateError`` if the
-        location is unusable or its snapshot file links out of the root (out
-        of the checkpoint's directory, for one outside the root);
-        ``StateError`` if the file is malformed, too big or not a
-        regular file. A malformed state inside a good file is not an error
-        here: it is left out, its key in ``errors``.
+        ``FileNotFoundError`` if it has none; ``StateError`` if the location is unusable,
+        its snapshot file links out of its confinement, or is malformed, too big or not a
+        regular file. A malformed state inside a good file is left out, its key in ``errors``.
         """
         path, within = resume_state_path(self.root, checkpoint)
         return read_snapshot(path, within=within, max_bytes=self.max_bytes)
@@ -207,27 +188,20 @@ class StateStore:
         require_snapshot: bool = False,
     ) -> tuple[list[C], StateRestored]:
         """A new list, in the same order, with each saved callback rebuilt from its state
-        (an instance of the given one's class, so the list has the given one's type).
+        (as the given one's class); it becomes the registered one.
 
-        ``checkpoint`` is the operator's (see ``load``), which the returned
-        event names, or a snapshot (``load``'s).
-        Only the names each callback declares as its state are restored; others are
-        warned about. The new list becomes the registered one. Every mismatch (saved
-        states with no live callback and the reverse, differing instance counts, stale HF
-        entries, undeclared names, values of another JSON kind, failed rebuilds) is warned
-        about and listed in the returned ``StateRestored``; with ``strict`` they raise
-        ``StateRestoreError`` and nothing changes.
+        ``checkpoint`` is the operator's (see ``load``), or a snapshot (``load``'s). Only
+        the names a callback declares as its state are restored. Every mismatch (unmatched
+        states or callbacks, instance counts, stale HF entries, undeclared names, values of
+        another JSON kind, failed rebuilds) is warned about and listed in the returned
+        ``StateRestored``; with ``strict`` it raises ``StateRestoreError``, nothing changed.
+        Saved args win over live ones, except ``state_live_args``; a difference is one
+        warning per callback (never a strict error: it is the rule).
 
-        ``in_place=True``: each rebuilt state is moved onto the given object
-        (``move_state``), so references the caller kept see it; one that cannot take it
-        (slots, no ``__dict__``) is replaced, with a warning. ``require_snapshot=True``: a
-        checkpoint without a snapshot is a ``StateRestoreError`` instead of every callback
-        starting fresh. ``restored`` lists live keys (a state saved under ``__main__.Name``
-        restores into ``pkg.mod.Name``).
-
-        The saved args win over the live ones, except a ``StatefulCallback``'s
-        ``state_live_args``; each callback whose saved and live args differ gets one
-        warning naming each arg with both values (never a strict error: it is the rule).
+        ``in_place=True``: each rebuilt state is moved onto the given object, so references
+        the caller kept see it (one that cannot take it is replaced, with a warning).
+        ``require_snapshot=True``: a checkpoint without a snapshot is a
+        ``StateRestoreError`` instead of every callback starting fresh.
         """
         notes: tuple[str, ...] = ()
         if isinstance(checkpoint, Snapshot):
@@ -257,13 +231,13 @@ class StateStore:
         for position, saved_key in plan.matches.items():
             live_key = state_key_of(callbacks[position])
             try:
-                checked = vet_state(callbacks[position], snapshot.states[saved_key])
+                checked = vet_state(callbacks[position], snapshot.states[saved_key], live_key)
             except ValueError as exc:
                 failures.append(f"could not restore {live_key}: {exc}; it starts fresh")
                 continue
-            problems.extend(checked.problems(live_key))
+            problems.extend(checked.problems)
             vetted[position] = checked
-        if self.strict and (notes or not plan.clean or problems or failures):
+        if self.strict and (notes or plan.warnings or problems or failures):
             raise StateRestoreError(
                 f"restoring {clip(source, MAX_REASON_CHARS) or 'snapshot'}: "
                 + "; ".join(notes + plan.warnings + tuple(problems) + tuple(failures))

@@ -1,10 +1,6 @@
-"""Testing helpers: build small logs, replay them against handlers, record a bus.
-
-Shipped in the library, as ``structlog.testing`` and ``trio.testing`` are,
-so users test their callbacks against a recorded run in a few lines. The
-pytest plugin (``eventbus.testing._plugin``, registered through the
-``pytest11`` entry point) wraps these helpers as fixtures:
-``event_log_factory``, ``replay_log`` and ``recorded_bus``.
+"""Testing helpers: build small logs, replay them against handlers, record a bus; the pytest
+plugin (entry point ``pytest11``) gives them as fixtures: ``event_log_factory``,
+``replay_log`` and ``recorded_bus``.
 """
 
 from ._helpers import (

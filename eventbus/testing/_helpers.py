@@ -29,53 +29,6 @@ Handler = Callable[[Any], Any]
 # --- building events and logs ---------------------------------------------------------
 
 
-def _sample_value(info: msgspec.inspect.Type, name: str) -> Any:
-    """A plain valid value of a field's type: the smallest that validates."""
-    if isinstance(info, msgspec.inspect.StrType):
-        return name
-    if isinstance(info, msgspec.inspect.BoolType):
-        return False
-    if isinstance(info, msgspec.inspect.IntType):
-        return 0
-    if isinstance(info, msgspec.inspect.FloatType):
-        return 0.0
-    if isinstance(info, msgspec.inspect.LiteralType):
-        return info.values[0]
-    if isinstance(info, msgspec.inspect.UnionType):
-        if info.includes_none:
-            return None
-        return _sample_value(info.types[0], name)
-    if isinstance(info, msgspec.inspect.DictType):
-        return {}
-    if isinstance(info, msgspec.inspect.ListType):
-        return []
-    if isinstance(info, msgspec.inspect.VarTupleType):
-        return ()
-    if isinstance(info, msgspec.inspect.SetType | msgspec.inspect.FrozenSetType):
-        return set() if isinstance(info, msgspec.inspect.SetType) else frozenset()
-    if isinstance(info, msgspec.inspect.TupleType):
-        return tuple(_sample_value(item, name) for item in info.item_types)
-    if isinstance(info, msgspec.inspect.StructType):
-        return info.cls(**_required_fields(info))
-    if isinstance(info, msgspec.inspect.AnyType):
-        return None
-    raise TypeError(f"sample_event cannot fill field {name!r} of type {info!r}; pass it")
-
-
-def _required_fields(info: msgspec.inspect.StructType) -> dict[str, Any]:
-    return {f.name: _sample_value(f.type, f.name) for f in info.fields if f.required}
-
-
-def sample_event(cls: type[E], **fields: Any) -> E:
-    """An instance of event class ``cls`` with every required field filled (strings by
-    their field name, numbers 0, optionals ``None``); ``fields`` override."""
-    info = msgspec.inspect.type_info(cls)
-    assert isinstance(info, msgspec.inspect.StructType)
-    values = _required_fields(info)
-    values.update(fields)
-    return cls(**values)
-
-
 def report_rounds(
     rounds: int | Iterable[int],
     *,
@@ -145,26 +98,6 @@ def _stamped(batch: list[Event], first: int, start: float, interval: float) -> l
 
 
 # --- handlers that remember -------------------------------------------------------------
-
-
-class EventCapture:
-    """A handler that keeps every event it gets, in order."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def __call__(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of_type(self, cls: type[E]) -> list[E]:
-        return [e for e in self.events if isinstance(e, cls)]
-
-    @property
-    def types(self) -> list[str]:
-        return [type(e).__name__ for e in self.events]
-
-    def __len__(self) -> int:
-        return len(self.events)
 
 
 def _capturing(handler: Handler, sink: list[Event]) -> Handler:
@@ -314,7 +247,7 @@ class BusRecording:
 
 
 def assert_rounds(
-    events: Iterable[Event] | EventCapture,
+    events: Iterable[Event],
     rounds: Iterable[int],
     *,
     ranks: Sequence[int] | None = None,
@@ -323,8 +256,7 @@ def assert_rounds(
     """Assert that the ``Report`` events seen cover exactly ``rounds`` for every rank
     (default: every rank that reported); the error names the rounds missing and extra."""
     seen: dict[int, list[int]] = {}
-    items = events.events if isinstance(events, EventCapture) else events
-    for event in items:
+    for event in events:
         if isinstance(event, Report) and (run_id is None or event.run_id == run_id):
             seen.setdefault(event.rank, []).append(event.index)
     expected = sorted(rounds)

@@ -1,15 +1,5 @@
-"""The eventbus pytest plugin (entry point ``pytest11``): record/replay fixtures.
-
-Fixtures, all plain (not async), so they work with any async test runner:
-
-- ``event_log_factory``: ``event_log_factory(events, name="events.evlog")``
-  writes a small log in the test's ``tmp_path`` and returns its path.
-- ``replay_log``: ``await replay_log(path, handler, ...)`` replays a log into
-  a fresh bus on a virtual clock and returns a ``ReplayResult`` (summary and
-  what each handler received).
-- ``recorded_bus``: ``async with recorded_bus() as bus:`` runs a bus whose
-  events are recorded; ``recorded_bus.events`` afterwards.
-"""
+"""The eventbus pytest plugin (entry point ``pytest11``): ``eventbus.testing``'s helpers as
+plain (not async) fixtures, so they work with any async test runner."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ READING_MODULES = (
     "_events",
     "log/_format",
     "log/_reader",
-    "log/_fallback",
+    "log/_placeholders",
     "log/_recorder",
     "log/_replay",
     "state/_model",
