@@ -10,10 +10,11 @@ that rank pushes to rank 0, in order, every 50 ms as one message (at once for
 a checkpoint, a failure, the end or a ``sync``) into a queue of torchrun's own
 c10d store, so a report never waits for rank 0. Rank 0's pump feeds them
 into the run's reporters and failure path, as the run's own tasks would, and
-a thread of rank 0's writes what flows back (the rounds its callbacks
-handled, ``should_stop``, ``should_checkpoint``, ``for_workers``, the
-checkpoint to resume from) as numbered status keys, which a thread on every
-other rank follows.
+a thread of rank 0's writes what flows back (``should_stop``,
+``should_checkpoint``, ``for_workers``, the checkpoint to resume from, as
+they change; the rounds its callbacks handled, when a rank may wait for them
+in ``sync``) as numbered status keys, which a thread on every other rank
+follows.
 
 torchrun keeps its store across the group's restarts, so what one attempt
 left there must not reach the next: rank 0 makes a fresh name (a nonce) for
@@ -48,7 +49,7 @@ import torch.distributed as dist
 from eventbus._logging import get_logger
 from handlers import Reporter, ReportError, WorkerError, WorkerGroupError
 from handlers._metric_values import MetricsError, freeze_metrics
-from handlers._persist import persist_checkpoint
+from handlers._reporter import persisted
 from handlers._signals import takes_signals
 
 if TYPE_CHECKING:
@@ -386,7 +387,7 @@ class TorchrunReporter(Reporter):
         location = None if checkpoint is None else self._checkpoint_location(checkpoint)
         index = self._index
         if location is not None and self._state_dir is not None:
-            location = await _persisted(self.rank, self._state_dir, location, index)
+            location = await persisted(self.rank, self._state_dir, location, index)
         self._index += 1
         self._rounds += 1
         message = _Report(self.run_id, self.rank, self.nonce, index, dict(frozen), location)
@@ -428,14 +429,6 @@ class TorchrunReporter(Reporter):
         self.sender.send(failed, now=True)
 
 
-async def _persisted(rank: int, state_dir: Path, location: str, index: int) -> str:
-    """``location`` kept in the run's state dir (copied in, in a thread, if outside)."""
-    try:
-        return await anyio.to_thread.run_sync(persist_checkpoint, state_dir, location, index)
-    except ValueError as exc:
-        raise ReportError(rank, "checkpoint", str(exc)) from None
-
-
 async def _work(fn: WorkerFn, reporter: TorchrunReporter | _HostReporter) -> Exception | None:
     """Run the worker; its end (returned, or its exception) goes to rank 0 after its
     reports. Returns the exception."""
@@ -471,9 +464,7 @@ class _HostReporter(Reporter):
         """Wait until the status of this rank's latest round went out to the other
         ranks: its next step (a DDP all-reduce, say) may hold this loop until they
         come to it, which they do once they read that status."""
-        pump = self._pump
-        while not pump.over and not _reached(pump.published, pump.counts[0]):
-            await pump.publishing.wait()
+        await self._pump.host_synced()
 
     @property
     def reports(self) -> int:
@@ -559,6 +550,7 @@ class _Pump:
         #: The latest status given to the publisher, and its news.
         self.published = self.status()
         self.publishing = anyio.Event()
+        self._host_syncing = False
         #: What the inbox's thread delivered, and the wake-up of the loop's pump (rank 0's
         #: reports wake it too). The thread answers joins at once (a worker's blocking DDP
         #: step may hold the loop); the rest waits for the loop.
@@ -685,11 +677,32 @@ class _Pump:
             await self.run.wait_gathered(rank)
             self.rounds = complete
         status = self.status()
-        if status != self.published and self._publisher is not None:
-            self._publisher.publish(status)
-            self.published = status
-            self.publishing.set()
-            self.publishing = anyio.Event()
+        if status == self.published or self._publisher is None:
+            return
+        only_rounds = msgspec.structs.replace(status, rounds=self.published.rounds)
+        if only_rounds == self.published and not self._awaited(status.rounds):
+            return
+        self._publisher.publish(status)
+        self.published = status
+        self.publishing.set()
+        self.publishing = anyio.Event()
+
+    def _awaited(self, rounds: int) -> bool:
+        """Whether a rank may be waiting in ``sync`` for ``rounds``: another rank with
+        no round left here, or rank 0's own. Only then does a status whose rounds alone
+        moved go out (each costs the store three calls and rank 0 a thread's turn)."""
+        counts = self.counts
+        return rounds in counts[1:] or (self._host_syncing and rounds >= counts[0])
+
+    async def host_synced(self) -> None:
+        """Wait until the status of rank 0's latest round went out to the other ranks."""
+        self._host_syncing = True
+        self._moving.set()
+        try:
+            while not self.over and not _reached(self.published, self.counts[0]):
+                await self.publishing.wait()
+        finally:
+            self._host_syncing = False
 
     async def _take_in(self, raw: bytes) -> None:
         if not raw:  # the pump's own wake-up

@@ -15,7 +15,7 @@ report per step, a checkpoint (the model's ``state_dict``) every
   the run with ``MetricsLogger`` (the same JSONL lines), ``BestCheckpoints``,
   ``EarlyStopping`` (never stopping), the event log and ``state_dir``. The
   last step ends with ``reporter.sync()``: the timing takes in the run's work
-  on every round (rank 0 does it when its worker yields: at a checkpoint, say).
+  on every round (rank 0's callbacks run at each of its worker's reports).
 
 The conditions alternate, job by job (``--pairs`` of each; the order swaps
 every pair). Each rank times its steps after ``--warmup`` untimed ones; a

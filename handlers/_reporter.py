@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
 from eventbus import EventBus, Report, RoundGathered, RunFinished, WorkerGroupRestarted
@@ -62,7 +63,9 @@ class Reporter:
         The metrics are copied at once: the worker may reuse its dict. Raises
         ``ReportError`` (a ``ValueError``; nothing reported, the turn still this rank's)
         if they hold something a log cannot (a tensor), or ``checkpoint`` is no path the
-        OS takes, or lies outside the ``state_dir`` and cannot be copied in.
+        OS takes, or lies outside the ``state_dir`` and cannot be copied in. Once the
+        report is out, the callbacks get a turn: a cancellation (a stop, an interrupt
+        from a callback) may end the worker there, the report already made.
         """
         try:
             frozen = freeze_metrics(metrics)
@@ -72,7 +75,7 @@ class Reporter:
         run = self.run
         index = self._index
         if location is not None and run.state_dir is not None:
-            location = await _persisted(self.rank, run.state_dir, location, index)
+            location = await persisted(self.rank, run.state_dir, location, index)
         self._index += 1
         await run.bus.publish(
             Report(
@@ -84,6 +87,10 @@ class Reporter:
                 checkpoint=location,
             )
         )
+        # The callbacks run in this loop: a worker that computes between its reports and
+        # waits on nothing else would hold them off until it ends (no stop, no line, no
+        # budget until then). The round this report completes is handled now.
+        await anyio.lowlevel.checkpoint()
 
     def _checkpoint_location(self, checkpoint: object) -> str:
         """``checkpoint`` as the path string events carry; ``ReportError`` if the OS refuses it."""
@@ -215,7 +222,7 @@ def _shown(text: str, most: int = 60) -> str:
     return f"{text[: most // 2]!r}…{text[-most // 2 :]!r} ({len(text)} characters)"
 
 
-async def _persisted(rank: int, state_dir: Path, location: str, index: int) -> str:
+async def persisted(rank: int, state_dir: Path, location: str, index: int) -> str:
     """``location`` kept in the run's state dir (copied in, in a thread, if outside)."""
     try:
         return await anyio.to_thread.run_sync(persist_checkpoint, state_dir, location, index)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -202,6 +203,37 @@ async def test_should_stop_follows_callbacks_and_requests() -> None:
     async with open_run(world_size=1) as run:
         run.request_stop()
         assert run.reporter(0).should_stop
+
+
+async def test_a_worker_that_only_computes_and_reports_still_hears_its_callbacks() -> None:
+    """A worker that awaits nothing but ``report`` (its steps compute, as a torch step
+    does) lets the callbacks run at each report: a round is handled a report or two
+    later (trio picks the order of the tasks ready at once), and a stop is seen then.
+    Before, the callbacks ran only once the worker ended (exact: ``sync``)."""
+    steps_seen: list[int] = []
+
+    class Watcher(UserCallback):
+        def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+            steps_seen.append(metrics[0]["step"])
+
+    async def worker(reporter: Reporter) -> None:
+        for step in range(200):
+            computing_until = time.perf_counter() + 0.0005  # a step: it waits on nothing
+            while time.perf_counter() < computing_until:
+                pass
+            await reporter.report({"loss": float(step), "step": step})
+            seen = steps_seen[-1] if steps_seen else -1
+            assert seen >= step - 2, f"after step {step} the callbacks had seen step {seen}"
+            if reporter.should_stop:
+                stopped.append(step)
+                return
+
+    stopped: list[int] = []
+    stopping = EarlyStopping("loss", patience=2)
+    async with open_run(world_size=1, callbacks=[Watcher(), stopping]) as run:
+        await run.workers(worker)
+    assert stopped and stopped[0] <= 4, stopped  # the loss rose from step 1 on: patience 2
+    assert run.result.rounds == stopped[0] + 1
 
 
 async def test_open_run_rejects_bad_arguments(tmp_path: Path) -> None:

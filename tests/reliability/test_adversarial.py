@@ -246,14 +246,17 @@ async def adversarial_run(
                 shared.update(value)
                 value = shared
             kept = "deep" if planned == "deep" else copy.deepcopy(value)
+            # Kept before: an interrupt may end the worker inside ``report``, once the
+            # report is out (its callbacks run there).
+            sent[reporter.rank].append(kept)
             try:
                 await reporter.report(value)
             except ReportError:  # what a log cannot hold is refused where it is reported
                 assert not _acceptable(kept)
+                sent[reporter.rank].pop()
                 refused[reporter.rank] += 1
             else:
                 assert _acceptable(kept)
-                sent[reporter.rank].append(kept)
             if value is shared:
                 shared["changed after the report"] = 1.0
             await anyio.lowlevel.checkpoint()
