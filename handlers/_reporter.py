@@ -26,11 +26,12 @@ from ._persist import persist_checkpoint
 
 _log = get_logger("handlers.reporter")
 
-#: How long a worker that awaits nothing else may compute before a report of its gives
-#: the loop a turn (seconds). A report reaches an inline callback in three turns (the
-#: bus's dispatcher, the gathering, the callback's handler), so a round is handled
-#: within 30 ms of computing; rounds that come faster are handled a few at once (a turn
-#: per round cost torchrun's rank 0 0.1 ms a step).
+#: How long the run's workers may compute, awaiting nothing else, before a report gives
+#: the loop a turn (seconds; timed for the run, so that such workers share the loop
+#: fairly). A report reaches an inline callback in three turns (the bus's dispatcher,
+#: the gathering, the callback's handler), so a round is handled within 30 ms of
+#: computing; rounds that come faster are handled a few at once (a turn per round cost
+#: torchrun's rank 0 0.1 ms a step).
 CALLBACKS_TURN_S = 0.01
 _json = msgspec.json.Decoder()
 _json_encoder = msgspec.json.Encoder()
@@ -61,7 +62,6 @@ class Reporter:
         #: Whether this rank's worker ended: its next report will not come.
         self.ended = False
         self._index = run.first_index(rank)
-        self._turn_due = 0.0
 
     async def report(
         self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None = None
@@ -101,8 +101,8 @@ class Reporter:
         # awaits nothing else would hold them off until it ends (no stop, no line, no
         # budget until then).
         now = time.monotonic()
-        if now >= self._turn_due:
-            self._turn_due = now + CALLBACKS_TURN_S
+        if now >= run.turn_due:
+            run.turn_due = now + CALLBACKS_TURN_S
             await anyio.lowlevel.checkpoint()
 
     def _checkpoint_location(self, checkpoint: object) -> str:

@@ -164,6 +164,9 @@ class Run(anyio.AsyncContextManagerMixin):
         self._entered: float | None = None
         #: What ``wait_gathered`` waits on: a round gathered, a restart, a worker's end.
         self._sync_signal = SyncSignal(self.bus)
+        #: When a report next gives the loop a turn (``Reporter.report``): one time for
+        #: all the run's workers, so that workers that compute share the loop fairly.
+        self.turn_due = 0.0
         #: The lane subscriptions ``wait_gathered`` waits for (known once attached).
         self._stopping_lanes: tuple[Subscription, ...] | None = None
         #: Where ``workers`` runs the workers (``None``: this process's tasks).

@@ -206,14 +206,17 @@ async def test_should_stop_follows_callbacks_and_requests() -> None:
         assert run.reporter(0).should_stop
 
 
-async def test_a_worker_that_only_computes_and_reports_still_hears_its_callbacks() -> None:
-    """A worker that awaits nothing but ``report`` (its steps compute, as a torch step
-    does) gives the loop a turn at a report every ``CALLBACKS_TURN_S``: a round
-    reaches the callbacks within three such turns, and a stop is heard then. Before,
-    the callbacks ran only once the worker ended (exact: ``sync``)."""
+async def test_workers_that_only_compute_and_report_share_the_loop_and_hear_callbacks() -> None:
+    """Workers that await nothing but ``report`` (their steps compute, as a torch step
+    does) give the loop a turn every ``CALLBACKS_TURN_S``, timed for the run: a round
+    reaches the callbacks within three such turns, a stop is heard then, and neither
+    rank runs ahead of the other by more than a turn's steps. Before, the callbacks ran
+    only once the workers ended; with a time per reporter, one rank ran 2.5 times as
+    many steps as the other."""
     step_s = 0.0005
     most_behind = 3 * round(CALLBACKS_TURN_S / step_s) + 2  # a step takes at least step_s
     steps_seen: list[int] = []
+    done = [0, 0]
 
     class Watcher(UserCallback):
         def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
@@ -224,20 +227,22 @@ async def test_a_worker_that_only_computes_and_reports_still_hears_its_callbacks
             computing_until = time.perf_counter() + step_s  # a step: it waits on nothing
             while time.perf_counter() < computing_until:
                 pass
-            await reporter.report({"loss": float(step), "step": step})
+            await reporter.report({"loss": float(abs(step - 300)), "step": step})
+            done[reporter.rank] = step + 1
+            assert abs(done[0] - done[1]) <= most_behind, f"steps done per rank: {done}"
             seen = steps_seen[-1] if steps_seen else -1
-            assert seen >= step - most_behind, f"at step {step} the callbacks saw {seen}"
+            assert seen >= min(done) - most_behind, f"{done} steps done, callbacks saw {seen}"
             if reporter.should_stop:
                 stopped.append(step)
                 return
 
     stopped: list[int] = []
     stopping = EarlyStopping("loss", patience=2)
-    async with open_run(world_size=1, callbacks=[Watcher(), stopping]) as run:
+    async with open_run(world_size=2, callbacks=[Watcher(), stopping]) as run:
         await run.workers(worker)
-    # The loss rose from step 1 on: patience 2 stops at step 2.
-    assert stopped and stopped[0] <= 2 + most_behind, stopped
-    assert run.result.rounds == stopped[0] + 1
+    # The loss rose from step 301 on: patience 2 stops at step 302.
+    assert len(stopped) == 2 and max(stopped) <= 302 + 2 * most_behind, stopped
+    assert run.result.rounds == min(stopped) + 1
 
 
 async def test_open_run_rejects_bad_arguments(tmp_path: Path) -> None:
