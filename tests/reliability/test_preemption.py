@@ -50,6 +50,7 @@ SCRIPT = textwrap.dedent(
 
     out, backend, how = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     slow_end, deaf, resume = how == "slow-end", how == "deaf", how == "resume"
+    computing = how == "computing"  # steps of 2 ms that await nothing, no sync, 3000 steps
 
     class Seen(UserCallback):
         def after_report(self, run_context, metrics, checkpoint):
@@ -66,15 +67,20 @@ SCRIPT = textwrap.dedent(
         if reporter.latest_checkpoint is not None:
             saved = Path(reporter.latest_checkpoint, f"rank_{reporter.rank}.json")
             step = json.loads(saved.read_text())["step"] + 1
-        while (deaf or not reporter.should_stop) and step < 300:
+        while (deaf or not reporter.should_stop) and step < (3000 if computing else 300):
             checkpoint = None
             if reporter.should_checkpoint and not deaf:
                 checkpoint = out / f"checkpoint_{step}"
                 checkpoint.mkdir(exist_ok=True)
                 (checkpoint / f"rank_{reporter.rank}.json").write_text(json.dumps({"step": step}))
             await reporter.report({"step": step}, checkpoint=checkpoint)
-            await reporter.sync()
             step += 1
+            if computing:
+                until = time.perf_counter() + 0.002
+                while time.perf_counter() < until:
+                    pass
+                continue
+            await reporter.sync()
             await anyio.sleep(0.01)
 
     async def main():
@@ -145,6 +151,25 @@ def test_sigterm_ends_the_run_in_order_and_exits_143(
     assert saved.endswith(f"checkpoint_{reports[0][-1].metrics['step']}")
     (snapshot,) = [e for e in log.events if isinstance(e, StateSnapshotted)]
     assert snapshot.checkpoint == saved and not snapshot.error
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_workers_whose_steps_await_nothing_hear_it_too(tmp_path: Path, backend: str) -> None:
+    """Their reports give the loop its turns: the run ends in order at once. Before, the
+    loop never ran while they computed: the grace period ran out, and the workers went on
+    to their last step, deaf to the signal."""
+    process = start(tmp_path, backend, "computing")
+    wait_for(tmp_path / "ready", process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert "did not end within" not in stderr and "Traceback" not in stderr
+    assert after_runs(tmp_path) == [{"status": "preempted", "error": "preempted by SIGTERM"}]
+    log = read_log(tmp_path / "run.evlog")
+    (finished,) = [e for e in log.events if isinstance(e, RunFinished)]
+    assert finished.status == "preempted" and not log.truncated
+    last_step = max(e.metrics["step"] for e in log.events if isinstance(e, Report))
+    assert last_step < 2999, "the workers never heard the stop"
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
