@@ -432,8 +432,9 @@ class TorchrunReporter(Reporter):
 async def _work(fn: WorkerFn, reporter: TorchrunReporter | _HostReporter) -> Exception | None:
     """Run the worker; its end (returned, or its exception) goes to rank 0 after its
     reports. Returns the exception."""
+    work = fn(reporter)
     try:
-        await fn(reporter)
+        await (reporter.run.counting_holds(work) if isinstance(reporter, _HostReporter) else work)
     except Exception as exc:
         reporter.ended = True
         await reporter.finish(exc)

@@ -14,6 +14,7 @@ from ._bus_results import BusClosed, BusFull, BusStats, CloseReport, refusal
 from ._clock import Clock, MonotonicClock
 from ._dispatch import Dispatcher, Inbox
 from ._events import Event
+from ._holds import LoopHolds
 from ._lanes import MAX_BATCH
 from ._logging import get_logger
 from ._observers import CallObserver, CallObservers
@@ -120,6 +121,9 @@ class EventBus(anyio.AsyncContextManagerMixin):
         self.io_in_threads = True
 
         self._inbox = Inbox()
+        #: The time workers' code held this loop (counted by their runner): not charged to
+        #: the async handler calls in flight meanwhile (their deadlines stay real time).
+        self.loop_holds = LoopHolds()
         self._watchdog = Watchdog()
         self._policy = Policy(self._emit, self._end_run, owner_ends_run=on_failure is not None)
         self._observers = CallObservers(self._end_run)
@@ -133,7 +137,9 @@ class EventBus(anyio.AsyncContextManagerMixin):
             emit=self._emit,
             policy=self._policy,
         )
-        runner = Runner(self._now, self._policy, self._watchdog.guard(), self._observers)
+        runner = Runner(
+            self._now, self._policy, self._watchdog.guard(), self._observers, self.loop_holds
+        )
         self._dispatcher = Dispatcher(
             self._inbox, registry, self._periods, runner, self._now, end_run=self._end_run
         )
@@ -364,7 +370,9 @@ class EventBus(anyio.AsyncContextManagerMixin):
         self._next_index += 1
         lane = None
         if delivery == "lane":
-            runner = Runner(self._now, self._policy, self._watchdog.guard(), self._observers)
+            runner = Runner(
+                self._now, self._policy, self._watchdog.guard(), self._observers, self.loop_holds
+            )
             lane = self._dispatcher.new_lane(sub, runner, capacity)
         registry.add(sub, lane)
         if lane is not None and self._open:

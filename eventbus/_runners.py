@@ -14,6 +14,7 @@ import anyio
 import anyio.to_thread
 
 from ._events import Event
+from ._holds import LoopHolds
 from ._logging import get_logger
 from ._observers import CallObservers, CallOutcome, HandlerCall, noted
 from ._policy import Policy
@@ -34,15 +35,22 @@ class Runner:
     """Delivers batches to handlers for one task (the dispatcher, or one lane); ``pending``:
     events of the batch neither handled nor skipped yet."""
 
-    __slots__ = ("_guard", "_now", "_observers", "_policy", "pending")
+    __slots__ = ("_guard", "_holds", "_now", "_observers", "_policy", "pending")
 
     def __init__(
-        self, now: Callable[[], float], policy: Policy, guard: Guard, observers: CallObservers
+        self,
+        now: Callable[[], float],
+        policy: Policy,
+        guard: Guard,
+        observers: CallObservers,
+        holds: LoopHolds,
     ) -> None:
         self._now = now
         self._policy = policy
         self._guard = guard
         self._observers = observers
+        #: An awaited call is charged its time less the workers' time in the loop meanwhile.
+        self._holds = holds
         self.pending = 0
 
     def close(self) -> None:
@@ -206,6 +214,7 @@ class Runner:
         watchdog cancels when a call overruns; the next event gets a new scope."""
         fn = sub.handler
         clock = self._now
+        holds = self._holds
         guard = self._guard
         policy = self._policy
         observers = self._observers
@@ -218,6 +227,7 @@ class Runner:
         longest = 0.0
         self.pending = len(events)
         start = t0 = clock()
+        held_at_start = h0 = holds.seconds
         try:
             while True:
                 with anyio.CancelScope() as scope:
@@ -229,9 +239,9 @@ class Runner:
                                 await fn(event)
                             except BaseException as exc:
                                 stop = policy.handler_raised(sub, event, exc, events, index)
-                                t1 = clock()
-                                elapsed = t1 - t0
-                                t0 = t1
+                                t1, h1 = clock(), holds.seconds
+                                elapsed = t1 - t0 - (h1 - h0)
+                                t0, h0 = t1, h1
                                 if elapsed > longest:
                                     longest = elapsed
                                 if watch != _NONE:
@@ -241,9 +251,9 @@ class Runner:
                                 if stop:
                                     break
                                 continue
-                            t1 = clock()
-                            elapsed = t1 - t0
-                            t0 = t1
+                            t1, h1 = clock(), holds.seconds
+                            elapsed = t1 - t0 - (h1 - h0)
+                            t0, h0 = t1, h1
                             if elapsed > longest:
                                 longest = elapsed
                             if elapsed >= watch:
@@ -262,8 +272,8 @@ class Runner:
 
                 if not scope.cancelled_caught:
                     break
-                t1 = clock()
-                elapsed = t1 - t0  # the call the watchdog cancelled
+                t1, h0 = clock(), holds.seconds
+                elapsed = t1 - t0  # the call the watchdog cancelled: its deadline's time
                 t0 = t1
                 if elapsed > longest:
                     longest = elapsed
@@ -280,7 +290,7 @@ class Runner:
             if self.pending:
                 self.pending = len(events) - made
             end = clock()
-            total = end - start
+            total = end - start - (holds.seconds - held_at_start)
             if not timed and made:
                 longest = max(longest, total / made)
                 if notes is None and watch != _NONE and (total >= watch or failed is not None):
@@ -303,6 +313,7 @@ class Runner:
         """Run a ``blocking=True`` handler in a worker thread per event, abandoning
         each call at its deadline (its thread runs on: it cannot be stopped)."""
         clock = self._now
+        holds = self._holds
         policy = self._policy
         watch = self._observers.min_seconds
         notes: list[HandlerCall] | None = None
@@ -313,7 +324,7 @@ class Runner:
         try:
             for i, event in enumerate(events):
                 calls += 1
-                t0 = clock()
+                t0, h0 = clock(), holds.seconds
                 call = ThreadCall(sub.handler, event)
                 failed: BaseException | None = None
                 with anyio.move_on_after(sub.timeout) as scope:
@@ -326,14 +337,15 @@ class Runner:
                         if stop:
                             if watch != _NONE:
                                 t1 = clock()
+                                elapsed = t1 - t0 - (holds.seconds - h0)
                                 notes = noted(
-                                    notes, sub, event, t1 - t0, t1, outcome="error", error=exc
+                                    notes, sub, event, elapsed, t1, outcome="error", error=exc
                                 )
                             break
                 if scope.cancelled_caught:
                     call.abandon()
                 t1 = clock()
-                elapsed = t1 - t0
+                elapsed = t1 - t0 - (holds.seconds - h0)
                 total += elapsed
                 if elapsed > longest:
                     longest = elapsed

@@ -14,7 +14,14 @@ import math
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -35,7 +42,8 @@ from eventbus import (
     WorkerFailure,
     WorkerGroupRestarted,
 )
-from eventbus._clock import Clock
+from eventbus._clock import Clock, MonotonicClock
+from eventbus._holds import holding
 from eventbus._logging import get_logger
 from eventbus._subscription import Subscription
 from eventbus._text import describe as describe_exception
@@ -521,6 +529,13 @@ class Run(anyio.AsyncContextManagerMixin):
             failures.setdefault(stall.rank, RankStalledError(stall))
             scope.cancel()
 
+    def counting_holds(self, work: Awaitable[Any]) -> Awaitable[Any]:
+        """``work``, a worker in this loop, whose steps' time holding the loop the bus
+        charges no async callback (on a real clock: a virtual one has no such time)."""
+        if isinstance(self.bus.clock, MonotonicClock):
+            return holding(work, self.bus.loop_holds)
+        return work
+
     async def _guarded_worker(
         self,
         reporter: Reporter,
@@ -530,7 +545,7 @@ class Run(anyio.AsyncContextManagerMixin):
         with self._workers.running():
             reporter.ended = False
             try:
-                await fn(reporter)
+                await self.counting_holds(fn(reporter))
             except Exception as exc:
                 await self.worker_failed(reporter.rank, exc, reporter.attempt)
                 if group is not None:

@@ -54,8 +54,9 @@ STEP = 0.05
 PERIOD = 0.5
 
 HOSTS: dict[BusRuns, type[BusHost]] = {"in_hooks": SteppedBus, "in_thread": BusThread}
-#: Each way in: the HF adapter's two hosts, and ``open_run`` to agree with.
-WAYS = [*HOSTS, "open_run"]
+#: Each way in: the HF adapter's two hosts, and ``open_run`` to agree with: its worker's
+#: step in a thread (the loop free meanwhile) or computing in the loop (holding it).
+WAYS = [*HOSTS, "open_run", "open_run_in_loop"]
 
 
 class Computes(nn.Module):  # type: ignore[misc]  # torch is untyped to mypy
@@ -131,8 +132,8 @@ def train(
 ) -> tuple[float, list[Any]]:
     """Train ``steps`` steps, a report each, the way ``way``: the training step's mean
     time (seconds, hooks included), and the events of the run's log."""
-    if way == "open_run":
-        return anyio.run(train_in_open_run, output, callbacks, steps)
+    if way.startswith("open_run"):
+        return anyio.run(train_in_open_run, output, callbacks, steps, way == "open_run_in_loop")
     bus_runs: BusRuns = "in_hooks" if way == "in_hooks" else "in_thread"
     callback = EventBusCallback(callbacks, log=True, bus_runs=bus_runs, period=PERIOD)
     args = transformers.TrainingArguments(
@@ -157,17 +158,23 @@ def train(
 
 
 async def train_in_open_run(
-    output: Path, callbacks: list[UserCallback], steps: int
+    output: Path, callbacks: list[UserCallback], steps: int, in_loop: bool
 ) -> tuple[float, list[Any]]:
     """``train`` through ``open_run``: one worker, its step ``STEP`` seconds in a thread
-    (its compute, which leaves the loop free, as the trainer's leaves the hooks)."""
+    (its compute, which leaves the loop free, as the trainer's leaves the hooks), or
+    ``in_loop``, computing in the worker itself (a torch step awaits nothing)."""
     log = output / "run.evlog"
     took: list[float] = []
 
     async def worker(reporter: Reporter) -> None:
         began = time.monotonic()
         for step in range(steps):
-            await anyio.to_thread.run_sync(time.sleep, STEP)
+            if in_loop:
+                computing_until = time.perf_counter() + STEP
+                while time.perf_counter() < computing_until:
+                    pass
+            else:
+                await anyio.to_thread.run_sync(time.sleep, STEP)
             await reporter.report({"loss": 1.0 / (step + 1), "step": step})
         took.append(time.monotonic() - began)
 
