@@ -24,6 +24,17 @@ _OVERRUN_ADVICE = (
     "a plain sync handler cannot be interrupted; declare it blocking=True to run it "
     "in a worker thread that is abandoned at the deadline, or make it async"
 )
+#: Workers' time in the loop during a timed-out call worth naming as its cause (seconds).
+_HELD_WORTH_SAYING = 0.001
+
+
+def _held_advice(held: float) -> str:
+    return (
+        f"workers' steps held the event loop for {duration_text(held)} of it: run a step "
+        "that computes with anyio.to_thread.run_sync"
+    )
+
+
 #: What became of a call past its deadline, as the timeout line says it.
 _OUTCOMES = {
     "cancelled": "the call was cancelled",
@@ -173,12 +184,19 @@ class Policy:
         elapsed: float,
         outcome: Literal["cancelled", "abandoned", "overrun"],
         calls: int = 1,
+        *,
+        held: float = 0.0,
     ) -> bool:
-        """Record a call past its deadline; True when the handler must get no more events."""
+        """Record a call past its deadline; True when the handler must get no more events.
+        ``held``: how long of it workers' steps held the loop (the call could not run)."""
+        advice = _OVERRUN_ADVICE if outcome == "overrun" else ""
+        if held >= _HELD_WORTH_SAYING:
+            advice = _held_advice(held)
         if sub.counters.add_timeout() == 1:  # once per period: the report has the count
             _log.warning(
                 f"handler timed out: {sub.name} took {duration_text(elapsed)}, its deadline "
-                f"is {duration_text(sub.timeout)}; {_OUTCOMES[outcome]}",
+                f"is {duration_text(sub.timeout)}; {_OUTCOMES[outcome]}"
+                + (f" ({advice})" if held >= _HELD_WORTH_SAYING else ""),
                 handler=sub.name,
                 event_seq=event.seq,
                 timeout=sub.timeout,
@@ -196,7 +214,7 @@ class Policy:
                     elapsed=elapsed,
                     outcome=outcome,
                     calls=calls,
-                    advice=_OVERRUN_ADVICE if outcome == "overrun" else "",
+                    advice=advice,
                 )
             )
         return self._apply_error_policy(

@@ -272,14 +272,14 @@ class Runner:
 
                 if not scope.cancelled_caught:
                     break
-                t1, h0 = clock(), holds.seconds
+                t1, h1 = clock(), holds.seconds
                 elapsed = t1 - t0  # the call the watchdog cancelled: its deadline's time
-                t0 = t1
+                held, t0, h0 = h1 - h0, t1, h1
                 if elapsed > longest:
                     longest = elapsed
                 if watch != _NONE:
                     notes = noted(notes, sub, events[index], elapsed, t1, outcome="cancelled")
-                if policy.timed_out(sub, events[index], elapsed, "cancelled"):
+                if policy.timed_out(sub, events[index], elapsed, "cancelled", held=held):
                     policy.skip_rest(sub, len(events) - index - 1)
                     break
             self.pending = 0

@@ -224,6 +224,9 @@ def test_a_call_past_its_deadline_is_cancelled_and_flagged_timed_out(
     ]
     assert len(timed_out) == steps
     assert {e.outcome for e in timed_out} == {"cancelled"}
+    # Where a worker's step held the loop during a call, the timeout says so.
+    held = [e for e in timed_out if "workers' steps held the event loop" in e.advice]
+    assert bool(held) == (way == "open_run_in_loop"), [e.advice for e in timed_out]
     # The callback beside it was charged its own await, not the other one's wait.
     other = cost_of(result, "AwaitsAMillisecond.after_report")
     assert other.calls == steps and other.timeouts == 0 and other.skipped == 0
