@@ -16,7 +16,7 @@ T = TypeVar("T")
 
 class LoopHolds:
     """Seconds the loop ran workers' code, counted by whoever runs the workers; read by
-    the bus's runners and its watchdog."""
+    the bus's runners (a call's charge, a timeout's advice)."""
 
     __slots__ = ("seconds",)
 
