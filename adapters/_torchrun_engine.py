@@ -21,7 +21,8 @@ left there must not reach the next: rank 0 makes a fresh name (a nonce) for
 its inbox at each start and publishes it; a rank joins by sending its own
 nonce there and is answered under that nonce only, so a rank never joins a
 rank 0 that is gone, and messages are taken only from the ranks that joined.
-Messages are JSON, decoded into fixed types: nothing received is unpickled.
+Messages are MessagePack (it keeps NaN and ±inf, as the run's log does; JSON would
+turn them into nulls), decoded into fixed types: nothing received is unpickled.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class _Ended(msgspec.Struct, tag="ended", array_like=True, forbid_unknown_fields
 
 
 _Message = _Join | _Report | _Failed | _Ended
-_decode_messages = msgspec.json.Decoder(list[_Message]).decode
+_decode_messages = msgspec.msgpack.Decoder(list[_Message]).decode
 
 
 class _Status(msgspec.Struct, array_like=True, frozen=True):
@@ -141,9 +142,9 @@ class _Hello(msgspec.Struct, array_like=True, frozen=True):
     status: _Status
 
 
-_encode = msgspec.json.Encoder().encode
-_decode_status = msgspec.json.Decoder(_Status).decode
-_decode_hello = msgspec.json.Decoder(_Hello).decode
+_encode = msgspec.msgpack.Encoder().encode
+_decode_status = msgspec.msgpack.Decoder(_Status).decode
+_decode_hello = msgspec.msgpack.Decoder(_Hello).decode
 
 
 # --- the store ------------------------------------------------------------------------

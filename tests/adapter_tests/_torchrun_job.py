@@ -14,6 +14,7 @@ at which it saw ``should_stop``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from _callbacks import StopAfter  # beside this script: on the path when torchrun runs it
 
 from eventbus import RunResult, StatefulCallback, TrainRunContext
@@ -42,7 +44,8 @@ class Recorder(UserCallback):
     def after_report(
         self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
     ) -> None:
-        self.rounds.append([dict(m) for m in metrics])
+        # NaN, as it arrived, written so that rounds compare (NaN is unequal to itself).
+        self.rounds.append([{k: _nan_named(v) for k, v in m.items()} for m in metrics])
 
     def after_exception(
         self, run_context: TrainRunContext, worker_exceptions: dict[int, Exception]
@@ -53,6 +56,10 @@ class Recorder(UserCallback):
 
     def after_run(self, run_context: TrainRunContext, result: RunResult) -> None:
         self.after += 1
+
+
+def _nan_named(value: Any) -> Any:
+    return "NaN" if isinstance(value, float) and math.isnan(value) else value
 
 
 class Counter(UserCallback, StatefulCallback):
@@ -96,6 +103,8 @@ def make_train(config: dict[str, Any]) -> Any:
             if fail and [rank, step, attempt()] == fail:
                 raise RuntimeError(f"rank {rank} broke at step {step}")
             metrics = {"rank": rank, "step": step, "loss": round(1 / (step + 1) + rank, 6)}
+            # Numbers JSON has not: each must arrive as it was sent, from every rank.
+            metrics |= {"diverged": float("nan"), "bound": float("inf") * (1 - 2 * rank)}
             metrics["seen"] = reporter.from_callbacks.get("Counter", {}).get("rounds", -1)
             if config.get("step_s"):
                 await anyio.sleep(config["step_s"])
@@ -131,12 +140,13 @@ def hostile(name: str, reporter: Reporter) -> None:
     link = _Link.connect(name)
     inbox = _inbox(link.store.get("host").decode())
     nonce = reporter.nonce  # type: ignore[attr-defined]
+    run_id = reporter.run_id  # type: ignore[attr-defined]
     for raw in (
-        b"{not json",
-        b'[["report", "x"]]',
-        json.dumps([["report", "another-run", 1, nonce, 0, {"step": 0}, None]]).encode(),
-        json.dumps([["report", reporter.run_id, 7, nonce, 0, {"step": 0}, None]]).encode(),  # type: ignore[attr-defined]
-        json.dumps([["ended", reporter.run_id, 1, "not-this-attempt"]]).encode(),  # type: ignore[attr-defined]
+        b"\xc1 not a message",
+        msgspec.msgpack.encode([["report", "x"]]),
+        msgspec.msgpack.encode([["report", "another-run", 1, nonce, 0, {"step": 0}, None]]),
+        msgspec.msgpack.encode([["report", run_id, 7, nonce, 0, {"step": 0}, None]]),
+        msgspec.msgpack.encode([["ended", run_id, 1, "not-this-attempt"]]),
     ):
         link.store.queue_push(inbox, raw)
 
