@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -48,6 +49,7 @@ import msgspec
 import torch.distributed as dist
 
 from eventbus._logging import get_logger
+from eventbus._text import MAX_TRACEBACK, clip, safe_str
 from handlers import Reporter, ReportError, WorkerError, WorkerGroupError
 from handlers._metric_values import MetricsError, freeze_metrics
 from handlers._reporter import persisted
@@ -88,12 +90,16 @@ class _Join(msgspec.Struct, tag="join", array_like=True, forbid_unknown_fields=T
 
 
 class _Report(msgspec.Struct, tag="report", array_like=True, forbid_unknown_fields=True):
+    """``escaped``: ``[metrics, checkpoint]`` as JSON, in their place when they hold a lone
+    surrogate (a name from undecodable bytes), which MessagePack's UTF-8 cannot."""
+
     run: str
     rank: int
     nonce: str
     index: int
     metrics: dict[str, Any]
     checkpoint: str | None
+    escaped: str | None = None
 
 
 class _Failed(msgspec.Struct, tag="failed", array_like=True, forbid_unknown_fields=True):
@@ -145,6 +151,31 @@ class _Hello(msgspec.Struct, array_like=True, frozen=True):
 _encode = msgspec.msgpack.Encoder().encode
 _decode_status = msgspec.msgpack.Decoder(_Status).decode
 _decode_hello = msgspec.msgpack.Decoder(_Hello).decode
+
+
+def _sendable(message: _Message) -> msgspec.Raw:
+    """``message`` encoded: a report's lone surrogates escaped (JSON keeps them)."""
+    try:
+        return msgspec.Raw(_encode(message))
+    except UnicodeEncodeError:
+        if not isinstance(message, _Report):
+            raise
+    escaped = json.dumps([message.metrics, message.checkpoint])
+    escaping = msgspec.structs.replace(message, metrics={}, checkpoint=None, escaped=escaped)
+    return msgspec.Raw(_encode(escaping))
+
+
+def _unescaped(message: _Report) -> tuple[dict[str, Any], str | None]:
+    """A report's metrics and checkpoint; ``ValueError`` if its escaped form is not that."""
+    if message.escaped is None:
+        return message.metrics, message.checkpoint
+    try:
+        metrics, checkpoint = json.loads(message.escaped)
+    except (ValueError, TypeError):
+        metrics = checkpoint = None
+    if not isinstance(metrics, dict) or not isinstance(checkpoint, str | None):
+        raise ValueError("its escaped metrics are not JSON of a dict and a path")
+    return metrics, checkpoint
 
 
 # --- the store ------------------------------------------------------------------------
@@ -208,7 +239,7 @@ class _Sender:
         self._inbox = inbox
         #: Messages, and the flushes (events set once what is before them was pushed);
         #: ``None`` ends the thread. A deque: appended and popped without a lock.
-        self._waiting: collections.deque[_Message | threading.Event | None] = collections.deque()
+        self._waiting: collections.deque[msgspec.Raw | threading.Event | None] = collections.deque()
         self._now = threading.Event()
         self.error: str | None = None
         self._thread = threading.Thread(target=self._send, name="eventbus-torchrun-send")
@@ -216,7 +247,9 @@ class _Sender:
         self._thread.start()
 
     def send(self, message: _Message, *, now: bool = False) -> None:
-        self._waiting.append(message)
+        """Queue ``message``, encoded here: what cannot be is the sender's error, never
+        the thread's (which would lose every later message)."""
+        self._waiting.append(_sendable(message))
         if now:
             self._now.set()
 
@@ -242,7 +275,7 @@ class _Sender:
         while True:
             self._now.wait(_SEND_INTERVAL_S)
             self._now.clear()
-            messages: list[_Message] = []
+            messages: list[msgspec.Raw] = []
             flushed: list[threading.Event] = []
             closing = False
             while waiting:
@@ -424,9 +457,9 @@ class TorchrunReporter(Reporter):
         if failure is None:
             self.sender.send(_Ended(self.run_id, self.rank, self.nonce), now=True)
             return
-        text = "".join(traceback.format_exception(failure))
+        text = clip("".join(traceback.format_exception(failure)), MAX_TRACEBACK)
         kind = type(failure).__qualname__
-        failed = _Failed(self.run_id, self.rank, self.nonce, kind, str(failure), text)
+        failed = _Failed(self.run_id, self.rank, self.nonce, kind, safe_str(failure), text)
         self.sender.send(failed, now=True)
 
 
@@ -757,7 +790,12 @@ class _Pump:
             )
             return
         try:
-            await reporter.report(message.metrics, checkpoint=message.checkpoint)
+            metrics, checkpoint = _unescaped(message)
+        except ValueError as exc:
+            self._reject(f"a malformed report ({exc})")
+            return
+        try:
+            await reporter.report(metrics, checkpoint=checkpoint)
         except ReportError as exc:
             self._reject(str(exc))
             return

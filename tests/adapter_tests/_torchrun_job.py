@@ -103,8 +103,10 @@ def make_train(config: dict[str, Any]) -> Any:
             if fail and [rank, step, attempt()] == fail:
                 raise RuntimeError(f"rank {rank} broke at step {step}")
             metrics = {"rank": rank, "step": step, "loss": round(1 / (step + 1) + rank, 6)}
-            # Numbers JSON has not: each must arrive as it was sent, from every rank.
+            # What JSON or UTF-8 has not: each must arrive as it was sent, from every rank.
             metrics |= {"diverged": float("nan"), "bound": float("inf") * (1 - 2 * rank)}
+            if step == 2 and config.get("undecodable"):  # UTF-8 has no lone surrogate
+                metrics[os.fsdecode(b"undecodable-\xff")] = step
             metrics["seen"] = reporter.from_callbacks.get("Counter", {}).get("rounds", -1)
             if config.get("step_s"):
                 await anyio.sleep(config["step_s"])

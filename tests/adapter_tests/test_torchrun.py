@@ -29,11 +29,15 @@ pytest.importorskip("torch.distributed", reason="torch is not installed")
 
 from _torchrun_job import run_job
 
+from eventbus import EventPlaceholder
 from eventbus.log import read_log
 
 JOB = Path(__file__).with_name("_torchrun_job.py")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-CONFIG = {"name": "job", "steps": 8, "stop_after": 5, "save_every": 2}
+#: ``undecodable``: a metric named from undecodable bytes at step 2 (the log keeps that
+#: report as a placeholder: the unsynced jobs, which read reports' indices, leave it out).
+CONFIG = {"name": "job", "steps": 8, "stop_after": 5, "save_every": 2, "undecodable": True}
+UNSYNCED = {**CONFIG, "stop_after": 100, "sync": False, "undecodable": False}
 LAUNCH_TIMEOUT_S = 120
 
 
@@ -59,7 +63,10 @@ def summary(out: Path, attempt: int = 0) -> dict[str, Any]:
 
 
 def logged(out: Path) -> dict[str, int]:
-    names = (type(e).__name__ for e in read_log(out / "events.jsonl").events)
+    """Events of the log by type: a placeholder by the type it stands for (a report
+    holding a lone surrogate, which no log can, is one)."""
+    events = read_log(out / "events.jsonl").events
+    names = (e.event_type if isinstance(e, EventPlaceholder) else type(e).__name__ for e in events)
     return dict(collections.Counter(names))
 
 
@@ -118,7 +125,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "unsynced_fails": [
             launch(
                 root / "unsynced_fails",
-                {**CONFIG, "stop_after": 100, "sync": False, "fail": [1, 6, 0]},
+                {**UNSYNCED, "fail": [1, 6, 0]},
                 "--standalone",
                 "--nproc-per-node",
                 "2",
@@ -127,7 +134,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "unsynced": [
             launch(
                 root / "unsynced",
-                {**CONFIG, "stop_after": 100, "sync": False},
+                UNSYNCED,
                 "--standalone",
                 "--nproc-per-node",
                 "2",
