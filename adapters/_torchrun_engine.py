@@ -119,6 +119,8 @@ class _Ended(msgspec.Struct, tag="ended", array_like=True, forbid_unknown_fields
 
 _Message = _Join | _Report | _Failed | _Ended
 _decode_messages = msgspec.msgpack.Decoder(list[_Message]).decode
+#: What decoding a message that is not one raises (nested past Python's stack, too).
+_MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 class _Status(msgspec.Struct, array_like=True, frozen=True):
@@ -171,7 +173,7 @@ def _unescaped(message: _Report) -> tuple[dict[str, Any], str | None]:
         return message.metrics, message.checkpoint
     try:
         metrics, checkpoint = json.loads(message.escaped)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         metrics = checkpoint = None
     if not isinstance(metrics, dict) or not isinstance(checkpoint, str | None):
         raise ValueError("its escaped metrics are not JSON of a dict and a path")
@@ -347,7 +349,7 @@ def _join_in(raw: bytes) -> _Join | None:
     """The join ``raw`` is, if it is one (the pump checks the rest)."""
     try:
         messages = _decode_messages(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except _MALFORMED:
         return None
     return messages[0] if len(messages) == 1 and isinstance(messages[0], _Join) else None
 
@@ -744,7 +746,7 @@ class _Pump:
             return
         try:
             messages = _decode_messages(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except _MALFORMED as exc:
             self._reject(f"a malformed message ({exc})")
             return
         for message in messages:

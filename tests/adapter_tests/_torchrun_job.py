@@ -88,6 +88,14 @@ def attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def deeply_nested_report(run_id: str, nonce: str) -> bytes:
+    """A report whose metric is nested past any decoder's stack (no encoder makes it)."""
+    head = ["report", run_id, 1, nonce, 0]
+    fields = b"".join(msgspec.msgpack.encode(field) for field in head)
+    metric = b"\x81" + msgspec.msgpack.encode("a") + b"\x91" * 100_000 + b"\x90"
+    return b"\x91\x97" + fields + metric + msgspec.msgpack.encode(None)
+
+
 def make_train(config: dict[str, Any]) -> Any:
     out = Path(config["out"])
     fail = config.get("fail")
@@ -149,6 +157,7 @@ def hostile(name: str, reporter: Reporter) -> None:
         msgspec.msgpack.encode([["report", "another-run", 1, nonce, 0, {"step": 0}, None]]),
         msgspec.msgpack.encode([["report", run_id, 7, nonce, 0, {"step": 0}, None]]),
         msgspec.msgpack.encode([["ended", run_id, 1, "not-this-attempt"]]),
+        deeply_nested_report(run_id, nonce),
     ):
         link.store.queue_push(inbox, raw)
 

@@ -194,7 +194,7 @@ def test_messages_not_the_runs_are_rejected_and_said(jobs: dict[str, Any]) -> No
     assert len(said) == 3
     assert "a malformed message" in said[0]
     assert "a message of another run ('another-run'" in said[2]
-    assert "5 messages that were not this run's were rejected in all" in output
+    assert "6 messages that were not this run's were rejected in all" in output
     assert "Traceback" not in output
 
 
