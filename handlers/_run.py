@@ -595,20 +595,29 @@ class Run(anyio.AsyncContextManagerMixin):
                         raise
                     started = True
                     try:
-                        await self._begin()
-                    except BaseException as before_run:
-                        exc = before_run
-                    else:
                         try:
-                            yield self
-                        except BaseException as body:
-                            exc = body
-                    exc, cancelled = await self._end(exc)
+                            await self._begin()
+                        except BaseException as before_run:
+                            exc = before_run
+                        else:
+                            try:
+                                yield self
+                            except BaseException as body:
+                                exc = body
+                        exc, cancelled = await self._end(exc)
+                    finally:
+                        # The bus is shielded and stops only when told: an interrupt
+                        # inside the end (a second Ctrl-C) must not leave it waiting.
+                        self._bus_stop.set()
                     if cancelled and exc is not None:
                         raise exc  # the task group takes a cancellation of its own scope
             except BaseException as group:
                 # Once the run has ended from inside, the cancellations it caused are
                 # its fallout: the exception that ended it replaces them, below.
+                if started and self._ended_by is None:  # an interrupt inside the end
+                    interrupt = interrupt_in(group)
+                    if interrupt is not None and interrupt is not group:
+                        raise interrupt.with_traceback(interrupt.__traceback__) from None
                 if not started or self._ended_by is None:
                     raise
                 if not only_cancellations(group, cancelled_class):
