@@ -173,11 +173,11 @@ def _unescaped(message: _Report) -> tuple[dict[str, Any], str | None]:
         return message.metrics, message.checkpoint
     try:
         metrics, checkpoint = json.loads(message.escaped)
-    except (ValueError, TypeError, RecursionError):
-        metrics = checkpoint = None
-    if not isinstance(metrics, dict) or not isinstance(checkpoint, str | None):
-        raise ValueError("its escaped metrics are not JSON of a dict and a path")
-    return metrics, checkpoint
+        if isinstance(metrics, dict) and isinstance(checkpoint, str | None):
+            return metrics, checkpoint
+    except (ValueError, TypeError, RecursionError):  # not JSON, not a pair, too deep
+        pass
+    raise ValueError("its escaped metrics are not JSON of a dict and a path")
 
 
 # --- the store ------------------------------------------------------------------------
