@@ -9,6 +9,7 @@ import inspect
 import random
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, NamedTuple, Unpack
@@ -111,7 +112,6 @@ class Workload(Options, frozen=True, kw_only=True):
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-
         if not isinstance(self.metrics, int):
             return tuple(self.metrics)  # a list, given from code, is checked as a tuple
         more = tuple(f"metric_{i}" for i in range(len(DEFAULT_METRICS), self.metrics))
@@ -307,11 +307,9 @@ class _Pass(NamedTuple):
 def _shortfalls(measured: _Pass, short: dict[str, str]) -> None:
     """Add to ``short`` the handlers that did not get every delivery in a pass, and why
     (the first pass that says so is kept)."""
-    skipped: dict[str, int] = {}
+    skipped: Counter[str] = Counter()
     for report in measured.reports:
-        for usage in report.handlers:
-            if usage.skipped:
-                skipped[usage.handler] = skipped.get(usage.handler, 0) + usage.skipped
+        skipped.update({u.handler: u.skipped for u in report.handlers if u.skipped})
     changes: dict[str, list[HandlerStateChanged]] = {}
     for _, change in measured.changes:
         changes.setdefault(change.handler, []).append(change)
@@ -518,7 +516,6 @@ MAX_ERROR = 160
 
 
 async def _per_call(calls: list[Call]) -> _Direct:
-
     per_call: dict[str, list[float]] = {}
     faults: dict[str, int] = {}
     first_errors: dict[str, str] = {}
@@ -682,8 +679,6 @@ def _figures(
         )
     callbacks = []
     for name, durations in per_call.items():
-        if not durations:
-            continue
         ordered = sorted(durations)
         used = usages.get(name) or _Usage([0.0] * len(reports))
         callbacks.append(
