@@ -220,7 +220,7 @@ def _run(args: argparse.Namespace) -> int:
 
     policies = over_budget_policies(args.over_budget, specs, make_callbacks())
     options = BusOptions.build(None, period=period, **given(args, "budget", "timeout"))
-    progress = _progress_bar() if sys.stderr.isatty() else None
+    progress = _show_progress if sys.stderr.isatty() else None
     try:
         result = run_bench(
             make_callbacks,
@@ -256,8 +256,7 @@ def over_budget_policies(
 ) -> list[OverBudgetPolicy | None]:
     """``--over-budget``, per callback: the policy given for it by name, else the one given
     for all, else ``None`` (its own). A bad one is one line naming it."""
-    for_all: OverBudgetPolicy | None = None
-    named: dict[str, OverBudgetPolicy] = {}
+    named: dict[str, OverBudgetPolicy] = {}  # "" for every callback
     for text in given:
         name, is_named, word = (part.strip() for part in text.rpartition("="))
         policy = next((p for p in POLICIES if p == word), None)
@@ -267,14 +266,11 @@ def over_budget_policies(
             )
         if is_named and not name:
             raise CliError(f"--over-budget {text!r}: no callback named before '='")
-        before = named.get(name) if is_named else for_all
-        if before is not None and before != policy:
+        before = named.setdefault(name, policy)
+        if before != policy:
             whose = f"{name!r}" if is_named else "every callback"
             raise CliError(f"--over-budget gives {whose} two policies: {before} and {policy}")
-        if is_named:
-            named[name] = policy
-        else:
-            for_all = policy
+    for_all = named.pop("", None)
     names = [
         {spec, spec.rpartition(":")[2], type(cb).__name__}
         for spec, cb in zip(specs, callbacks, strict=True)
@@ -301,7 +297,6 @@ def _workload(args: argparse.Namespace) -> Workload | None:
                 "the log's events are the workload)"
             )
         return None
-
     return Workload(**given(args, *names))
 
 
@@ -654,13 +649,10 @@ def over_budget_warning(result: BenchResult) -> str:
     return "callbacks over budget: " + "; ".join(over) if over else ""
 
 
-def _progress_bar() -> Callable[[float], None]:
-    def show(fraction: float) -> None:
-        filled = int(fraction * 30)
-        bar = f"\r[{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}"
-        print(bar, end="\n" if fraction >= 1.0 else "", file=sys.stderr, flush=True)
-
-    return show
+def _show_progress(fraction: float) -> None:
+    filled = int(fraction * 30)
+    bar = f"\r[{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}"
+    print(bar, end="\n" if fraction >= 1.0 else "", file=sys.stderr, flush=True)
 
 
 def plot_figure(result: BenchResult) -> Any:
