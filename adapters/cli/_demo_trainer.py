@@ -170,7 +170,6 @@ class DemoSummary:
         ]
 
     def _cost_lines(self) -> list[str]:
-
         if not self.result.callbacks:
             return []
         lines = ["callbacks:"]

@@ -163,8 +163,7 @@ def _filter(args: argparse.Namespace) -> EventFilter:
 def _summary(event: Event) -> str:
     """``field=value`` of the fields that say what happened, cut to one line."""
     parts = []
-    # The names alone: ``msgspec.structs.fields`` evaluates every annotation on each
-    # call (a hundred µs an event: a table took 14 times a ``--json``).
+    # The names alone: ``msgspec.structs.fields`` is slow (docs/operations/cli.md#show).
     for name in event.__struct_fields__:
         if name in _COMMON_FIELDS:
             continue
