@@ -210,13 +210,11 @@ class CostDigest:
         self._closing = event.period
 
     def _cost(self, name: str) -> CallbackCost:
+        if name not in self.handlers and len(self.handlers) >= MAX_HANDLERS:
+            name = OTHER_HANDLERS  # the rest, added up as one
         cost = self.handlers.get(name)
         if cost is None:
-            if len(self.handlers) >= MAX_HANDLERS:
-                name = OTHER_HANDLERS
-                cost = self.handlers.get(name)
-            if cost is None:
-                cost = self.handlers[name] = CallbackCost(name)
+            cost = self.handlers[name] = CallbackCost(name)
         return cost
 
     def state_changed(self, event: HandlerStateChanged) -> None:
