@@ -309,7 +309,9 @@ def _shortfalls(measured: _Pass, short: dict[str, str]) -> None:
     (the first pass that says so is kept)."""
     skipped: Counter[str] = Counter()
     for report in measured.reports:
-        skipped.update({u.handler: u.skipped for u in report.handlers if u.skipped})
+        for usage in report.handlers:
+            if usage.skipped:
+                skipped[usage.handler] += usage.skipped
     changes: dict[str, list[HandlerStateChanged]] = {}
     for _, change in measured.changes:
         changes.setdefault(change.handler, []).append(change)
