@@ -243,11 +243,15 @@ def read_regular_file(
         limit = f"over the limit of {max_bytes} bytes (max_bytes)"
         if info.st_size > max_bytes:
             raise StateFormatError(f"{path}: {info.st_size} bytes, {limit}; refused unread")
-        with open(fd, "rb", closefd=False) as file:
-            data = file.read(max_bytes + 1)
-        if len(data) > max_bytes:
+        # Chunks as they come: one read of ``max_bytes + 1`` would allocate all that first.
+        chunks: list[bytes] = []
+        remaining = max_bytes + 1
+        while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 20))):
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        if remaining <= 0:
             raise StateFormatError(f"{path}: grew while being read, {limit}; refused")
-        return data
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
