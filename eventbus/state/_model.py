@@ -200,13 +200,6 @@ def member(path: str, key: str) -> str:
     return f"{path}[{key!r}]"
 
 
-def _round_trips(value: Any) -> bool:
-    try:
-        return bool(_decoder.decode(_encoder.encode(value)) == value)
-    except (TypeError, ValueError, RecursionError, OverflowError):
-        return False
-
-
 def _first_problem(value: Any, path: str, active: set[int]) -> str | None:
     """Where and why ``value`` does not survive a JSON round trip (``None`` if it does)."""
     kind = type(value)
@@ -236,8 +229,11 @@ def _first_problem(value: Any, path: str, active: set[int]) -> str | None:
             return None
         finally:
             active.discard(id(value))
-    if _round_trips(value):
-        return None  # a value-equal stand-in (an IntEnum, a numpy float): comes back plain
+    try:
+        if _decoder.decode(_encoder.encode(value)) == value:
+            return None  # a value-equal stand-in (an IntEnum, a numpy float): comes back plain
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        pass
     hint = " (use a list)" if kind is tuple else ""
     name = (
         kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"

@@ -43,15 +43,8 @@ def _class_of_key(key: str) -> str:
     return key.split("[", 1)[0]
 
 
+#: A Hugging Face key: ``Name`` (position 0) or ``Name[i]``.
 _POSITION = re.compile(r"(.*)\[([0-9]{1,18})\]\Z", re.DOTALL)
-
-
-def _hf_position(key: str) -> tuple[str, int]:
-    """(class name, position) of an HF key: ``Name`` (0) or ``Name[i]``."""
-    match = _POSITION.match(key)
-    if match is None:
-        return key, 0
-    return match[1], int(match[2])
 
 
 _MAX_AMBIGUOUS = 20
@@ -135,7 +128,8 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
     if snapshot.keyed_by == "class_name":
         entries: dict[str, list[tuple[int, int, str]]] = {}
         for order, key in enumerate(stored):
-            name, position = _hf_position(key)
+            match = _POSITION.match(key)
+            name, position = (key, 0) if match is None else (match[1], int(match[2]))
             entries.setdefault(name, []).append((position, order, key))
         groups: dict[str, list[str]] = {}
         for key, callback in live.items():
@@ -241,15 +235,6 @@ def _same(saved: Any, live: Any) -> bool:
         return False
 
 
-def _defaults(callback: object) -> dict[str, Any]:
-    """The defaults of its class's ``__init__`` (none if it has no signature to read)."""
-    try:
-        parameters = inspect.signature(type(callback)).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {n: p.default for n, p in parameters.items() if p.default is not p.empty}
-
-
 def _shown(name: str, value: Any) -> str:
     try:
         text = repr(value)
@@ -266,7 +251,11 @@ def settle_args(
     if not isinstance(callback, StatefulCallback):
         return dict(saved), None
     live_wins = set(type(callback).state_live_args) & set(live)
-    defaults = _defaults(callback)
+    try:
+        signature = inspect.signature(type(callback)).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: no defaults
+        signature = {}.values()
+    defaults = {p.name: p.default for p in signature if p.default is not p.empty}
     settled = dict(saved)
     settled.update({name: live[name] for name in live_wins})
     saved_used: list[str] = []
