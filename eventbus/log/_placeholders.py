@@ -1,11 +1,5 @@
 """``EventPlaceholder``: what stands in for an event a log cannot hold as itself, so that
-one bad value never costs the rest of a log.
-
-The recorder makes one for an event it cannot encode; the reader, for an intact record
-its fast decoder refused and a second try (a fresh stack for a record nested nearly as
-deep as the recursion limit allows, Python's ``json`` for ``NaN``) cannot decode either.
-A placeholder keeps the type, ``seq``, ``time`` and a bounded rendering of what was there.
-"""
+one bad value never costs the rest of a log (docs/log-format.md, "Placeholders")."""
 
 from __future__ import annotations
 

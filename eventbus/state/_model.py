@@ -52,25 +52,15 @@ class StateRestoreError(StateError):
 
 @runtime_checkable
 class Stateful(Protocol):
-    """A callback whose state survives a resume.
-
-    ``state()`` returns ``{"args": {...}, "attributes": {...}}`` of JSON values.
-    Restoring calls ``cls.from_state(state)`` if defined, else ``cls(**args)`` then sets
-    each attribute. ``state_key`` (a ``str``) tells instances of one class apart.
-    """
+    """A callback whose state survives a resume: ``state()`` returns ``{"args": {...},
+    "attributes": {...}}`` of JSON values; ``state_key`` tells instances apart (docs/state.md)."""
 
     def state(self) -> CallbackState: ...
 
 
 class StatefulCallback:
-    """Base for stateful callbacks: list the names, get ``state``/``from_state``.
-
-    ``state_args`` names the ``__init__`` arguments to rebuild with (stored on the instance
-    under the same name); ``state_attributes`` the attributes set after. A restore sets only
-    those, so a tampered snapshot cannot set ``__dict__``; an overridden ``from_state`` gets
-    the state unfiltered and must validate it. Saved args win over live ones (with a
-    warning), except ``state_live_args``: options a snapshot must not switch on.
-    """
+    """Base for stateful callbacks: name the ``__init__`` arguments (``state_args``) and the
+    attributes set after (``state_attributes``); a restore sets only those (docs/state.md)."""
 
     state_args: tuple[str, ...] = ()
     state_attributes: tuple[str, ...] = ()
