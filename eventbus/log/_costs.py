@@ -42,9 +42,9 @@ class Charges:
     def of(cls, costs: Costs, subs: Iterable[Subscription], clock: VirtualClock) -> Charges:
         """The charges ``costs`` asks for on ``subs``; ``OptionError`` before any event."""
         subs = tuple(subs)
-        measured = isinstance(costs, str)
+        measured = isinstance(costs, str) and costs == "measured"
         cost_of: Callable[[Subscription, Event], float] = functools.partial(_fixed_cost, {})
-        if measured and costs != "measured":
+        if isinstance(costs, str) and not measured:
             raise OptionError(
                 "costs",
                 f"costs must be seconds by handler name, a function of (handler name, "
@@ -80,18 +80,14 @@ class Charges:
         """Charge ``sub``'s calls from now on."""
         handler = sub.handler
         clock = self.clock
+        advance: Callable[[float], None] = clock.advance
         if sub.blocking:  # called in a worker thread: the event loop moves the clock
 
             def advance(seconds: float) -> None:
                 anyio.from_thread.run_sync(clock.advance, seconds)
 
-        elif sub.is_async:
-            advance = clock.advance
-        else:  # a plain sync call: the loop is blocked while it runs
-
-            def advance(seconds: float) -> None:
-                clock.advance(seconds, blocked=True)
-
+        elif not sub.is_async:  # a plain sync call: the loop is blocked while it runs
+            advance = functools.partial(clock.advance, blocked=True)
         # Measured: the call's wall time; else what ``cost`` says before the call.
         wall = time.perf_counter
         begin: Callable[[Event], float] = (

@@ -48,11 +48,6 @@ JSONL_MARKER = "eventbus_log"
 LogFormat = Literal["msgpack", "jsonl"]
 
 
-def length_check(size: int) -> int:
-    """The 16-bit check of a record length, so a reader trusts a length before checksumming."""
-    return (size ^ size >> 16) & 0xFFFF
-
-
 class LogHeader(msgspec.Struct, frozen=True, kw_only=True):
     """What a log says about itself. ``created`` is wall time (Unix seconds);
     ``event_types`` maps each known type tag to the module defining it."""

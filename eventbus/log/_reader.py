@@ -35,7 +35,6 @@ from ._format import (
     decode_jsonl_header,
     decode_msgpack_header,
     intact_record_in,
-    length_check,
 )
 from ._placeholders import decode_again
 
@@ -259,7 +258,7 @@ class LogReader:
         m, check, size, crc = RECORD_HEADER.unpack_from(data, pos)
         if m != RECORD_MARK_VALUE:
             return _Found.DAMAGE, -1, "damaged record header (no record marker)"
-        if check != length_check(size):
+        if check != (size ^ size >> 16) & 0xFFFF:
             return _Found.DAMAGE, -1, f"damaged record header (length {size} fails its check)"
         if size > MAX_RECORD:
             reason = (
@@ -294,7 +293,10 @@ class LogReader:
             if stop >= 0 or not searching:
                 self._corrupt(at, index, reason)
                 index += 1
-            at = buffer.find(RECORD_MARK, self._past(at, stop))
+            # Look inside the damaged record, or past it once ``RESYNC_BUDGET`` is spent.
+            budget = RESYNC_BUDGET + RESYNC_BUDGET_PER_BYTE * (at - self.data_offset)
+            past = stop >= 0 and self._failed_checksums > budget
+            at = buffer.find(RECORD_MARK, stop if past else at + 1)
             if at < 0:
                 return -1, index
             found, stop, reason = self._examine(buffer, at)
@@ -302,12 +304,6 @@ class LogReader:
         if found is _Found.TORN:
             self.truncated = TruncatedTail(offset=at, index=index, size=buffer.end - at)
         return (at if found is _Found.RECORD else -1), index
-
-    def _past(self, at: int, stop: int) -> int:
-        """Where to look after the damaged record at ``at``: inside it, or past ``stop``
-        once ``RESYNC_BUDGET`` is spent."""
-        budget = RESYNC_BUDGET + RESYNC_BUDGET_PER_BYTE * (at - self.data_offset)
-        return stop if stop >= 0 and self._failed_checksums > budget else at + 1
 
     # --- JSON Lines --------------------------------------------------------------------
 

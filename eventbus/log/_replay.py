@@ -257,7 +257,7 @@ class _Selection:
         self.events = events
         self.plan = plan
         self.keep = keep
-        self.left_out = () if include_diagnostics else BUS_DIAGNOSTICS
+        self.diagnostics = () if include_diagnostics else BUS_DIAGNOSTICS
         self.derived = derived
         self.replayed = self.filtered = self.placeholders = self.rolled_back = 0
         self.first_time: float | None = None
@@ -265,33 +265,30 @@ class _Selection:
 
     def __iter__(self) -> Iterator[Event]:
         keep = self.keep
-        left_out = self.left_out
-        derived = self.derived
         # Decided once per type: a dict lookup is cheaper than ``isinstance`` per event.
-        verdicts: dict[type, int] = {EventPlaceholder: _PLACEHOLDER}
+        left_out: dict[type, bool] = {}
         rolled_back = None if self.plan is None else self.plan.is_rolled_back
         for event in self.events:
+            kind = type(event)
             if rolled_back is not None and rolled_back(event):
                 self.rolled_back += 1
-                continue
-            verdict = verdicts.get(type(event))
-            if verdict is None:
-                left = issubclass(type(event), left_out) or (derived and is_derived(type(event)))
-                verdict = verdicts[type(event)] = _LEFT_OUT if left else _DELIVER
-            if verdict == _PLACEHOLDER:  # its time may be unknown (0.0)
+            elif kind is EventPlaceholder:  # its time may be unknown (0.0)
                 self.placeholders += 1
-                continue
-            if self.first_time is None:
-                self.first_time = event.time
-            self.last_time = event.time
-            if verdict == _LEFT_OUT or (keep is not None and not keep(event)):
-                self.filtered += 1
-                continue
-            self.replayed += 1
-            yield event
+            else:
+                if self.first_time is None:
+                    self.first_time = event.time
+                self.last_time = event.time
+                left = left_out.get(kind)
+                if left is None:
+                    left = left_out[kind] = self.left(kind)
+                if left or (keep is not None and not keep(event)):
+                    self.filtered += 1
+                else:
+                    self.replayed += 1
+                    yield event
 
-
-_DELIVER, _LEFT_OUT, _PLACEHOLDER = 0, 1, 2
+    def left(self, kind: type[Event]) -> bool:
+        return issubclass(kind, self.diagnostics) or (self.derived and is_derived(kind))
 
 
 async def _cross_period(bus: EventBus, clock: VirtualClock, t: float, event: Event | None) -> None:

@@ -243,12 +243,10 @@ def read_regular_file(
         limit = f"over the limit of {max_bytes} bytes (max_bytes)"
         if info.st_size > max_bytes:
             raise StateFormatError(f"{path}: {info.st_size} bytes, {limit}; refused unread")
+        # Chunks as they come: one read of ``max_bytes + 1`` would allocate all that first.
         chunks: list[bytes] = []
         remaining = max_bytes + 1
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                break
+        while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 20))):
             chunks.append(chunk)
             remaining -= len(chunk)
         if remaining <= 0:
@@ -294,15 +292,7 @@ def read_snapshot(
             errors[key] = f"{MALFORMED} {path.name}: {exc}"
         else:
             errors.pop(key, None)
-    return Snapshot(
-        format=raw.format,
-        checkpoint=raw.checkpoint,
-        run_id=raw.run_id,
-        keyed_by=raw.keyed_by,
-        states=states,
-        errors=errors,
-        run=raw.run,
-    )
+    return Snapshot(**(msgspec.structs.asdict(raw) | {"states": states, "errors": errors}))
 
 
 # --- writing -------------------------------------------------------------------------

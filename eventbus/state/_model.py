@@ -52,25 +52,15 @@ class StateRestoreError(StateError):
 
 @runtime_checkable
 class Stateful(Protocol):
-    """A callback whose state survives a resume.
-
-    ``state()`` returns ``{"args": {...}, "attributes": {...}}`` of JSON values.
-    Restoring calls ``cls.from_state(state)`` if defined, else ``cls(**args)`` then sets
-    each attribute. ``state_key`` (a ``str``) tells instances of one class apart.
-    """
+    """A callback whose state survives a resume: ``state()`` returns ``{"args": {...},
+    "attributes": {...}}`` of JSON values; ``state_key`` tells instances apart (docs/state.md)."""
 
     def state(self) -> CallbackState: ...
 
 
 class StatefulCallback:
-    """Base for stateful callbacks: list the names, get ``state``/``from_state``.
-
-    ``state_args`` names the ``__init__`` arguments to rebuild with (stored on the instance
-    under the same name); ``state_attributes`` the attributes set after. A restore sets only
-    those, so a tampered snapshot cannot set ``__dict__``; an overridden ``from_state`` gets
-    the state unfiltered and must validate it. Saved args win over live ones (with a
-    warning), except ``state_live_args``: options a snapshot must not switch on.
-    """
+    """Base for stateful callbacks: name the ``__init__`` arguments (``state_args``) and the
+    attributes set after (``state_attributes``); a restore sets only those (docs/state.md)."""
 
     state_args: tuple[str, ...] = ()
     state_attributes: tuple[str, ...] = ()
@@ -200,13 +190,6 @@ def member(path: str, key: str) -> str:
     return f"{path}[{key!r}]"
 
 
-def _round_trips(value: Any) -> bool:
-    try:
-        return bool(_decoder.decode(_encoder.encode(value)) == value)
-    except (TypeError, ValueError, RecursionError, OverflowError):
-        return False
-
-
 def _first_problem(value: Any, path: str, active: set[int]) -> str | None:
     """Where and why ``value`` does not survive a JSON round trip (``None`` if it does)."""
     kind = type(value)
@@ -236,8 +219,11 @@ def _first_problem(value: Any, path: str, active: set[int]) -> str | None:
             return None
         finally:
             active.discard(id(value))
-    if _round_trips(value):
-        return None  # a value-equal stand-in (an IntEnum, a numpy float): comes back plain
+    try:
+        if _decoder.decode(_encoder.encode(value)) == value:
+            return None  # a value-equal stand-in (an IntEnum, a numpy float): comes back plain
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        pass
     hint = " (use a list)" if kind is tuple else ""
     name = (
         kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"

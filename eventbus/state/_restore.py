@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,15 +43,8 @@ def _class_of_key(key: str) -> str:
     return key.split("[", 1)[0]
 
 
+#: A Hugging Face key: ``Name`` (position 0) or ``Name[i]``.
 _POSITION = re.compile(r"(.*)\[([0-9]{1,18})\]\Z", re.DOTALL)
-
-
-def _hf_position(key: str) -> tuple[str, int]:
-    """(class name, position) of an HF key: ``Name`` (0) or ``Name[i]``."""
-    match = _POSITION.match(key)
-    if match is None:
-        return key, 0
-    return match[1], int(match[2])
 
 
 _MAX_AMBIGUOUS = 20
@@ -119,103 +113,78 @@ class RestorePlan(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan:
-    """Match live stateful callbacks to saved states by key, never by position alone.
-
-    In a Hugging Face snapshot a class's instances take its *last* saved states (HF
-    appends every save's); fewer saved than live is a count mismatch.
-    """
+    """Match live stateful callbacks to saved states by key, never by position alone (in a
+    Hugging Face snapshot, by class name, the *last* saved states: HF appends every save's)."""
     live = stateful_keys(callbacks)
-    positions = {id(cb): i for i, cb in enumerate(callbacks)}
     saved = snapshot.states
     # A state found malformed or unsaved still holds its place (and its reason).
-    failed = [key for key in snapshot.errors if key not in saved]
-    taken: list[tuple[int, str, str]] = []  # (live position, live key, saved key)
-    unsaved_at: list[tuple[int, str]] = []
-    reasons: dict[str, str] = {}
+    stored = [*saved, *(key for key in snapshot.errors if key not in saved)]
+    chosen: dict[str, str] = {}  # live key -> saved key
+    passed_over: list[str] = []
     mismatched: list[str] = []
-    stale_notes: list[str] = []
-    used: set[str] = set()
+    stale_notes: dict[str, str] = {}  # class name -> the note on its stale states
     moved: dict[str, str] = {}  # live key -> saved key, matched across a module move
     moved_notes: list[str] = []
-
-    def take(live_key: str, callback: object, saved_key: str | None) -> None:
-        position = positions[id(callback)]
-        if saved_key is not None and saved_key in saved:
-            taken.append((position, live_key, saved_key))
-            used.add(saved_key)
-            return
-        unsaved_at.append((position, live_key))
-        if saved_key is not None:
-            used.add(saved_key)
-            reasons[live_key] = snapshot.errors[saved_key]
-        elif live_key in snapshot.errors:
-            reasons[live_key] = snapshot.errors[live_key]
-
     if snapshot.keyed_by == "class_name":
         entries: dict[str, list[tuple[int, int, str]]] = {}
-        for order, key in enumerate([*saved, *failed]):
-            name, position = _hf_position(key)
+        for order, key in enumerate(stored):
+            match = _POSITION.match(key)
+            name, position = (key, 0) if match is None else (match[1], int(match[2]))
             entries.setdefault(name, []).append((position, order, key))
-        groups: dict[str, list[tuple[str, object]]] = {}
+        groups: dict[str, list[str]] = {}
         for key, callback in live.items():
-            groups.setdefault(type(callback).__name__, []).append((key, callback))
+            groups.setdefault(type(callback).__name__, []).append(key)
         for name, group in groups.items():
-            found = sorted(entries.get(name, []))
-            if len(found) > len(group):
-                cut = len(found) - len(group)
-                used.update(key for *_, key in found[:cut])
+            found = [key for *_, key in sorted(entries.get(name, []))]
+            if found and len(found) != len(group):
+                mismatched.append(f"{name}: {len(found)} saved, {len(group)} live")
+            cut = len(found) - len(group)
+            if cut > 0:
+                passed_over.extend(found[:cut])
                 found = found[cut:]
-                mismatched.append(f"{name}: {cut + len(group)} saved, {len(group)} live")
-                stale_notes.append(
+                stale_notes[name] = (
                     f"{name}: {cut + len(group)} saved states for {len(group)} live "
                     f"callback(s): took the last {len(group)}, ignored {cut} earlier stale "
                     "one(s) (Hugging Face appends to the list on every save)"
                 )
-            elif found and len(found) < len(group):
-                mismatched.append(f"{name}: {len(found)} saved, {len(group)} live")
-            for index, (key, callback) in enumerate(group):
-                take(key, callback, found[index][2] if index < len(found) else None)
+            chosen.update(zip(group, found, strict=False))
     else:
         exact = {key for key in live if key in saved or key in snapshot.errors}
         moved, moved_notes = _match_moved(
             {key: type(cb) for key, cb in live.items() if key not in exact},
-            [key for key in [*saved, *failed] if key not in exact],
+            [key for key in stored if key not in exact],
         )
-        for key, callback in live.items():
-            take(key, callback, key if key in exact else moved.get(key))
-        live_classes: dict[str, int] = {}
-        for key in live:
-            group_name = _class_of_key(key)
-            live_classes[group_name] = live_classes.get(group_name, 0) + 1
+        chosen = {key: key for key in exact} | moved
+        live_classes = Counter(map(_class_of_key, live))
         # A class that moved counts as one: its saved keys are counted under the live name.
         aliases: dict[str, set[str]] = {}
         for live_key, saved_key in moved.items():
             aliases.setdefault(_class_of_key(saved_key), set()).add(_class_of_key(live_key))
         renamed = {saved_key: live_key for live_key, saved_key in moved.items()}
-        saved_classes: dict[str, int] = {}
-        for key in [*saved, *failed]:
+        saved_classes: Counter[str] = Counter()
+        for key in stored:
             group_name = _class_of_key(key)
             targets = aliases.get(group_name, set())
             if len(targets) == 1:
                 group_name = next(iter(targets))
             elif key in renamed:  # one saved class split over several live ones: per key
                 group_name = _class_of_key(renamed[key])
-            saved_classes[group_name] = saved_classes.get(group_name, 0) + 1
+            saved_classes[group_name] += 1
         mismatched = [
             f"{group_name}: {count} saved, {live_classes[group_name]} live"
             for group_name, count in saved_classes.items()
             if live_classes.get(group_name, count) != count
         ]
+    used = {*chosen.values(), *passed_over}
     missing = [key for key in saved if key not in used]
-    taken.sort()
-    matches = {position: saved_key for position, _, saved_key in taken}
-    unsaved = [live_key for _, live_key in sorted(unsaved_at)]
-
+    positions = {id(cb): i for i, cb in enumerate(callbacks)}
+    matches = {positions[id(live[key])]: chosen[key] for key in live if chosen.get(key) in saved}
+    unsaved = [key for key in live if chosen.get(key) not in saved]
     warnings: list[str] = []
     if missing:
         warnings.append(f"saved states with no live callback (dropped): {listed(missing)}")
     for key in unsaved:
-        why = reasons.get(key)
+        why = snapshot.errors.get(chosen.get(key, key))
         why = None if why is None else clip(why, MAX_REASON_CHARS)
         if why is None:
             warnings.append(f"live callback {key} has no saved state and starts fresh")
@@ -226,11 +195,10 @@ def plan_restore(callbacks: Sequence[object], snapshot: Snapshot) -> RestorePlan
                 f"live callback {key} has no saved state and starts fresh "
                 f"(its state could not be saved: {why})"
             )
-    stale_names = {note.split(":", 1)[0] for note in stale_notes}
-    counts = [m for m in mismatched if m.split(":", 1)[0] not in stale_names]
+    counts = [m for m in mismatched if m.split(":", 1)[0] not in stale_notes]
     if counts:
         warnings.append(f"instance counts differ between save and resume: {'; '.join(counts)}")
-    warnings.extend(stale_notes)
+    warnings.extend(stale_notes.values())
     warnings.extend(moved_notes)
     return RestorePlan(
         matches=matches,
@@ -267,15 +235,6 @@ def _same(saved: Any, live: Any) -> bool:
         return False
 
 
-def _defaults(callback: object) -> dict[str, Any]:
-    """The defaults of its class's ``__init__`` (none if it has no signature to read)."""
-    try:
-        parameters = inspect.signature(type(callback)).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {n: p.default for n, p in parameters.items() if p.default is not p.empty}
-
-
 def _shown(name: str, value: Any) -> str:
     try:
         text = repr(value)
@@ -287,22 +246,16 @@ def _shown(name: str, value: Any) -> str:
 def settle_args(
     callback: object, saved: Mapping[str, Any], live: Mapping[str, Any]
 ) -> tuple[dict[str, Any], str | None]:
-    """The args to rebuild ``callback`` with, and a note naming each that differs.
-
-    ``saved`` (the snapshot's) win, except the live-wins ones of the callback's
-    class, which take their ``live`` value (also when the snapshot lacks them).
-    The note (``None`` when nothing differs) reads ``resumed with the saved
-    patience=3, not patience=10 given now (a resume continues the saved run)``.
-    A saved arg that wins over a live one left at its default is not noted: a
-    callback built with defaults to take a saved state asked for nothing else.
-    Only a ``StatefulCallback`` declares its args as what it was built with; any
-    other stateful object's saved args win unnoted (Hugging Face's
-    ``TrainerControl`` saves its per-step flags as args).
-    """
+    """The args to rebuild ``callback`` with (the saved win but for ``state_live_args``),
+    and a note naming each that differs (``None``: none does; docs/state.md)."""
     if not isinstance(callback, StatefulCallback):
         return dict(saved), None
     live_wins = set(type(callback).state_live_args) & set(live)
-    defaults = _defaults(callback)
+    try:
+        signature = inspect.signature(type(callback)).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: no defaults
+        signature = {}.values()
+    defaults = {p.name: p.default for p in signature if p.default is not p.empty}
     settled = dict(saved)
     settled.update({name: live[name] for name in live_wins})
     saved_used: list[str] = []

@@ -52,13 +52,8 @@ _compact = msgspec.json.Encoder()
 class StateStore:
     """Keeps the states of a run's stateful callbacks, one file per checkpoint under ``root``.
 
-    ``register`` the run's callbacks (the non-stateful ones are ignored; keys
-    must be unique). ``snapshot(checkpoint)`` writes every registered state,
-    replacing any earlier snapshot of that checkpoint; ``restore`` rebuilds
-    callbacks from one. ``strict=True`` makes any mismatch at restore an
-    error, undeclared names and values of the wrong JSON kind included.
-    ``max_bytes`` bounds a snapshot file, written (the biggest states are
-    left out, named in ``errors``) and read (a bigger file is refused unread).
+    ``strict=True`` makes any mismatch at restore an error; ``max_bytes`` bounds a snapshot
+    file, written (the biggest states are left out) and read (docs/state.md).
     """
 
     def __init__(
@@ -96,11 +91,8 @@ class StateStore:
     def snapshot(
         self, checkpoint: str, *, run_id: str = "", position: RunPosition | None = None
     ) -> StateSnapshotted:
-        """Write the state of every registered callback for ``checkpoint`` (and where
-        the run stood, ``position``). A state that fails (``state()`` raised, not strict
-        JSON, too big for ``max_bytes``) is listed in ``errors``, the others written. A bad
-        location raises ``StateError``, an I/O failure ``OSError``; nothing is written then.
-        """
+        """Write the state of every registered callback for ``checkpoint`` (and where the
+        run stood); a state that fails is listed in ``errors``, the others written."""
         path, snapshot, data = self._encode(checkpoint, run_id, position)
         atomic_write(path, data, within=self.root)
         return self._written(path, snapshot)
@@ -170,12 +162,8 @@ class StateStore:
         )
 
     def load(self, checkpoint: str | os.PathLike[str]) -> Snapshot:
-        """The snapshot of the checkpoint the operator names (relative to the cwd, anywhere).
-
-        ``FileNotFoundError`` if it has none; ``StateError`` if the location is unusable,
-        its snapshot file links out of its confinement, or is malformed, too big or not a
-        regular file. A malformed state inside a good file is left out, its key in ``errors``.
-        """
+        """The snapshot of the checkpoint the operator names (relative to the cwd, anywhere);
+        ``FileNotFoundError`` if it has none (docs/state.md: "Reading a snapshot")."""
         path, within = resume_state_path(self.root, checkpoint)
         return read_snapshot(path, within=within, max_bytes=self.max_bytes)
 
@@ -188,16 +176,11 @@ class StateStore:
         require_snapshot: bool = False,
     ) -> tuple[list[C], StateRestored]:
         """A new list, in the same order, with each saved callback rebuilt from its state
-        (as the given one's class); it becomes the registered one.
+        (as the given one's class); it becomes the registered one. Every mismatch is warned
+        about and listed in the returned ``StateRestored``; ``strict`` raises
+        ``StateRestoreError`` for it, nothing changed (docs/state.md).
 
-        ``checkpoint`` is the operator's (see ``load``), or a snapshot (``load``'s). Only
-        the names a callback declares as its state are restored. Every mismatch (unmatched
-        states or callbacks, instance counts, stale HF entries, undeclared names, values of
-        another JSON kind, failed rebuilds) is warned about and listed in the returned
-        ``StateRestored``; with ``strict`` it raises ``StateRestoreError``, nothing changed.
-        Saved args win over live ones, except ``state_live_args``; a difference is one
-        warning per callback (never a strict error: it is the rule).
-
+        ``checkpoint`` is the operator's (see ``load``), or a snapshot (``load``'s).
         ``in_place=True``: each rebuilt state is moved onto the given object, so references
         the caller kept see it (one that cannot take it is replaced, with a warning).
         ``require_snapshot=True``: a checkpoint without a snapshot is a
@@ -222,10 +205,10 @@ class StateStore:
                         "StateStore.restore(require_snapshot=False))"
                     ) from exc
                 # A checkpoint written before the store was in use: every callback starts fresh.
-                snapshot = Snapshot(checkpoint=os.fspath(checkpoint))
+                snapshot = Snapshot(checkpoint=source)
                 notes = (f"no callback state snapshot at {path}",)
         plan = plan_restore(callbacks, snapshot)
-        vetted: dict[int, VettedState] = {}
+        vetted: dict[int, tuple[str, VettedState]] = {}
         problems: list[str] = []
         failures: list[str] = []
         for position, saved_key in plan.matches.items():
@@ -236,7 +219,7 @@ class StateStore:
                 failures.append(f"could not restore {live_key}: {exc}; it starts fresh")
                 continue
             problems.extend(checked.problems)
-            vetted[position] = checked
+            vetted[position] = live_key, checked
         if self.strict and (notes or plan.warnings or problems or failures):
             raise StateRestoreError(
                 f"restoring {clip(source, MAX_REASON_CHARS) or 'snapshot'}: "
@@ -253,8 +236,7 @@ class StateStore:
         # Saved args that differ from the live ones: never silent, never a strict error
         # (which value wins is the rule, not a mismatch), and only for states restored.
         changed: list[str] = []
-        for position, checked in vetted.items():
-            live_key = state_key_of(callbacks[position])
+        for position, (live_key, checked) in vetted.items():
             try:
                 # An instance of type(callbacks[position]) (rebuild_vetted checks it).
                 restored[position] = cast(C, rebuild_vetted(callbacks[position], checked))
@@ -274,9 +256,17 @@ class StateStore:
             # Only once every rebuild is done and the keys are known unique: a strict
             # failure or a key conflict must leave the caller's objects untouched.
             stateful_keys(restored)
-            for position in vetted:
-                if restored[position] is not callbacks[position]:
-                    failures.extend(self._adopt(restored, position, callbacks[position]))
+            for position, (live_key, _) in vetted.items():
+                live = callbacks[position]
+                why = None if restored[position] is live else move_state(live, restored[position])
+                if why is None:
+                    restored[position] = live
+                else:
+                    failures.append(
+                        f"{live_key} could not be restored in place ({why}): it was replaced "
+                        "by a new instance, which the run's `callbacks` list (the returned list) "
+                        "holds; references to the old object see its state from before the restore"
+                    )
         warnings = notes + plan.warnings + tuple(problems) + tuple(changed) + tuple(failures)
         # Checks the rebuilt callbacks' keys too (a from_state may change them).
         self.register(restored)
@@ -292,20 +282,6 @@ class StateStore:
             mismatched=plan.mismatched,
         )
 
-    @staticmethod
-    def _adopt(restored: list[C], position: int, live: C) -> tuple[str, ...]:
-        """Put ``restored[position]``'s state onto ``live`` and ``live`` back in the list;
-        when it cannot, the rebuilt instance stays, and the returned warning says so."""
-        why = move_state(live, restored[position])
-        if why is None:
-            restored[position] = live
-            return ()
-        return (
-            f"{state_key_of(live)} could not be restored in place ({why}): it was replaced "
-            "by a new instance, which the run's `callbacks` list (the returned list) "
-            "holds; references to the old object see its state from before the restore",
-        )
-
     def attach(
         self,
         bus: EventBus,
@@ -313,13 +289,9 @@ class StateStore:
         order: int = Stage.SNAPSHOT,
         position_of: Callable[[CheckpointSaved], RunPosition | None] | None = None,
     ) -> Subscription:
-        """Snapshot on every ``CheckpointSaved`` of ``bus`` and publish a ``StateSnapshotted``.
-
-        ``position_of(event)``: where the run stood at that checkpoint, saved
-        with the states (a run's gathering knows it). Never raises into the
-        bus: a bad location or an I/O error is reported in the event's
-        ``error`` and logged.
-        """
+        """Snapshot on every ``CheckpointSaved`` of ``bus`` and publish a ``StateSnapshotted``
+        (with ``error`` set, never raising into the bus, when it fails); ``position_of(event)``:
+        where the run stood, saved with the states."""
 
         async def on_checkpoint(event: CheckpointSaved) -> None:
             try:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from itertools import islice
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,24 +77,21 @@ def write_log(
 
 
 _WRITE_BATCH = 1024
-_seq_of = attrgetter("seq")
-_time_of = attrgetter("time")
 
 
 def _stamped(batch: list[Event], first: int, start: float, interval: float) -> list[Event]:
     """``batch`` with sequence numbers and times given where missing (copies: the caller's
     events are never changed)."""
-    if min(map(_seq_of, batch)) >= 0 and all(map(_time_of, batch)):
-        return batch
-    replace = msgspec.structs.replace
-    stamped: list[Event] = []
-    for i, given in enumerate(batch, first):
-        if given.seq >= 0 and given.time:
-            stamped.append(given)
-        else:
-            seq = given.seq if given.seq >= 0 else i
-            stamped.append(replace(given, seq=seq, time=given.time or start + i * interval))
-    return stamped
+    return [
+        given
+        if given.seq >= 0 and given.time
+        else msgspec.structs.replace(
+            given,
+            seq=given.seq if given.seq >= 0 else i,
+            time=given.time or start + i * interval,
+        )
+        for i, given in enumerate(batch, first)
+    ]
 
 
 # --- handlers that remember -------------------------------------------------------------
@@ -165,17 +162,10 @@ class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
             if candidate is handler:
                 return events
         for candidate, events in zip(self.handlers, self.received, strict=True):
-            if _equal(candidate, handler):
-                return events
+            with contextlib.suppress(Exception):
+                if candidate == handler:
+                    return events
         raise KeyError(f"{handler!r} was not one of the replayed handlers")
-
-
-def _equal(a: object, b: object) -> bool:
-
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
 
 
 async def replay_log(
