@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -147,34 +146,59 @@ def placeholder_from_raw(raw: object, reason: str, *, text: str | None = None) -
 
 
 def peek_msgpack_map(data: bytes | bytearray | memoryview, entries: int = 8) -> dict[str, object]:
-    """The first entries of a msgpack map too malformed to decode: the recorder writes
-    ``type``, ``seq`` and ``time`` first, so a placeholder can still name them."""
+    """The first scalar entries of a msgpack map too malformed to decode: the recorder
+    writes ``type``, ``seq`` and ``time`` first, so a placeholder can still name them."""
     data = bytes(data[: 64 * entries + 16])
-    if data[:1] in (b"\xde", b"\xdf"):
-        size = 3 if data[0] == 0xDE else 5
-        count, body = int.from_bytes(data[1:size], "big"), data[size:]
-    elif data and 0x80 <= data[0] <= 0x8F:
-        count, body = data[0] - 0x80, data[1:]
-    else:
-        return {}
-    # The longest run of whole entries: a map claiming that many, cut where msgspec finds
-    # the rest trailing.
-    for k in range(min(count, entries), 0, -1):
-        head = bytes([0x80 + k]) + body
-        try:
-            found = msgspec.msgpack.decode(head)
-        except msgspec.DecodeError as exc:
-            end = _TRAILING.search(str(exc))
-            if end is None:
-                continue
-            found = msgspec.msgpack.decode(head[: int(end[1])])
-        except RecursionError:
-            continue
-        return {key: value for key, value in found.items() if isinstance(key, str)}
-    return {}
+    found: dict[str, object] = {}
+    pos = 0
 
+    def take(n: int) -> bytes:
+        nonlocal pos
+        if pos + n > len(data):
+            raise IndexError
+        chunk = data[pos : pos + n]
+        pos += n
+        return chunk
 
-_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+    def number(n: int, signed: bool = False) -> int:
+        return int.from_bytes(take(n), "big", signed=signed)
+
+    def scalar() -> object:
+        b = take(1)[0]
+        if b <= 0x7F or b >= 0xE0:
+            return b if b <= 0x7F else b - 0x100
+        if 0xA0 <= b <= 0xBF or b in (0xD9, 0xDA, 0xDB):
+            size = b - 0xA0 if b <= 0xBF else number({0xD9: 1, 0xDA: 2, 0xDB: 4}[b])
+            return take(size).decode("utf-8", "replace")
+        if b == 0xC0:
+            return None
+        if b in (0xC2, 0xC3):
+            return b == 0xC3
+        if b in (0xCC, 0xCD, 0xCE, 0xCF):
+            return number(1 << (b - 0xCC))
+        if b in (0xD0, 0xD1, 0xD2, 0xD3):
+            return number(1 << (b - 0xD0), signed=True)
+        if b == 0xCB:
+            return float(msgspec.msgpack.decode(b"\xcb" + take(8)))
+        raise ValueError("not a scalar")
+
+    try:
+        first = take(1)[0]
+        if 0x80 <= first <= 0x8F:
+            count = first - 0x80
+        elif first in (0xDE, 0xDF):
+            count = number(2 if first == 0xDE else 4)
+        else:
+            return found
+        for _ in range(min(count, entries)):
+            key = scalar()
+            value = scalar()
+            if not isinstance(key, str):
+                break
+            found[key] = value
+    except (IndexError, ValueError, KeyError, msgspec.DecodeError):
+        pass
+    return found
 
 
 # --- the reader's second try --------------------------------------------------------
