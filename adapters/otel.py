@@ -83,7 +83,6 @@ Attributes = dict[str, Any]
 
 
 def _error_type(call: HandlerCall) -> str:
-
     if call.outcome != "error" or call.error is None:
         return "timeout"
     kind = type(call.error)
@@ -106,6 +105,9 @@ class OpenTelemetryTap(UserCallback):
             ``False``: the bus pays nothing per call.
         timeout: The deadline of one call of the tap's handler, in seconds
             (default: the bus's ``timeout``).
+
+    Attributes:
+        errors: How many times the OpenTelemetry pipeline raised (the first is logged).
     """
 
     def __init__(
@@ -122,75 +124,52 @@ class OpenTelemetryTap(UserCallback):
         self.export_timeout: float | None = (
             None if timeout is None else checked("timeout", timeout, WaitSeconds)
         )
-        self._exporter = _Exporter(
-            tracer_provider, meter_provider, min_span_s=self.min_span_s, durations=self.durations
-        )
-
-    def __repr__(self) -> str:
-        return f"OpenTelemetryTap(min_span_s={self.min_span_s:g}, durations={self.durations})"
-
-    @property
-    def errors(self) -> int:
-        """How many times the OpenTelemetry pipeline raised (the first is logged)."""
-        return self._exporter.errors
-
-    def attach(self, bus: EventBus) -> Callable[[], None]:
-        """Export what happens on a bare ``bus``; returns a function that stops it."""
-        return _Attachment(self._exporter, bus, self.export_timeout).detach
-
-    def __eventbus_subscribe__(self, bus: EventBus) -> list[Subscription]:
-        """Called with the bus by whatever attaches the callback list this tap is in."""
-        return _Attachment(self._exporter, bus, self.export_timeout).subscriptions
-
-
-class _Exporter:
-    """A tap's tracer and instruments, and its count of errors: what its attachments share."""
-
-    def __init__(
-        self,
-        tracer_provider: trace.TracerProvider | None,
-        meter_provider: metrics.MeterProvider | None,
-        *,
-        min_span_s: float,
-        durations: bool,
-    ) -> None:
-        self.min_span_s = min_span_s
-        self.durations = durations
         self.errors = 0
-        self.tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider)
+        self._tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider)
         meter = metrics.get_meter(_SCOPE, __version__, meter_provider)
-        self.duration = (
+        self._duration = (
             meter.create_histogram(
                 "messaging.process.duration",
                 unit="s",
                 description="Duration of handler calls (each the delivery of one event).",
                 explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
             )
-            if durations
+            if self.durations
             else None
         )
-        self.timeouts = meter.create_counter(
+        self._timeouts = meter.create_counter(
             "eventbus.handler.timeouts", unit="{call}", description="Handler calls past deadline."
         )
-        self.faults = meter.create_counter(
+        self._faults = meter.create_counter(
             "eventbus.handler.faults", unit="{call}", description="Handler calls that raised."
         )
-        self.skipped = meter.create_counter(
+        self._skipped = meter.create_counter(
             "eventbus.handler.skipped",
             unit="{event}",
             description="Deliveries not made: the handler was disabled, coalescing, or cut short.",
         )
-        self.shares = meter.create_histogram(
+        self._shares = meter.create_histogram(
             "eventbus.handler.period_share",
             unit="1",
             description="A handler's share of a health-check period (what its budget judges).",
             explicit_bucket_boundaries_advisory=_SHARE_BUCKETS,
         )
         self._call_attributes: dict[tuple[str, type, str | None], Attributes] = {}
-        self._handler_attributes: dict[str, Attributes] = {}
 
-    def failed(self, exc: Exception) -> None:
+    def __repr__(self) -> str:
+        return f"OpenTelemetryTap(min_span_s={self.min_span_s:g}, durations={self.durations})"
 
+    def attach(self, bus: EventBus) -> Callable[[], None]:
+        """Export what happens on a bare ``bus``; returns a function that stops it."""
+        return _Attachment(self, bus).detach
+
+    def __eventbus_subscribe__(self, bus: EventBus) -> list[Subscription]:
+        """Called with the bus by whatever attaches the callback list this tap is in."""
+        return _Attachment(self, bus).subscriptions
+
+    # --- what the tap's attachments share -----------------------------------------------
+
+    def _failed(self, exc: Exception) -> None:
         self.errors += 1
         if self.errors == 1:
             _log.error(
@@ -199,8 +178,8 @@ class _Exporter:
                 error=describe_exception(exc),
             )
 
-    def call_attributes(self, call: HandlerCall, error_type: str | None) -> Attributes:
-        """The metric attributes of ``call`` (cached)."""
+    def _attributes_of(self, call: HandlerCall, error_type: str | None) -> Attributes:
+        """The metric attributes of ``call`` (cached: every call is recorded)."""
         key = (call.handler, type(call.event), error_type)
         found = self._call_attributes.get(key)
         if found is None:
@@ -217,32 +196,23 @@ class _Exporter:
             self._call_attributes[key] = found
         return found
 
-    def handler_attributes(self, handler: str) -> Attributes:
-        found = self._handler_attributes.get(handler)
-        if found is None:
-            if len(self._handler_attributes) >= _MAX_CACHED:
-                self._handler_attributes.clear()
-            found = self._handler_attributes[handler] = {_HANDLER: handler}
-        return found
-
-    def record_period(self, report: BudgetReport, period: float) -> None:
-
+    def _record_period(self, report: BudgetReport, period: float) -> None:
         length = report.end - report.start
         if report.partial:  # cut short at close: judged as a whole period, as its budget is
             length = max(length, period)
         for usage in report.handlers:
-            attributes = self.handler_attributes(usage.handler)
+            attributes = {_HANDLER: usage.handler}
             if usage.timeouts:
-                self.timeouts.add(usage.timeouts, attributes)
+                self._timeouts.add(usage.timeouts, attributes)
             if usage.faults:
-                self.faults.add(usage.faults, attributes)
+                self._faults.add(usage.faults, attributes)
             if usage.skipped:
-                self.skipped.add(usage.skipped, attributes)
+                self._skipped.add(usage.skipped, attributes)
             if usage.calls and length > 0:
-                self.shares.record(usage.total / length, attributes)
+                self._shares.record(usage.total / length, attributes)
 
-    def start_span(self, name: str, parent: Context, start: int, attributes: Attributes) -> Span:
-        return self.tracer.start_span(
+    def _start_span(self, name: str, parent: Context, start: int, attributes: Attributes) -> Span:
+        return self._tracer.start_span(
             name,
             context=parent,
             kind=trace.SpanKind.INTERNAL,
@@ -259,8 +229,8 @@ class _Attachment:
     """A tap on one bus. The observer only notes calls; the ``blocking`` handler exports
     them, skipping while an abandoned call still runs (``_busy``)."""
 
-    def __init__(self, exporter: _Exporter, bus: EventBus, timeout: float | None) -> None:
-        self.exporter = exporter
+    def __init__(self, tap: OpenTelemetryTap, bus: EventBus) -> None:
+        self.tap = tap
         self.bus = bus
         #: The span current where the tap was attached: the parent of rounds.
         self.outer: Context = otel_context.get_current()
@@ -277,11 +247,11 @@ class _Attachment:
                 name="OpenTelemetryTap",
                 order=Stage.RECORD,
                 blocking=True,
-                timeout=timeout,
+                timeout=tap.export_timeout,
             )
         ]
         self._own = self.subscriptions[0].name
-        least = 0.0 if exporter.durations else exporter.min_span_s
+        least = 0.0 if tap.durations else tap.min_span_s
         self._stop_observing = bus.observe_calls(self.observe, min_seconds=least)
 
     def detach(self) -> None:
@@ -295,23 +265,22 @@ class _Attachment:
 
     def observe(self, calls: list[HandlerCall]) -> None:
         """A batch's calls into the histogram; slow and failed ones noted for spans."""
-        exporter = self.exporter
+        tap = self.tap
         try:
-            record = exporter.duration.record if exporter.duration is not None else None
-            shortest = exporter.min_span_s
+            record = tap._duration.record if tap._duration is not None else None
             for call in calls:
                 error_type = None if call.outcome == "ok" else _error_type(call)
-                attributes = exporter.call_attributes(call, error_type)
+                attributes = tap._attributes_of(call, error_type)
                 if record is not None and call.calls == 1:
                     record(call.elapsed, attributes)
-                if (error_type is not None or call.elapsed >= shortest) and (
+                if (error_type is not None or call.elapsed >= tap.min_span_s) and (
                     call.handler != self._own
                 ):
                     end = time.time_ns() - round((self.bus.clock.now() - call.end) * 1e9)
                     parent = self.inside if self.inside is not None else self.outer
                     self.pending.append((call, attributes, parent, end))
         except Exception as exc:
-            exporter.failed(exc)
+            tap._failed(exc)
 
     def call_span(
         self, call: HandlerCall, attributes: Attributes, parent: Context, end: int
@@ -320,16 +289,13 @@ class _Attachment:
         start = end - round(call.elapsed * 1e9)
         span_attributes: Attributes = {**attributes, "messaging.message.id": str(call.event.seq)}
         outcome = call.outcome
-        if outcome == "ok":
-            span_attributes["eventbus.outcome"] = "ok"
-        elif outcome == "error":
-            span_attributes["eventbus.outcome"] = "error"
-        else:
-            span_attributes["eventbus.outcome"] = "timeout"
+        timed_out = outcome not in ("ok", "error")
+        span_attributes["eventbus.outcome"] = "timeout" if timed_out else outcome
+        if timed_out:
             span_attributes["eventbus.timeout.outcome"] = outcome
         if call.calls > 1:
             span_attributes["eventbus.calls"] = call.calls
-        span = self.exporter.start_span(call.handler, parent, start, span_attributes)
+        span = self.tap._start_span(call.handler, parent, start, span_attributes)
         if call.error is not None:
             span.record_exception(call.error, timestamp=end)
             span.set_status(trace.Status(trace.StatusCode.ERROR, describe_exception(call.error)))
@@ -340,9 +306,10 @@ class _Attachment:
     # --- the run's events -----------------------------------------------------------------
 
     def handle(self, event: Event | None) -> None:
-        """The tap's handler: noted calls become spans, then ``event`` is exported."""
+        """The tap's handler: noted calls become spans, then ``event`` is exported (``None``:
+        the round in progress ends)."""
         if not self._busy.acquire(blocking=False):
-            self.exporter.failed(
+            self.tap._failed(
                 TimeoutError(
                     "an export abandoned at the tap's deadline has not returned: "
                     "the tap skips what comes until it does"
@@ -353,10 +320,7 @@ class _Attachment:
             pending = self.pending
             while pending:
                 self._guarded(self.call_span, *pending.popleft())
-            if event is None:
-                self._guarded(self._end_round, None)
-            else:
-                self._guarded(self._handle, event)
+            self._guarded(self._export, event)
         finally:
             self._busy.release()
 
@@ -364,31 +328,34 @@ class _Attachment:
         try:
             action(*arguments)
         except Exception as exc:
-            self.exporter.failed(exc)
+            self.tap._failed(exc)
 
-    def _handle(self, event: Event) -> None:
+    def _export(self, event: Event | None) -> None:
         if isinstance(event, BudgetReport):
-            self.exporter.record_period(event, self.bus.period)
+            self.tap._record_period(event, self.bus.period)
         elif isinstance(event, RoundGathered):
             self._gathered(event)
         elif isinstance(event, RunStarted):
             self.run = {"eventbus.run.id": event.run_id, "eventbus.run.name": event.name}
             if self.round is None:
                 self._open_round(time.time_ns())
-        elif isinstance(event, RunFinished):
-            self._end_round(event)
+        elif event is None or isinstance(event, RunFinished):
+            # The stretch since the last round, which no round ends.
+            attributes: Attributes = {"eventbus.round.gathered": False}
+            if event is not None:
+                attributes["eventbus.run.status"] = event.status
+            self._end_round(self.round, attributes)
 
     def _open_round(self, now: int) -> None:
-        self.round = span = self.exporter.start_span(_ROUND, self.outer, now, self.run)
+        self.round = span = self.tap._start_span(_ROUND, self.outer, now, self.run)
         self.inside = trace.set_span_in_context(span, self.outer)
 
     def _gathered(self, event: RoundGathered) -> None:
-        now = time.time_ns()
         context = event.context
         self.run = {"eventbus.run.id": context.run_id, "eventbus.run.name": context.name}
         span = self.round
         if span is None:  # no run start seen: the round began when the tap could know
-            span = self.exporter.start_span(_ROUND, self.outer, self.since, self.run)
+            span = self.tap._start_span(_ROUND, self.outer, self.since, self.run)
         attributes: Attributes = {
             **self.run,
             "eventbus.round": event.round,
@@ -397,23 +364,15 @@ class _Attachment:
         }
         if event.checkpoint is not None:
             attributes["eventbus.round.checkpoint"] = event.checkpoint
-        self.round = self.inside = None
-        self.since = now
         try:
-            span.set_attributes(attributes)
-            span.end(end_time=now)
+            self._end_round(span, attributes)
         finally:
-            self._open_round(now)
+            self._open_round(self.since)
 
-    def _end_round(self, event: RunFinished | None) -> None:
-        """End the round span in progress, as a stretch without a round."""
-        span = self.round
+    def _end_round(self, span: Span | None, attributes: Attributes) -> None:
+        """End ``span``, the round in progress, now; the next round starts here."""
         self.round = self.inside = None
         self.since = now = time.time_ns()
-        if span is None:
-            return
-        attributes: Attributes = {"eventbus.round.gathered": False}
-        if event is not None:
-            attributes["eventbus.run.status"] = event.status
-        span.set_attributes(attributes)
-        span.end(end_time=now)
+        if span is not None:
+            span.set_attributes(attributes)
+            span.end(end_time=now)
