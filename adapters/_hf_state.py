@@ -82,11 +82,6 @@ def from_hf_callbacks(section: Any, *, checkpoint: str = "", where: str = HF_SEC
     return Snapshot(checkpoint=checkpoint, keyed_by="class_name", states=states, errors=errors)
 
 
-def _read_json(path: Path, max_bytes: int) -> dict[str, Any]:
-    """HF's file, read as defensively as our own, but following links (Hub downloads)."""
-    return _parse(path, read_regular_file(path, max_bytes=max_bytes))
-
-
 def _parse(path: Path, data: bytes) -> dict[str, Any]:
     try:
         document = json.loads(data.decode("utf-8"))
@@ -151,7 +146,8 @@ def read_hf_trainer_state(
     """The callback states of an HF ``trainer_state.json`` (none if it has no section);
     ``StateFormatError`` for a non-regular file or one over ``max_bytes``."""
     path = Path(path)
-    document = _read_json(path, max_bytes)
+    # Read as defensively as our own files, but following links (Hub downloads).
+    document = _parse(path, read_regular_file(path, max_bytes=max_bytes))
     return from_hf_callbacks(
         document.get(HF_SECTION, {}), checkpoint=str(path.parent), where=f"{path}: {HF_SECTION}"
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -73,10 +73,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         #: Not ``self.log``, which Lightning sets on every callback.
         self.event_log = log
         self._run = ThreadedRun("eventbus-lightning", AdapterOptions.build(options, **keywords))
-
         self.restored: StateRestored | None = None
         self.log_path: Path | None = None
-
         self._writes_states = False
         self._reset()
 
@@ -85,9 +83,9 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         self._store: StateStore | None = None
         #: The states Lightning's checkpoint held, until the run starts.
         self._loaded: Snapshot | None = None
-
+        #: For a ``last.ckpt`` copy: where the run stood at the last checkpoint, and the
+        #: step and file of the last save.
         self._saved_position: tuple[str, RunPosition | None] | None = None
-
         self._saved_at: tuple[int, str] | None = None
         self._rank = 0
         self._world_size = 1
@@ -137,13 +135,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
             strategy = trainer.strategy
             self._writes_states = True
             if not isinstance(strategy.checkpoint_io, _StatesIntoCheckpoints):
-                strategy.checkpoint_io = _StatesIntoCheckpoints(
-                    strategy.checkpoint_io,
-                    owner=self,
-                    before=self._before_save,
-                    after=self._after_save,
-                    removed=self._removed,
-                )
+                strategy.checkpoint_io = _StatesIntoCheckpoints(strategy.checkpoint_io, self)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         strategy = trainer.strategy
@@ -207,7 +199,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         core.resumed(resume, restored=self.restored)
         self._index = core.first_index(0)
         self.log_path = log_path(self.event_log, trainer.default_root_dir, core.run_id)
-        self._start_bus(core)
+        self._start_run(core, log=self.log_path, name="eventbus-lightning")
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -364,9 +356,6 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
             return self.name
         return Path(str(trainer.default_root_dir)).name or "lightning"
 
-    def _start_bus(self, core: RunCore) -> None:
-        self._start_run(core, log=self.log_path, name="eventbus-lightning")
-
     def _position_of(self, event: CheckpointSaved) -> RunPosition | None:
         """Keep where the run stood at ``event``'s checkpoint, for the ``last.ckpt`` copy."""
         core = self._run.core
@@ -400,35 +389,26 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
 
 
 class _StatesIntoCheckpoints(CheckpointIO):  # type: ignore[misc]  # untyped to mypy
-    """The strategy's checkpoint IO, telling ``EventBusCallback`` of every save: ``before``
-    may change the checkpoint; ``after`` gets its result once the file is written."""
+    """The strategy's checkpoint IO, telling ``owner`` of every save (before it, which may
+    change the checkpoint, and once the file is written) and every removal."""
 
-    def __init__(
-        self,
-        inner: Any,
-        *,
-        owner: EventBusCallback,
-        before: Callable[[dict[str, Any], Any], str | None],
-        after: Callable[[str], None],
-        removed: Callable[[Any], None],
-    ) -> None:
+    def __init__(self, inner: Any, owner: EventBusCallback) -> None:
         self.inner, self.owner = inner, owner
-        self.before, self.after, self.removed = before, after, removed
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        location = self.before(checkpoint, path)
+        location = self.owner._before_save(checkpoint, path)
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
         if location is not None:
-            self.after(location)
+            self.owner._after_save(location)
 
     def load_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         return self.inner.load_checkpoint(*args, **kwargs)
 
     def remove_checkpoint(self, path: Any) -> None:
         self.inner.remove_checkpoint(path)
-        self.removed(path)
+        self.owner._removed(path)
 
     def teardown(self) -> None:
         self.inner.teardown()
