@@ -34,19 +34,14 @@ HF_SECTION = "stateful_callbacks"
 HFCallbacks = dict[str, CallbackState | list[CallbackState]]
 
 
-def _class_name(key: str, keyed_by: str) -> tuple[str, str]:
-    """(HF class name, identity of the class) of a snapshot key."""
-    path = key.split("[", 1)[0]
-    return (path, path) if keyed_by == "class_name" else (path.rsplit(".", 1)[-1], path)
-
-
 def to_hf_callbacks(snapshot: Snapshot) -> HFCallbacks:
     """The snapshot as HF's ``stateful_callbacks`` mapping (states not saved left out)."""
     groups: dict[str, list[CallbackState]] = {}
     owners: dict[str, str] = {}
     listed: set[str] = set()
     for key, state in snapshot.states.items():
-        name, owner = _class_name(key, snapshot.keyed_by)
+        owner = key.split("[", 1)[0]  # the class: HF keys its state by the name alone
+        name = owner if snapshot.keyed_by == "class_name" else owner.rsplit(".", 1)[-1]
         if owners.setdefault(name, owner) != owner:
             raise StateFormatError(
                 f"{owners[name]} and {owner} are both named {name!r}; Hugging Face keys states "

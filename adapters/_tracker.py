@@ -347,7 +347,8 @@ class TrackerCallback(UserCallback, StatefulCallback):
     def _put_costs(self, thread: _WriterThread) -> None:
         """Hand over the periods' costs held for their step: one point a step."""
         if self._costs:
-            thread.put(self._write_costs, tuple(self._costs), self._costs_step, time.time())
+            scalars = cost_scalars(self._costs)  # per period, not per step: cheap here
+            thread.put(self._write_scalars, scalars, self._costs_step, time.time())
             self._costs = []
 
     def _mark_failures(self, thread: _WriterThread) -> None:
@@ -434,9 +435,6 @@ class TrackerCallback(UserCallback, StatefulCallback):
         )
         if event.checkpoint is not None:
             self._checkpoint(event.checkpoint, event.round, step, wall_time)
-
-    def _write_costs(self, reports: Sequence[BudgetReport], step: int, wall_time: float) -> None:
-        self._write_scalars(cost_scalars(reports), step, wall_time)
 
     def _write_scalars(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
         if scalars:

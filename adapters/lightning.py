@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -135,7 +135,13 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
             strategy = trainer.strategy
             self._writes_states = True
             if not isinstance(strategy.checkpoint_io, _StatesIntoCheckpoints):
-                strategy.checkpoint_io = _StatesIntoCheckpoints(strategy.checkpoint_io, self)
+                strategy.checkpoint_io = _StatesIntoCheckpoints(
+                    strategy.checkpoint_io,
+                    owner=self,
+                    before=self._before_save,
+                    after=self._after_save,
+                    removed=self._removed,
+                )
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         strategy = trainer.strategy
@@ -389,26 +395,35 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
 
 
 class _StatesIntoCheckpoints(CheckpointIO):  # type: ignore[misc]  # untyped to mypy
-    """The strategy's checkpoint IO, telling ``owner`` of every save (before it, which may
-    change the checkpoint, and once the file is written) and every removal."""
+    """The strategy's checkpoint IO, telling ``EventBusCallback`` of every save: ``before``
+    may change the checkpoint; ``after`` gets its result once the file is written."""
 
-    def __init__(self, inner: Any, owner: EventBusCallback) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        owner: EventBusCallback,
+        before: Callable[[dict[str, Any], Any], str | None],
+        after: Callable[[str], None],
+        removed: Callable[[Any], None],
+    ) -> None:
         self.inner, self.owner = inner, owner
+        self.before, self.after, self.removed = before, after, removed
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        location = self.owner._before_save(checkpoint, path)
+        location = self.before(checkpoint, path)
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
         if location is not None:
-            self.owner._after_save(location)
+            self.after(location)
 
     def load_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         return self.inner.load_checkpoint(*args, **kwargs)
 
     def remove_checkpoint(self, path: Any) -> None:
         self.inner.remove_checkpoint(path)
-        self.owner._removed(path)
+        self.removed(path)
 
     def teardown(self) -> None:
         self.inner.teardown()

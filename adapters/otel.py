@@ -105,9 +105,6 @@ class OpenTelemetryTap(UserCallback):
             ``False``: the bus pays nothing per call.
         timeout: The deadline of one call of the tap's handler, in seconds
             (default: the bus's ``timeout``).
-
-    Attributes:
-        errors: How many times the OpenTelemetry pipeline raised (the first is logged).
     """
 
     def __init__(
@@ -124,31 +121,65 @@ class OpenTelemetryTap(UserCallback):
         self.export_timeout: float | None = (
             None if timeout is None else checked("timeout", timeout, WaitSeconds)
         )
+        self._exporter = _Exporter(
+            tracer_provider, meter_provider, min_span_s=self.min_span_s, durations=self.durations
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenTelemetryTap(min_span_s={self.min_span_s:g}, durations={self.durations})"
+
+    @property
+    def errors(self) -> int:
+        """How many times the OpenTelemetry pipeline raised (the first is logged)."""
+        return self._exporter.errors
+
+    def attach(self, bus: EventBus) -> Callable[[], None]:
+        """Export what happens on a bare ``bus``; returns a function that stops it."""
+        return _Attachment(self._exporter, bus, self.export_timeout).detach
+
+    def __eventbus_subscribe__(self, bus: EventBus) -> list[Subscription]:
+        """Called with the bus by whatever attaches the callback list this tap is in."""
+        return _Attachment(self._exporter, bus, self.export_timeout).subscriptions
+
+
+class _Exporter:
+    """A tap's tracer and instruments, and its count of errors: what its attachments share."""
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None,
+        meter_provider: metrics.MeterProvider | None,
+        *,
+        min_span_s: float,
+        durations: bool,
+    ) -> None:
+        self.min_span_s = min_span_s
+        self.durations = durations
         self.errors = 0
-        self._tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider)
+        self.tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider)
         meter = metrics.get_meter(_SCOPE, __version__, meter_provider)
-        self._duration = (
+        self.duration = (
             meter.create_histogram(
                 "messaging.process.duration",
                 unit="s",
                 description="Duration of handler calls (each the delivery of one event).",
                 explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
             )
-            if self.durations
+            if durations
             else None
         )
-        self._timeouts = meter.create_counter(
+        self.timeouts = meter.create_counter(
             "eventbus.handler.timeouts", unit="{call}", description="Handler calls past deadline."
         )
-        self._faults = meter.create_counter(
+        self.faults = meter.create_counter(
             "eventbus.handler.faults", unit="{call}", description="Handler calls that raised."
         )
-        self._skipped = meter.create_counter(
+        self.skipped = meter.create_counter(
             "eventbus.handler.skipped",
             unit="{event}",
             description="Deliveries not made: the handler was disabled, coalescing, or cut short.",
         )
-        self._shares = meter.create_histogram(
+        self.shares = meter.create_histogram(
             "eventbus.handler.period_share",
             unit="1",
             description="A handler's share of a health-check period (what its budget judges).",
@@ -156,20 +187,7 @@ class OpenTelemetryTap(UserCallback):
         )
         self._call_attributes: dict[tuple[str, type, str | None], Attributes] = {}
 
-    def __repr__(self) -> str:
-        return f"OpenTelemetryTap(min_span_s={self.min_span_s:g}, durations={self.durations})"
-
-    def attach(self, bus: EventBus) -> Callable[[], None]:
-        """Export what happens on a bare ``bus``; returns a function that stops it."""
-        return _Attachment(self, bus).detach
-
-    def __eventbus_subscribe__(self, bus: EventBus) -> list[Subscription]:
-        """Called with the bus by whatever attaches the callback list this tap is in."""
-        return _Attachment(self, bus).subscriptions
-
-    # --- what the tap's attachments share -----------------------------------------------
-
-    def _failed(self, exc: Exception) -> None:
+    def failed(self, exc: Exception) -> None:
         self.errors += 1
         if self.errors == 1:
             _log.error(
@@ -178,7 +196,7 @@ class OpenTelemetryTap(UserCallback):
                 error=describe_exception(exc),
             )
 
-    def _attributes_of(self, call: HandlerCall, error_type: str | None) -> Attributes:
+    def call_attributes(self, call: HandlerCall, error_type: str | None) -> Attributes:
         """The metric attributes of ``call`` (cached: every call is recorded)."""
         key = (call.handler, type(call.event), error_type)
         found = self._call_attributes.get(key)
@@ -196,23 +214,23 @@ class OpenTelemetryTap(UserCallback):
             self._call_attributes[key] = found
         return found
 
-    def _record_period(self, report: BudgetReport, period: float) -> None:
+    def record_period(self, report: BudgetReport, period: float) -> None:
         length = report.end - report.start
         if report.partial:  # cut short at close: judged as a whole period, as its budget is
             length = max(length, period)
         for usage in report.handlers:
-            attributes = {_HANDLER: usage.handler}
+            attributes = {_HANDLER: usage.handler}  # per period: not worth a cache
             if usage.timeouts:
-                self._timeouts.add(usage.timeouts, attributes)
+                self.timeouts.add(usage.timeouts, attributes)
             if usage.faults:
-                self._faults.add(usage.faults, attributes)
+                self.faults.add(usage.faults, attributes)
             if usage.skipped:
-                self._skipped.add(usage.skipped, attributes)
+                self.skipped.add(usage.skipped, attributes)
             if usage.calls and length > 0:
-                self._shares.record(usage.total / length, attributes)
+                self.shares.record(usage.total / length, attributes)
 
-    def _start_span(self, name: str, parent: Context, start: int, attributes: Attributes) -> Span:
-        return self._tracer.start_span(
+    def start_span(self, name: str, parent: Context, start: int, attributes: Attributes) -> Span:
+        return self.tracer.start_span(
             name,
             context=parent,
             kind=trace.SpanKind.INTERNAL,
@@ -229,8 +247,8 @@ class _Attachment:
     """A tap on one bus. The observer only notes calls; the ``blocking`` handler exports
     them, skipping while an abandoned call still runs (``_busy``)."""
 
-    def __init__(self, tap: OpenTelemetryTap, bus: EventBus) -> None:
-        self.tap = tap
+    def __init__(self, exporter: _Exporter, bus: EventBus, timeout: float | None) -> None:
+        self.exporter = exporter
         self.bus = bus
         #: The span current where the tap was attached: the parent of rounds.
         self.outer: Context = otel_context.get_current()
@@ -247,11 +265,11 @@ class _Attachment:
                 name="OpenTelemetryTap",
                 order=Stage.RECORD,
                 blocking=True,
-                timeout=tap.export_timeout,
+                timeout=timeout,
             )
         ]
         self._own = self.subscriptions[0].name
-        least = 0.0 if tap.durations else tap.min_span_s
+        least = 0.0 if exporter.durations else exporter.min_span_s
         self._stop_observing = bus.observe_calls(self.observe, min_seconds=least)
 
     def detach(self) -> None:
@@ -265,22 +283,23 @@ class _Attachment:
 
     def observe(self, calls: list[HandlerCall]) -> None:
         """A batch's calls into the histogram; slow and failed ones noted for spans."""
-        tap = self.tap
+        exporter = self.exporter
         try:
-            record = tap._duration.record if tap._duration is not None else None
+            record = exporter.duration.record if exporter.duration is not None else None
+            shortest = exporter.min_span_s
             for call in calls:
                 error_type = None if call.outcome == "ok" else _error_type(call)
-                attributes = tap._attributes_of(call, error_type)
+                attributes = exporter.call_attributes(call, error_type)
                 if record is not None and call.calls == 1:
                     record(call.elapsed, attributes)
-                if (error_type is not None or call.elapsed >= tap.min_span_s) and (
+                if (error_type is not None or call.elapsed >= shortest) and (
                     call.handler != self._own
                 ):
                     end = time.time_ns() - round((self.bus.clock.now() - call.end) * 1e9)
                     parent = self.inside if self.inside is not None else self.outer
                     self.pending.append((call, attributes, parent, end))
         except Exception as exc:
-            tap._failed(exc)
+            exporter.failed(exc)
 
     def call_span(
         self, call: HandlerCall, attributes: Attributes, parent: Context, end: int
@@ -295,7 +314,7 @@ class _Attachment:
             span_attributes["eventbus.timeout.outcome"] = outcome
         if call.calls > 1:
             span_attributes["eventbus.calls"] = call.calls
-        span = self.tap._start_span(call.handler, parent, start, span_attributes)
+        span = self.exporter.start_span(call.handler, parent, start, span_attributes)
         if call.error is not None:
             span.record_exception(call.error, timestamp=end)
             span.set_status(trace.Status(trace.StatusCode.ERROR, describe_exception(call.error)))
@@ -309,7 +328,7 @@ class _Attachment:
         """The tap's handler: noted calls become spans, then ``event`` is exported (``None``:
         the round in progress ends)."""
         if not self._busy.acquire(blocking=False):
-            self.tap._failed(
+            self.exporter.failed(
                 TimeoutError(
                     "an export abandoned at the tap's deadline has not returned: "
                     "the tap skips what comes until it does"
@@ -328,11 +347,11 @@ class _Attachment:
         try:
             action(*arguments)
         except Exception as exc:
-            self.tap._failed(exc)
+            self.exporter.failed(exc)
 
     def _export(self, event: Event | None) -> None:
         if isinstance(event, BudgetReport):
-            self.tap._record_period(event, self.bus.period)
+            self.exporter.record_period(event, self.bus.period)
         elif isinstance(event, RoundGathered):
             self._gathered(event)
         elif isinstance(event, RunStarted):
@@ -347,7 +366,7 @@ class _Attachment:
             self._end_round(self.round, attributes)
 
     def _open_round(self, now: int) -> None:
-        self.round = span = self.tap._start_span(_ROUND, self.outer, now, self.run)
+        self.round = span = self.exporter.start_span(_ROUND, self.outer, now, self.run)
         self.inside = trace.set_span_in_context(span, self.outer)
 
     def _gathered(self, event: RoundGathered) -> None:
@@ -355,7 +374,7 @@ class _Attachment:
         self.run = {"eventbus.run.id": context.run_id, "eventbus.run.name": context.name}
         span = self.round
         if span is None:  # no run start seen: the round began when the tap could know
-            span = self.tap._start_span(_ROUND, self.outer, self.since, self.run)
+            span = self.exporter.start_span(_ROUND, self.outer, self.since, self.run)
         attributes: Attributes = {
             **self.run,
             "eventbus.round": event.round,
