@@ -145,7 +145,9 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         core.resumed(resume, restored=self.restored)
         self._index = core.first_index(self._rank)
         self.log_path = log_path(self.log, args.output_dir, core.run_id)
-        self._start_bus(core)
+        self._make_report = _ReportMaker(core.run_id, self._rank, self._world_size)
+        setup = self._merge_states_into_trainer_state if core.store is not None else None
+        self._start_run(core, setup, log=self.log_path, name=f"eventbus-hf-rank{self._rank}")
 
     def on_log(
         self,
@@ -254,19 +256,6 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
         run_name = getattr(args, "run_name", None)
         return str(run_name) if run_name else Path(str(args.output_dir)).name or "hf-trainer"
 
-    def _start_bus(self, core: RunCore) -> None:
-        def setup(bus: EventBus, attachment: CallbackAttachment) -> None:
-            if core.store is not None:
-                bus.subscribe(
-                    StateSnapshotted,
-                    self._merge_into_trainer_state,
-                    name="adapters.transformers.trainer_state",
-                    order=Stage.HANDOFF,
-                )
-
-        self._make_report = _ReportMaker(core.run_id, self._rank, self._world_size)
-        self._start_run(core, setup, log=self.log_path, name=f"eventbus-hf-rank{self._rank}")
-
     def _resume_checkpoint(self, args: Any, state: Any) -> str | None:
         """The checkpoint this ``train()`` resumed from, or None: ``resume_from``, else
         ``<output_dir>/checkpoint-<global_step>`` past step 0 (the Trainer does not say)."""
@@ -305,13 +294,20 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
             return None
         return Snapshot(checkpoint=checkpoint, keyed_by="class_name", states=states)
 
-    def _merge_into_trainer_state(self, event: StateSnapshotted) -> None:
-        """Bus handler: our states into the checkpoint's ``trainer_state.json``."""
-        if event.error or not event.path or self._store is None:
-            return
-        path = Path(event.checkpoint, TRAINER_STATE_NAME)
-        if path.is_file():
-            merge_stateful_callbacks(path, self._store.load(event.checkpoint))
+    def _merge_states_into_trainer_state(
+        self, bus: EventBus, attachment: CallbackAttachment
+    ) -> None:
+        """Each snapshot of our states goes into its checkpoint's ``trainer_state.json`` too."""
+        store = self._store
+        assert store is not None  # subscribed only for a run that saves states
+
+        def merge(event: StateSnapshotted) -> None:
+            path = Path(event.checkpoint, TRAINER_STATE_NAME)
+            if not event.error and event.path and path.is_file():
+                merge_stateful_callbacks(path, store.load(event.checkpoint))
+
+        name = "adapters.transformers.trainer_state"
+        bus.subscribe(StateSnapshotted, merge, name=name, order=Stage.HANDOFF)
 
 
 def _training_args(args: Any) -> dict[str, Any]:

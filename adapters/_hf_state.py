@@ -34,19 +34,14 @@ HF_SECTION = "stateful_callbacks"
 HFCallbacks = dict[str, CallbackState | list[CallbackState]]
 
 
-def _class_name(key: str, keyed_by: str) -> tuple[str, str]:
-    """(HF class name, identity of the class) of a snapshot key."""
-    path = key.split("[", 1)[0]
-    return (path, path) if keyed_by == "class_name" else (path.rsplit(".", 1)[-1], path)
-
-
 def to_hf_callbacks(snapshot: Snapshot) -> HFCallbacks:
     """The snapshot as HF's ``stateful_callbacks`` mapping (states not saved left out)."""
     groups: dict[str, list[CallbackState]] = {}
     owners: dict[str, str] = {}
     listed: set[str] = set()
     for key, state in snapshot.states.items():
-        name, owner = _class_name(key, snapshot.keyed_by)
+        owner = key.split("[", 1)[0]  # the class: HF keys its state by the name alone
+        name = owner if snapshot.keyed_by == "class_name" else owner.rsplit(".", 1)[-1]
         if owners.setdefault(name, owner) != owner:
             raise StateFormatError(
                 f"{owners[name]} and {owner} are both named {name!r}; Hugging Face keys states "
@@ -80,11 +75,6 @@ def from_hf_callbacks(section: Any, *, checkpoint: str = "", where: str = HF_SEC
             except ValueError as exc:
                 errors[key] = f"{MALFORMED} {exc}"
     return Snapshot(checkpoint=checkpoint, keyed_by="class_name", states=states, errors=errors)
-
-
-def _read_json(path: Path, max_bytes: int) -> dict[str, Any]:
-    """HF's file, read as defensively as our own, but following links (Hub downloads)."""
-    return _parse(path, read_regular_file(path, max_bytes=max_bytes))
 
 
 def _parse(path: Path, data: bytes) -> dict[str, Any]:
@@ -151,7 +141,8 @@ def read_hf_trainer_state(
     """The callback states of an HF ``trainer_state.json`` (none if it has no section);
     ``StateFormatError`` for a non-regular file or one over ``max_bytes``."""
     path = Path(path)
-    document = _read_json(path, max_bytes)
+    # Read as defensively as our own files, but following links (Hub downloads).
+    document = _parse(path, read_regular_file(path, max_bytes=max_bytes))
     return from_hf_callbacks(
         document.get(HF_SECTION, {}), checkpoint=str(path.parent), where=f"{path}: {HF_SECTION}"
     )

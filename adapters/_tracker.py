@@ -39,7 +39,6 @@ from handlers._metrics import mean_metrics
 
 __all__ = [
     "STEP_METRIC",
-    "BackendNames",
     "TrackerCallback",
     "TrackerError",
     "backend_name",
@@ -126,43 +125,11 @@ def backend_name(name: str, rule: Callable[[str], str], limit: int | None) -> st
     return rule(cut + suffix)
 
 
-#: Names a ``BackendNames`` remembers before it starts afresh (a bound on memory).
+#: Names a tracker remembers, per kind, before it starts afresh (a bound on memory).
 _NAMES_KEPT = 65_536
 
 
-class BackendNames:
-    """``backend_name`` of each name, cached, with one warning per name renamed (per kind:
-    a config key and a metric of one name are each said)."""
-
-    def __init__(self, owner: str, rule: Callable[[str], str], limit: int | None, why: str) -> None:
-        self._owner = owner
-        self._rule = rule
-        self._limit = limit
-        self._why = why
-        #: Per kind of name (a metric, a config key, a tag): each is said once as itself.
-        self._known: dict[str, dict[str, str]] = {"metric": {}}
-
-    def __call__(self, name: str, what: str = "metric") -> str:
-        known_names = self._known.get(what)
-        if known_names is None:
-            known_names = self._known[what] = {}
-        known = known_names.get(name)
-        if known is not None:
-            return known
-        if len(known_names) >= _NAMES_KEPT:
-            known_names.clear()
-        mapped = known_names[name] = backend_name(name, self._rule, self._limit)
-        if mapped != name:
-            _log.warning(
-                f"{self._owner}: {what} {_shown(name)} is written as {_shown(mapped)}: "
-                f"{self._why}; a hash of the name after it keeps names apart (said once "
-                "per name)"
-            )
-        return mapped
-
-
 def _shown(name: str) -> str:
-
     if len(name) <= 80:
         return repr(name)
     return f"{name[:40]!r}...{name[-20:]!r} ({len(name):,} characters)"
@@ -205,7 +172,6 @@ class _WriterThread:
 
     @property
     def lag(self) -> int:
-
         return self.put_count - self.done_count
 
     def keep_error(self, exc: BaseException) -> None:
@@ -242,8 +208,7 @@ class _WriterThread:
                     write, args = item
                     write(*args)
             except BaseException as exc:  # kept for the bus side: the thread goes on
-                with self._lock:
-                    self._errors.append(exc)
+                self.keep_error(exc)
             finally:
                 self.done_count += 1
         self.cpu_seconds = time.thread_time()
@@ -252,9 +217,9 @@ class _WriterThread:
 class TrackerCallback(UserCallback, StatefulCallback):
     """Base of the trackers: hands rounds, costs, checkpoints and failures to a writer thread.
 
-    Subclasses write, in that thread: ``_open``, ``_scalars``, ``_text``, ``_checkpoint``,
-    ``_flush`` (at each checkpoint) and ``_end``. A round's step is its number in the run,
-    across resumes, or its ``step_metric`` value (a round without one is not written).
+    Subclasses write, in that thread, with the methods declared below (``_flush``: at each
+    checkpoint). A round's step is its number in the run, across resumes, or its
+    ``step_metric`` value (a round without one is not written).
 
     Attributes:
         rounds: the rounds given to the tracker, across resumes (saved).
@@ -283,30 +248,26 @@ class TrackerCallback(UserCallback, StatefulCallback):
 
     state_attributes: tuple[str, ...] = ("rounds", "last_step")
 
+    # ``_open(run_context, resumed_after)``: ``resumed_after``, the step a resume redoes
+    # after; ``_checkpoint(checkpoint, round, step, wall_time)``.
+    _open: Callable[[TrainRunContext, int | None], None]
+    _scalars: Callable[[dict[str, float], int, float], None]
+    _text: Callable[[str, str, int, float], None]
+    _checkpoint: Callable[[str, int, int, float], None]
+    _flush: Callable[[], None]
+    _end: Callable[[RunResult], None]
+
     def __init__(
         self, *, step_metric: str | None = None, per_rank: bool = True, costs: bool = True
     ) -> None:
         self.step_metric = step_metric
-
-        self._step_key: str | None = step_metric
         self.per_rank = per_rank
         self.costs = costs
         self.rounds = 0
         self.last_step: int | None = None
-
         self.rounds_without_step = 0
-        self._thread: _WriterThread | None = None
-        self._names = self._new_names()
-
-        self._not_numbers: set[str] = set()
-
-        self._said: set[str] = set()
         self.failed_writes = 0
-        #: Failures not marked yet, as their entries' lines.
-        self._failures: list[str] = []
-
-        self._costs: list[BudgetReport] = []
-        self._costs_step = 0
+        self._thread: _WriterThread | None = None
 
     # --- the hooks (the bus's side) --------------------------------------------------
 
@@ -316,9 +277,15 @@ class TrackerCallback(UserCallback, StatefulCallback):
                 f"{self!r} is already writing a run: give each run its own tracker object"
             )
         thread = self._thread = _WriterThread(f"{type(self).__name__}-writer")
-        self._names = self._new_names()
-        self._not_numbers, self._said, self.failed_writes = set(), set(), 0
-        self._failures, self._costs = [], []
+        #: Per kind of name (a metric, a config key, a tag): each name as the backend has it.
+        self._known: dict[str, dict[str, str]] = {}
+        self._not_numbers: set[str] = set()
+        self._said: set[str] = set()
+        self.failed_writes = 0
+        #: Failures not marked yet, as their entries' lines; costs held for their step.
+        self._failures: list[str] = []
+        self._costs: list[BudgetReport] = []
+        self._costs_step = 0
         configured = run_context.config.get(STEP_METRIC)
         own = self.step_metric
         self._step_key = own if own is not None or not isinstance(configured, str) else configured
@@ -380,7 +347,8 @@ class TrackerCallback(UserCallback, StatefulCallback):
     def _put_costs(self, thread: _WriterThread) -> None:
         """Hand over the periods' costs held for their step: one point a step."""
         if self._costs:
-            thread.put(self._write_costs, tuple(self._costs), self._costs_step, time.time())
+            scalars = cost_scalars(self._costs)  # per period, not per step: cheap here
+            thread.put(self._write_scalars, scalars, self._costs_step, time.time())
             self._costs = []
 
     def _mark_failures(self, thread: _WriterThread) -> None:
@@ -426,8 +394,22 @@ class TrackerCallback(UserCallback, StatefulCallback):
             f"{self!r}: writing to {self.tracker} failed: {first}{notes}{more}{broken}"
         ) from new[0]
 
-    def _new_names(self) -> BackendNames:
-        return BackendNames(repr(self), self._backend_rule, self.name_limit, self.name_rule)
+    def _name(self, name: str, what: str = "metric") -> str:
+        """``backend_name`` of ``name``, cached, with one warning per name renamed (per kind:
+        a config key and a metric of one name are each said)."""
+        known = self._known.setdefault(what, {})
+        mapped = known.get(name)
+        if mapped is None:
+            if len(known) >= _NAMES_KEPT:
+                known.clear()
+            mapped = known[name] = backend_name(name, self._backend_rule, self.name_limit)
+            if mapped != name:
+                _log.warning(
+                    f"{self!r}: {what} {_shown(name)} is written as {_shown(mapped)}: "
+                    f"{self.name_rule}; a hash of the name after it keeps names apart (said "
+                    "once per name)"
+                )
+        return mapped
 
     @staticmethod
     def _backend_rule(name: str) -> str:
@@ -448,20 +430,16 @@ class TrackerCallback(UserCallback, StatefulCallback):
         if (key := self._step_key) is not None:  # the x-axis, not a series
             metrics = [{k: v for k, v in m.items() if k != key} for m in metrics]
         self._say_not_numbers(metrics)
-        scalars = round_scalars(metrics, event.ranks, per_rank=self.per_rank)
-        if scalars:
-            self._scalars(self._named(scalars), step, wall_time)
+        self._write_scalars(
+            round_scalars(metrics, event.ranks, per_rank=self.per_rank), step, wall_time
+        )
         if event.checkpoint is not None:
             self._checkpoint(event.checkpoint, event.round, step, wall_time)
 
-    def _write_costs(self, reports: Sequence[BudgetReport], step: int, wall_time: float) -> None:
-        scalars = cost_scalars(reports)
+    def _write_scalars(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
         if scalars:
-            self._scalars(self._named(scalars), step, wall_time)
-
-    def _named(self, scalars: dict[str, float]) -> dict[str, float]:
-        names = self._names
-        return {names(name): value for name, value in scalars.items()}
+            named = {self._name(name): value for name, value in scalars.items()}
+            self._scalars(named, step, wall_time)
 
     def _say_not_numbers(self, metrics: Sequence[dict[str, Any]]) -> None:
         """One warning for each metric left out for not being a number."""
@@ -479,25 +457,6 @@ class TrackerCallback(UserCallback, StatefulCallback):
                     f"{self.tracker} (said once per name)"
                 )
 
-    def _open(self, run_context: TrainRunContext, resumed_after: int | None) -> None:
-        """Open the tracker's run; ``resumed_after``: the step a resume redoes after."""
-        raise NotImplementedError
-
-    def _scalars(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
-        raise NotImplementedError
-
-    def _text(self, tag: str, text: str, step: int, wall_time: float) -> None:
-        raise NotImplementedError
-
-    def _checkpoint(self, checkpoint: str, round_: int, step: int, wall_time: float) -> None:
-        raise NotImplementedError
-
-    def _flush(self) -> None:
-        raise NotImplementedError
-
-    def _end(self, result: RunResult) -> None:
-        raise NotImplementedError
-
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A run's config with nested dicts as ``outer.inner`` keys."""
@@ -512,7 +471,6 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _fits(value: object) -> bool:
-
     return type(value) is not int or -_FLOAT_MAX <= value <= _FLOAT_MAX
 
 
@@ -520,5 +478,4 @@ _FLOAT_MAX = int(sys.float_info.max)
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:
-
     return isinstance(value, int | float) and not isinstance(value, bool)

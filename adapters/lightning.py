@@ -73,10 +73,8 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         #: Not ``self.log``, which Lightning sets on every callback.
         self.event_log = log
         self._run = ThreadedRun("eventbus-lightning", AdapterOptions.build(options, **keywords))
-
         self.restored: StateRestored | None = None
         self.log_path: Path | None = None
-
         self._writes_states = False
         self._reset()
 
@@ -85,9 +83,9 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         self._store: StateStore | None = None
         #: The states Lightning's checkpoint held, until the run starts.
         self._loaded: Snapshot | None = None
-
+        #: For a ``last.ckpt`` copy: where the run stood at the last checkpoint, and the
+        #: step and file of the last save.
         self._saved_position: tuple[str, RunPosition | None] | None = None
-
         self._saved_at: tuple[int, str] | None = None
         self._rank = 0
         self._world_size = 1
@@ -207,7 +205,7 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         core.resumed(resume, restored=self.restored)
         self._index = core.first_index(0)
         self.log_path = log_path(self.event_log, trainer.default_root_dir, core.run_id)
-        self._start_bus(core)
+        self._start_run(core, log=self.log_path, name="eventbus-lightning")
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -363,9 +361,6 @@ class EventBusCallback(ThreadedAdapter, Callback):  # type: ignore[misc]  # unty
         if self.name:
             return self.name
         return Path(str(trainer.default_root_dir)).name or "lightning"
-
-    def _start_bus(self, core: RunCore) -> None:
-        self._start_run(core, log=self.log_path, name="eventbus-lightning")
 
     def _position_of(self, event: CheckpointSaved) -> RunPosition | None:
         """Keep where the run stood at ``event``'s checkpoint, for the ``last.ckpt`` copy."""

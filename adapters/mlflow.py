@@ -124,21 +124,8 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         self.live = live
         self.mlflow_run_id: str | None = None
         self.experiment_id: str | None = None
-        self._client: Any = None
-        #: Rows not written yet, in order, and when they are written at the latest.
-        self._rows: list[Any] = []
-        self._write_at = 0.0
-        #: After a resume: the last step MLflow holds of each key, past the checkpoint.
-        self._held: dict[str, int] = {}
-        #: While MLflow refuses writes: the first error; rows lost to the bound, and steps.
-        self._failing: str | None = None
-        self._lost = 0
-        self._lost_steps: tuple[int, int] | None = None
-        self._checkpoints: list[str] = []
 
-    @staticmethod
-    def _backend_rule(name: str) -> str:
-        return _mlflow_rule(name)
+    _backend_rule = staticmethod(_mlflow_rule)
 
     @property
     def state_key(self) -> str:
@@ -148,7 +135,16 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
 
     def _open(self, run_context: TrainRunContext, resumed_after: int | None) -> None:
         client = self._client = MlflowClient(self.tracking_uri)
-        self._rows, self._held, self._failing, self._lost = [], {}, None, 0
+        #: Rows not written yet, in order, and when they are written at the latest.
+        self._rows: list[Metric] = []
+        self._write_at = 0.0
+        #: After a resume: the last step MLflow holds of each key, past the checkpoint.
+        self._held: dict[str, int] = {}
+        #: While MLflow refuses writes: the first error; rows lost to the bound, and steps.
+        self._failing: str | None = None
+        self._lost = 0
+        self._lost_steps: tuple[int, int] | None = None
+        self._checkpoints: list[str] = []
         run = self._saved_run(client) or self._run_of(client, run_context.run_id)
         if run is None:
             tags = {
@@ -157,7 +153,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
                 "eventbus.name": run_context.name,
                 "eventbus.status": "running",
             }
-            tags = {self._names(k, "tag"): safe_text(v)[:_TAG_LIMIT] for k, v in tags.items()}
+            tags = {self._name(k, "tag"): safe_text(v)[:_TAG_LIMIT] for k, v in tags.items()}
             name = safe_text(self.run_name or run_context.name)
             run = client.create_run(self._experiment_id(client), run_name=name, tags=tags)
         else:
@@ -230,7 +226,7 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
         cannot change: a changed value is an info line)."""
         logged: dict[str, str] = dict(run.data.params)
         params = {
-            self._names(k, "config key"): safe_text(str(v))[:_PARAM_LIMIT]
+            self._name(k, "config key"): safe_text(str(v))[:_PARAM_LIMIT]
             for k, v in flat_config(config).items()
         }
         changed = sorted(k for k, v in params.items() if k in logged and logged[k] != v)
@@ -281,8 +277,6 @@ class MLflowLogger(TrackerCallback, state_name="adapters.MLflowLogger"):
                 self._client.log_artifact(self.mlflow_run_id, checkpoint, "checkpoints")
 
     def _end(self, result: RunResult) -> None:
-        if self._client is None or self.mlflow_run_id is None:
-            return
         try:
             if result.status == "finished":
                 self._flush()

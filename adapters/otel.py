@@ -83,7 +83,6 @@ Attributes = dict[str, Any]
 
 
 def _error_type(call: HandlerCall) -> str:
-
     if call.outcome != "error" or call.error is None:
         return "timeout"
     kind = type(call.error)
@@ -187,10 +186,8 @@ class _Exporter:
             explicit_bucket_boundaries_advisory=_SHARE_BUCKETS,
         )
         self._call_attributes: dict[tuple[str, type, str | None], Attributes] = {}
-        self._handler_attributes: dict[str, Attributes] = {}
 
     def failed(self, exc: Exception) -> None:
-
         self.errors += 1
         if self.errors == 1:
             _log.error(
@@ -200,7 +197,7 @@ class _Exporter:
             )
 
     def call_attributes(self, call: HandlerCall, error_type: str | None) -> Attributes:
-        """The metric attributes of ``call`` (cached)."""
+        """The metric attributes of ``call`` (cached: every call is recorded)."""
         key = (call.handler, type(call.event), error_type)
         found = self._call_attributes.get(key)
         if found is None:
@@ -217,21 +214,12 @@ class _Exporter:
             self._call_attributes[key] = found
         return found
 
-    def handler_attributes(self, handler: str) -> Attributes:
-        found = self._handler_attributes.get(handler)
-        if found is None:
-            if len(self._handler_attributes) >= _MAX_CACHED:
-                self._handler_attributes.clear()
-            found = self._handler_attributes[handler] = {_HANDLER: handler}
-        return found
-
     def record_period(self, report: BudgetReport, period: float) -> None:
-
         length = report.end - report.start
         if report.partial:  # cut short at close: judged as a whole period, as its budget is
             length = max(length, period)
         for usage in report.handlers:
-            attributes = self.handler_attributes(usage.handler)
+            attributes = {_HANDLER: usage.handler}  # per period: not worth a cache
             if usage.timeouts:
                 self.timeouts.add(usage.timeouts, attributes)
             if usage.faults:
@@ -320,12 +308,9 @@ class _Attachment:
         start = end - round(call.elapsed * 1e9)
         span_attributes: Attributes = {**attributes, "messaging.message.id": str(call.event.seq)}
         outcome = call.outcome
-        if outcome == "ok":
-            span_attributes["eventbus.outcome"] = "ok"
-        elif outcome == "error":
-            span_attributes["eventbus.outcome"] = "error"
-        else:
-            span_attributes["eventbus.outcome"] = "timeout"
+        timed_out = outcome not in ("ok", "error")
+        span_attributes["eventbus.outcome"] = "timeout" if timed_out else outcome
+        if timed_out:
             span_attributes["eventbus.timeout.outcome"] = outcome
         if call.calls > 1:
             span_attributes["eventbus.calls"] = call.calls
@@ -340,7 +325,8 @@ class _Attachment:
     # --- the run's events -----------------------------------------------------------------
 
     def handle(self, event: Event | None) -> None:
-        """The tap's handler: noted calls become spans, then ``event`` is exported."""
+        """The tap's handler: noted calls become spans, then ``event`` is exported (``None``:
+        the round in progress ends)."""
         if not self._busy.acquire(blocking=False):
             self.exporter.failed(
                 TimeoutError(
@@ -353,10 +339,7 @@ class _Attachment:
             pending = self.pending
             while pending:
                 self._guarded(self.call_span, *pending.popleft())
-            if event is None:
-                self._guarded(self._end_round, None)
-            else:
-                self._guarded(self._handle, event)
+            self._guarded(self._export, event)
         finally:
             self._busy.release()
 
@@ -366,7 +349,7 @@ class _Attachment:
         except Exception as exc:
             self.exporter.failed(exc)
 
-    def _handle(self, event: Event) -> None:
+    def _export(self, event: Event | None) -> None:
         if isinstance(event, BudgetReport):
             self.exporter.record_period(event, self.bus.period)
         elif isinstance(event, RoundGathered):
@@ -375,15 +358,18 @@ class _Attachment:
             self.run = {"eventbus.run.id": event.run_id, "eventbus.run.name": event.name}
             if self.round is None:
                 self._open_round(time.time_ns())
-        elif isinstance(event, RunFinished):
-            self._end_round(event)
+        elif event is None or isinstance(event, RunFinished):
+            # The stretch since the last round, which no round ends.
+            attributes: Attributes = {"eventbus.round.gathered": False}
+            if event is not None:
+                attributes["eventbus.run.status"] = event.status
+            self._end_round(self.round, attributes)
 
     def _open_round(self, now: int) -> None:
         self.round = span = self.exporter.start_span(_ROUND, self.outer, now, self.run)
         self.inside = trace.set_span_in_context(span, self.outer)
 
     def _gathered(self, event: RoundGathered) -> None:
-        now = time.time_ns()
         context = event.context
         self.run = {"eventbus.run.id": context.run_id, "eventbus.run.name": context.name}
         span = self.round
@@ -397,23 +383,15 @@ class _Attachment:
         }
         if event.checkpoint is not None:
             attributes["eventbus.round.checkpoint"] = event.checkpoint
-        self.round = self.inside = None
-        self.since = now
         try:
-            span.set_attributes(attributes)
-            span.end(end_time=now)
+            self._end_round(span, attributes)
         finally:
-            self._open_round(now)
+            self._open_round(self.since)
 
-    def _end_round(self, event: RunFinished | None) -> None:
-        """End the round span in progress, as a stretch without a round."""
-        span = self.round
+    def _end_round(self, span: Span | None, attributes: Attributes) -> None:
+        """End ``span``, the round in progress, now; the next round starts here."""
         self.round = self.inside = None
         self.since = now = time.time_ns()
-        if span is None:
-            return
-        attributes: Attributes = {"eventbus.round.gathered": False}
-        if event is not None:
-            attributes["eventbus.run.status"] = event.status
-        span.set_attributes(attributes)
-        span.end(end_time=now)
+        if span is not None:
+            span.set_attributes(attributes)
+            span.end(end_time=now)

@@ -93,7 +93,6 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
         self.log_dir = os.fspath(log_dir)
         self.flush_secs: float = checked("flush_secs", flush_secs, Seconds)
         self._writer_class, self._summary_class = summary_writer_class()
-        self._summary: Any = None
 
     @property
     def state_key(self) -> str:
@@ -103,7 +102,7 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
         purge_step = None if resumed_after is None else resumed_after + 1
         if purge_step is not None:
             _begin_after_the_newest_file(self.log_dir)
-        self._summary = self._writer_class(
+        self._summary: Any = self._writer_class(
             self.log_dir, purge_step=purge_step, flush_secs=self.flush_secs
         )
         if purge_step is not None:
@@ -137,9 +136,6 @@ class TensorBoardLogger(TrackerCallback, state_name="adapters.TensorBoardLogger"
         self._summary.flush()
 
     def _end(self, result: RunResult) -> None:
-        summary, self._summary = self._summary, None
-        if summary is None:
-            return
         status = result.status + (f" (stopped by {result.stopped_by})" if result.stopped_by else "")
-        summary.add_text("status", safe_text(status), self._step_now())
-        summary.close()
+        self._summary.add_text("status", safe_text(status), self._step_now())
+        self._summary.close()

@@ -1,12 +1,6 @@
 """Hugging Face Trainer adapter: our callbacks, bus and state store behind one ``TrainerCallback``.
 
-``EventBusCallback`` turns the Trainer's hooks into our events (``on_log`` a ``Report``,
-``on_save`` the round's checkpoint, ``on_train_end`` ``RunFinished``; HF's end-of-training
-log is ``RunFinished.summary``) and steps the bus in the Trainer's own thread, in its hooks
-(``adapters._stepped_bus``), so no second thread takes the GIL from the training loop. The
-Trainer has no hook for exceptions: ``run_with_failures(trainer)`` turns one escaping
-``train()`` into a ``WorkerFailure``. The mapping, stopping, state and resume are in
-docs/adapters.md.
+The mapping of hooks to events, stopping, state and resume: docs/adapters.md.
 
 HF's ``trainer_state.json`` format (``to_hf_callbacks``, ``from_hf_callbacks``) is importable
 without ``transformers``; the Trainer's callback imports it on first use.
@@ -28,14 +22,12 @@ __all__ = [
     "to_hf_callbacks",
 ]
 
-_NEEDS_TRANSFORMERS = frozenset({"EventBusCallback", "run_with_failures"})
-
 
 def __getattr__(name: str) -> Any:
     """The Trainer callback and ``run_with_failures``: ``transformers`` imported on first use."""
-    if name in _NEEDS_TRANSFORMERS:
+    if name in ("EventBusCallback", "run_with_failures"):
         # Without transformers: an ImportError naming the extra to install.
-        from ._hf_callback import EventBusCallback, run_with_failures
+        from . import _hf_callback
 
-        return {"EventBusCallback": EventBusCallback, "run_with_failures": run_with_failures}[name]
+        return getattr(_hf_callback, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
