@@ -145,7 +145,9 @@ def float32(value: float) -> float:
 
 
 def mlflow_double(value: float) -> float:
-    """A float as MLflow's store holds it: an infinity as the largest double."""
+    """A float as MLflow's store holds it: an infinity as the largest double, NaN as NaN."""
+    if math.isnan(value):  # min() and max() would make it the largest double
+        return value
     return max(-sys.float_info.max, min(sys.float_info.max, value))
 
 
@@ -162,6 +164,7 @@ def test_hostile_names_and_values_cost_only_themselves_in_tensorboard(
 @slow
 @given(hostile_metrics, st.dictionaries(names, config_values, max_size=4))
 @example(hostile={"": 0.0}, config={"": None})  # one name renamed as a config key and a metric
+@example(hostile={"nan": math.nan, "inf": -math.inf}, config={})  # MLflow keeps NaN as NaN
 def test_hostile_names_and_values_cost_only_themselves_in_mlflow(
     hostile: dict[str, Any], config: dict[str, Any]
 ) -> None:
