@@ -3,27 +3,36 @@ same for a live run, a replay, a benchmark and the adapters."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 import msgspec
 
 from eventbus import (
+    AfterRun,
+    BeforeRun,
+    BudgetReport,
     CheckpointSaved,
+    Event,
     EventBus,
+    FailuresGathered,
+    HealthCheckTick,
+    RankStalled,
     RunFinished,
     RunResult,
+    RunStarted,
     RunStatus,
     TrainRunContext,
     WorkerFailure,
+    WorkerGroupRestarted,
 )
 from eventbus._events import CallbackCost, RunPosition
 from eventbus._stages import Stage
 from eventbus._subscription import Subscription, SubscriptionStats
 
 from ._errors import WorkerError
-from ._failures import ExceptionCallbackHandler
-from ._lifecycle import RunCallbackHandler
 from ._reports import ReportCallbackHandler
 from ._user import UserCallbackHandler
 
@@ -50,9 +59,7 @@ class CallbackAttachment:
         announce_checkpoints: bool = False,
     ) -> None:
         self.bus: EventBus | None = None
-        self.lifecycle = RunCallbackHandler(
-            result_of=self._result, world_size=world_size, costs_of=self.costs
-        )
+        self.lifecycle = RunCallbackHandler(self._result, world_size, self.costs)
         context_for = self.lifecycle.context_for
         self.reports = ReportCallbackHandler(
             world_size=world_size,
@@ -60,7 +67,7 @@ class CallbackAttachment:
             context_for=context_for,
             announce_checkpoints=announce_checkpoints,
         )
-        self.failures = ExceptionCallbackHandler(context_for=context_for)
+        self.failures = ExceptionCallbackHandler(context_for)
         #: Worker exceptions raised in this process, by rank and traceback.
         self._originals: dict[tuple[int, str], Exception] = {}
         self.user = UserCallbackHandler(
@@ -79,17 +86,12 @@ class CallbackAttachment:
         # The report gatherer first: it refuses a bus that has one already.
         self.subscriptions = [
             self.reports.subscribe(bus, order=Stage.GATHER_REPORTS),
-            self.failures.subscribe(bus, order=Stage.GATHER_FAILURES),
-            self.lifecycle.subscribe(bus, order=Stage.LIFECYCLE),
+            self.failures.subscribe(bus),
+            self.lifecycle.subscribe(bus),
             *self.user.subscribe(bus, order=Stage.CALLBACKS),
         ]
         self.bus = bus
         return self
-
-    @property
-    def last_checkpoint(self) -> str | None:
-        """The checkpoint of the latest complete round (where a restart resumes)."""
-        return self.reports.last_checkpoint
 
     def keep_original(self, failure: WorkerFailure, exc: Exception) -> None:
         """``after_exception`` gets ``exc`` itself for ``failure`` (the log carries its text)."""
@@ -175,6 +177,165 @@ class CallbackAttachment:
         """Detach every handler from the bus."""
         for sub in self.subscriptions:
             sub.cancel()
+
+
+class RunCallbackHandler:
+    """Emits ``BeforeRun`` when the run begins and ``AfterRun`` when it ends, once each,
+    however the run ends; also keeps the run context and each handler's periods over
+    budget.
+
+    Args:
+        result_of: builds the ``RunResult`` that ``AfterRun`` carries.
+        world_size: fills in a context built from an event that lacks it.
+        costs_of: the callbacks' costs so far, which ``result`` brings up to date.
+    """
+
+    def __init__(
+        self,
+        result_of: Callable[[RunFinished, TrainRunContext], RunResult],
+        world_size: int | None,
+        costs_of: Callable[[], tuple[CallbackCost, ...]],
+    ) -> None:
+        self._world_size = world_size
+        self._emit: Callable[[Event], object] = _dropped
+        self.run_context: TrainRunContext | None = None
+        #: What ``AfterRun`` carried (``None`` until the run ended).
+        self.ended: RunResult | None = None
+        #: The bus sequence number of the ``RunFinished`` that ended the run.
+        self.ended_seq: int | None = None
+        #: By handler name: the budget reports that named it over budget.
+        self.periods_over_budget: Counter[str] = Counter()
+        self._result_of = result_of
+        self._costs_of = costs_of
+
+    def subscribe(self, bus: EventBus) -> Subscription:
+        self._emit = partial(bus.emit, derived=True)  # once each: never refused
+        return bus.subscribe(
+            (RunStarted, RunFinished, BudgetReport),
+            self.handle,
+            name="handlers.RunCallbackHandler",
+            order=Stage.LIFECYCLE,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.ended is not None
+
+    @property
+    def result(self) -> RunResult | None:
+        """The run's result once it ended, its callbacks' costs brought up to now."""
+        ended = self.ended
+        if ended is None:
+            return None
+        return msgspec.structs.replace(ended, callbacks=self._costs_of())
+
+    def context_for(self, event: Event) -> TrainRunContext:
+        """The run context; the first event of a run without ``RunStarted`` begins it."""
+        if self.run_context is None:
+            context = TrainRunContext.from_event(event)
+            if not context.world_size and self._world_size:
+                context = msgspec.structs.replace(context, world_size=self._world_size)
+            self._begin(context)
+            return context
+        return self.run_context
+
+    def handle(self, event: Event) -> None:
+        """The run's start (the first one counts), its end (the first one), a period's budget."""
+        if isinstance(event, BudgetReport):
+            self.periods_over_budget.update(event.over_budget)
+        elif isinstance(event, RunStarted):
+            if self.run_context is None:
+                self._begin(TrainRunContext.from_started(event))
+        elif isinstance(event, RunFinished) and self.ended is None:
+            context = self.context_for(event)
+            self.ended_seq = event.seq
+            self.ended = result = self._result_of(event, context)
+            self._emit(AfterRun(context=context, result=result))
+
+    def after_the_end(self, event: Event) -> bool:
+        """Whether ``event`` came after the run's end (``after_run`` stays the last hook)."""
+        ended = self.ended_seq
+        return ended is not None and event.seq > ended
+
+    def _begin(self, context: TrainRunContext) -> None:
+        self.run_context = context
+        self._emit(BeforeRun(context=context))
+
+
+class ExceptionCallbackHandler:
+    """Gathers ``WorkerFailure`` events per health-check period (Ray Train's poll), and emits
+    each period's as one ``FailuresGathered``.
+
+    A failure belongs to the period its bus time falls in; pending ones are delivered at a
+    restart or the run's end, so none is lost. A rank that failed twice in one period is
+    reported with its first failure, the cause. A stalled rank is delivered at once, alone.
+    """
+
+    def __init__(self, context_for: Callable[[Event], TrainRunContext]) -> None:
+        self._context_for = context_for
+        self._pending: list[WorkerFailure] = []
+        #: What a resumed run's checkpoint had pending, due at the first tick.
+        self._carried: list[WorkerFailure] = []
+        self._emit: Callable[[Event], object] = _dropped
+        #: Figures: failures seen, deliveries made.
+        self.failures = 0
+        self.deliveries = 0
+
+    def subscribe(self, bus: EventBus) -> Subscription:
+        self._emit = partial(bus.emit, derived=True)  # one per period: never refused
+        return bus.subscribe(
+            (WorkerFailure, HealthCheckTick, WorkerGroupRestarted, RunFinished, RankStalled),
+            self.handle,
+            name="handlers.ExceptionCallbackHandler",
+            order=Stage.GATHER_FAILURES,
+        )
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, WorkerFailure):
+            self.failures += 1
+            self._pending.append(event)
+        elif isinstance(event, HealthCheckTick) and (self._pending or self._carried):
+            end = event.end
+            # ``not >=``: a failure whose time is no number (NaN) is due, never kept.
+            due = [*self._carried, *(f for f in self._pending if not f.time >= end)]
+            if due:
+                self._carried = []
+                self._pending = [f for f in self._pending if f.time >= end]
+                self._deliver(due, ())
+        elif isinstance(event, (WorkerGroupRestarted, RunFinished)):
+            due, self._pending, self._carried = [*self._carried, *self._pending], [], []
+            if due:
+                self._deliver(due, ())
+        elif isinstance(event, RankStalled):
+            self._deliver([], (event,))
+
+    def pending_before(self, seq: int) -> tuple[WorkerFailure, ...]:
+        """The failures recorded before event ``seq`` not delivered yet (a snapshot's)."""
+        return tuple(f for f in self._pending if f.seq < seq)
+
+    def resume_at(self, position: RunPosition) -> None:
+        """Continue from ``position``: its failures pending are due at the first tick."""
+        self.failures = position.failures
+        self._carried = list(position.pending_failures)
+
+    def _deliver(self, failures: list[WorkerFailure], stalls: tuple[RankStalled, ...]) -> None:
+        first: dict[int, WorkerFailure] = {}
+        for failure in failures:
+            first.setdefault(failure.rank, failure)
+        self.deliveries += 1
+        context = self._context_for(failures[0] if failures else stalls[0])
+        self._emit(
+            FailuresGathered(
+                context=context,
+                index=self.deliveries - 1,
+                failures=tuple(first.values()),
+                stalls=stalls,
+            )
+        )
+
+
+def _dropped(event: Event) -> None:
+    """Where a handler's events go before it is subscribed: nowhere."""
 
 
 def _cost(stats: SubscriptionStats, periods_over_budget: int) -> CallbackCost:

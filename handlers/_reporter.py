@@ -14,9 +14,8 @@ import anyio
 import anyio.lowlevel
 import msgspec
 
-from eventbus import EventBus, Report, RoundGathered, RunFinished, WorkerGroupRestarted
+from eventbus import Report
 from eventbus._logging import get_logger
-from eventbus._stages import Stage
 from eventbus._subscription import Subscription
 from eventbus.state._model import state_key_of
 
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     from ._attach import CallbackAttachment
     from ._run import Run
 
-__all__ = ["Reporter", "SyncSignal", "stopping_lanes", "values_for_workers"]
+__all__ = ["Reporter", "stopping_lanes", "values_for_workers"]
 
 
 class Reporter:
@@ -241,29 +240,3 @@ async def persisted(rank: int, state_dir: Path, location: str, index: int) -> st
         return await anyio.to_thread.run_sync(persist_checkpoint, state_dir, location, index)
     except ValueError as exc:  # CheckpointCopyError, or whatever else os.path refuses
         raise ReportError(rank, "checkpoint", str(exc)) from None
-
-
-class SyncSignal:
-    """What ``Reporter.sync`` waits on: set whenever the rounds may have moved. It
-    subscribes to ``bus`` at the first wait, so runs that never sync pay nothing."""
-
-    def __init__(self, bus: EventBus) -> None:
-        self._bus = bus
-        self._event: anyio.Event | None = None
-
-    async def wait(self) -> None:
-
-        if self._event is None:
-            self._event = anyio.Event()
-            moved = (RoundGathered, WorkerGroupRestarted, RunFinished)
-            self._bus.subscribe(moved, self._moved, name="Reporter.sync", order=Stage.OBSERVE)
-        await self._event.wait()
-
-    def _moved(self, event: object) -> None:
-        self.wake()
-
-    def wake(self) -> None:
-
-        if self._event is not None:
-            self._event.set()
-            self._event = anyio.Event()

@@ -1,11 +1,7 @@
 """The run composition API for async trainers: ``async with open_run(...) as run``.
 
-A trainer needs ``before_run`` and ``after_run`` exactly once on every way
-out, a cancelled or failed body included. So the bus runs in its own task
-under a shielded scope: when the run's body is cancelled, the bus still
-delivers ``RunFinished`` and ``after_run`` before it stops. The same holds
-when a callback, a worker or a signal ends the run from inside (``_ending``
-says how that is reported).
+``before_run`` and ``after_run`` happen exactly once on every way out, so the bus runs in
+its own task under a shielded scope: a cancelled body still gets its ``after_run``.
 """
 
 from __future__ import annotations
@@ -28,6 +24,8 @@ from eventbus import (
     CheckpointSaved,
     EventBus,
     RankStalled,
+    RoundGathered,
+    RunFinished,
     RunResult,
     RunStatus,
     StateRestored,
@@ -38,6 +36,7 @@ from eventbus import (
 from eventbus._clock import Clock, MonotonicClock
 from eventbus._holds import holding
 from eventbus._logging import get_logger
+from eventbus._stages import Stage
 from eventbus._subscription import Subscription
 from eventbus._text import describe as describe_exception
 from eventbus.log import LogRecorder
@@ -51,7 +50,7 @@ from ._ending import interrupt_in, only_cancellations, status_of
 from ._engine import WorkerEngine
 from ._errors import RankStalledError, WorkerError, WorkerGroupError
 from ._options import Restarts, RunOptions
-from ._reporter import Reporter, SyncSignal, checkpoint_location, stopping_lanes, values_for_workers
+from ._reporter import Reporter, checkpoint_location, stopping_lanes, values_for_workers
 from ._resume import Resume, resume_point
 from ._signals import Preempted, takes_signals, watch_signals
 from ._workers import WorkerTasks
@@ -113,7 +112,6 @@ class Run(anyio.AsyncContextManagerMixin):
     ) -> None:
         if resume_from is not None and state_dir is None:
             raise ValueError("resume_from= needs state_dir=, where the callback states were saved")
-        #: The run's options, checked (``RunOptions``).
         self.options = options
         self.world_size = options.world_size
         self.required_ranks = options.required_ranks
@@ -125,10 +123,7 @@ class Run(anyio.AsyncContextManagerMixin):
         self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
         self.config = dict(config or {})
         self.bus = EventBus(options, clock=clock, on_failure=self._end_from_inside)
-        # Callback states: snapshotted at every checkpoint with where the run stood,
-        # restored into the callbacks given (order kept) before any runs when resuming.
         self.state_store = StateStore(state_dir, strict=strict_state) if state_dir else None
-        #: The run's identity, wiring, log and first and last events, as every way in has them.
         self.core = RunCore(
             callbacks,
             name=name,
@@ -141,7 +136,6 @@ class Run(anyio.AsyncContextManagerMixin):
         )
         self._resume_from = resume_from
         self._allow_fresh_state = allow_fresh_state
-        # The log records every event of the bus, from RunStarted to the last budget report.
         self._log_path = log
         self.status: RunStatus | None = None
         self._stop_requested = False
@@ -161,16 +155,13 @@ class Run(anyio.AsyncContextManagerMixin):
         self._hurried = False
         self._watchers: anyio.abc.TaskGroup | None = None
         self._draining: anyio.CancelScope | None = None
-        #: When the run was entered (``None``: not yet; a run is entered once).
         self._entered: float | None = None
-        #: What ``wait_gathered`` waits on: a round gathered, a restart, a worker's end.
-        self._sync_signal = SyncSignal(self.bus)
-        #: When a report next gives the loop a turn (``Reporter.report``): one time for
-        #: all the run's workers, so that workers that compute share the loop fairly.
+        #: What ``wait_gathered`` waits on, set whenever the rounds may have moved; made
+        #: (and subscribed) at the first wait, so runs that never sync pay nothing.
+        self._moved: anyio.Event | None = None
+        #: When a report next gives the loop a turn: one time for all the run's workers.
         self.turn_due = 0.0
-        #: The lane subscriptions ``wait_gathered`` waits for (known once attached).
         self._stopping_lanes: tuple[Subscription, ...] | None = None
-        #: Where ``workers`` runs the workers (``None``: this process's tasks).
         self.engine = engine
         #: The callbacks whose ``for_workers`` was not JSON (said once each).
         self._unsendable: set[str] = set()
@@ -184,9 +175,7 @@ class Run(anyio.AsyncContextManagerMixin):
             )
         if engine is not None:
             engine.check(self)
-        #: Whether this process hosts the run: where the engine hosts it in another
-        #: (torchrun's ranks but 0), entering starts nothing and ``workers`` runs this
-        #: process's worker only, reporting to the host.
+        #: Whether this process hosts the run (not so on torchrun's ranks but 0).
         self.hosted: bool = getattr(engine, "hosts_run", True)
 
     # --- what trainers use ---------------------------------------------------------
@@ -231,7 +220,7 @@ class Run(anyio.AsyncContextManagerMixin):
             RuntimeError: no result yet (not entered, still running), or the run ended
                 without one (its bus failed before delivering ``RunFinished``).
         """
-        result = self._result_so_far()
+        result = self.core.result
         if result is not None:
             return result
         if self._entered is None:
@@ -244,9 +233,6 @@ class Run(anyio.AsyncContextManagerMixin):
             why = f"the run ended ({self.status}) but its bus failed before delivering it"
         raise RuntimeError(f"run {self.run_id} has no result: {why}")
 
-    def _result_so_far(self) -> RunResult | None:
-        return self.core.result
-
     @property
     def restarts(self) -> int:
         """How many times the worker group restarted (the gathering counts them)."""
@@ -256,7 +242,7 @@ class Run(anyio.AsyncContextManagerMixin):
     def latest_checkpoint(self) -> str | None:
         """The checkpoint of the latest complete round that had one (where a restart
         resumes); in a resumed run, until its first, the one it resumed from."""
-        return self.attachment.last_checkpoint if self.attachment else None
+        return self.attachment.reports.last_checkpoint if self.attachment else None
 
     def first_index(self, rank: int) -> int:
         """The index of ``rank``'s first report (a resumed run continues them)."""
@@ -265,13 +251,12 @@ class Run(anyio.AsyncContextManagerMixin):
     @property
     def should_stop(self) -> bool:
         """Whether the run was asked to stop, was preempted a round ago, or a callback's
-        ``should_stop`` is true. Each callback's is read every time (a worker reads this
-        every step): a callback may set it at any time, from anywhere."""
+        ``should_stop`` is true, read every time: a callback may set it at any time."""
         if self._stop_requested or (
             self._preempted_by is not None and self._rounds_since_preempted() > 1
         ):
             return True
-        for callback in self.core.callbacks:  # a loop: any() over a generator costs 2x
+        for callback in self.core.callbacks:  # a loop: faster than any() (read every step)
             if getattr(callback, "should_stop", False) is True:
                 return True
         return False
@@ -283,9 +268,8 @@ class Run(anyio.AsyncContextManagerMixin):
         return self._rounds_since_preempted() > 0
 
     def _rounds_since_preempted(self) -> int:
-        """Rounds gathered since a preemption signal (0 without one): the first makes
-        every rank checkpoint at its next step, the one after it stops them, so each
-        rank sees both as of the same round (as ``should_stop`` after ``sync``)."""
+        """Rounds gathered since a preemption signal (0 without one): counted in rounds,
+        so that every rank sees the checkpoint and the stop as of the same round."""
         if self._preempted_by is None or self.attachment is None:
             return 0
         return self.attachment.reports.rounds - self._preempted_at
@@ -324,7 +308,17 @@ class Run(anyio.AsyncContextManagerMixin):
             await self.bus.wait_idle(lanes=lanes)
             if not self._waits_for_round(rank):
                 return
-            await self._sync_signal.wait()
+            if self._moved is None:
+                self._moved = anyio.Event()
+                moved = (RoundGathered, WorkerGroupRestarted, RunFinished)
+                self.bus.subscribe(moved, self._wake, name="Reporter.sync", order=Stage.OBSERVE)
+            await self._moved.wait()
+
+    def _wake(self, event: object = None) -> None:
+        """The rounds may have moved: wake a ``wait_gathered`` (a round, a restart, an end)."""
+        if self._moved is not None:
+            self._moved.set()
+            self._moved = anyio.Event()
 
     def _waits_for_round(self, rank: int) -> bool:
         """Whether a report of ``rank`` waits for a round that can still complete."""
@@ -549,7 +543,7 @@ class Run(anyio.AsyncContextManagerMixin):
                 self._end_from_inside(exc)  # not a worker failure: the run ends
             finally:
                 reporter.ended = True
-                self._sync_signal.wake()  # a sync waiting for this rank's report stops
+                self._wake()  # a sync waiting for this rank's report stops
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -716,7 +710,7 @@ class Run(anyio.AsyncContextManagerMixin):
         )
         self._preempted_by = signum
         self._preempted_at = self.attachment.reports.rounds if self.attachment else 0
-        self._sync_signal.wake()
+        self._wake()
         if self._watchers is not None:
             self._watchers.start_soon(self._grace_period, signum)
 
@@ -727,18 +721,17 @@ class Run(anyio.AsyncContextManagerMixin):
             f"{self.options.preempt_grace:g} s of {signal.Signals(signum).name}: "
             "what is left is abandoned; the log is closed whole"
         )
-        self._end_from_inside(Preempted(signum))
-        self._skip_callbacks()
+        self._hurry(signum, said=True)
 
-    def _hurry(self, signum: int) -> None:
-        _log.warning(
-            f"{signal.Signals(signum).name} again: skipping what is left of the callbacks' "
-            "work; the log is closed whole"
-        )
+    def _hurry(self, signum: int, *, said: bool = False) -> None:
+        """A second signal, or the grace period over: skip what is left of the callbacks'
+        work, keeping only a moment for the log's last records."""
+        if not said:
+            _log.warning(
+                f"{signal.Signals(signum).name} again: skipping what is left of the callbacks' "
+                "work; the log is closed whole"
+            )
         self._end_from_inside(Preempted(signum))
-        self._skip_callbacks()
-
-    def _skip_callbacks(self) -> None:
         self._hurried = True
         if self._draining is not None:
             self._draining.cancel()
