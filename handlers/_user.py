@@ -23,7 +23,7 @@ from eventbus._subscription import DeliveryMode, ErrorPolicy, OverBudgetPolicy, 
 from eventbus.options import OptionError, checked
 from eventbus.state._model import callback_name, is_stateful
 
-from ._errors import RankStalledError, WorkerError
+from ._errors import RankStalledError
 
 if TYPE_CHECKING:
     from ._callback import UserCallback
@@ -44,53 +44,25 @@ def base_hook(method: F) -> F:
     return method
 
 
-ContextOf = Callable[[Event], TrainRunContext]
-
-
 def _before_run(e: BeforeRun) -> tuple[Any, ...]:
     return (e.context,)
 
 
 def _after_report(e: RoundGathered) -> tuple[Any, ...]:
-
     return (e.context, list(e.metrics), e.checkpoint)
-
-
-ExceptionOf = Callable[[WorkerFailure], Exception]
-
-
-def _after_exception(e: FailuresGathered) -> tuple[Any, ...]:
-    return (e.context, _exceptions(e, WorkerError.from_failure))
-
-
-def _exceptions(e: FailuresGathered, exception_of: ExceptionOf) -> dict[int, Exception]:
-    """``after_exception``'s ``{rank: exception}``: each failure's, each stall's."""
-    exceptions = {f.rank: exception_of(f) for f in e.failures}
-    for stall in e.stalls:
-        exceptions.setdefault(stall.rank, RankStalledError(stall))
-    return exceptions
 
 
 def _after_run(e: AfterRun) -> tuple[Any, ...]:
     return (e.context, e.result)
 
 
-#: Each training hook: the event that makes it due, and that event's arguments for it.
+#: Each training hook: the event that makes it due, and that event's arguments for it
+#: (``after_exception``'s are the attachment's: ``UserCallbackHandler.subscribe``).
 _HOOKS: dict[str, tuple[type[Event], Callable[[Any], tuple[Any, ...]]]] = {
     "before_run": (BeforeRun, _before_run),
     "after_report": (RoundGathered, _after_report),
-    "after_exception": (FailuresGathered, _after_exception),
+    "after_exception": (FailuresGathered, _before_run),
     "after_run": (AfterRun, _after_run),
-}
-
-_OPTIONS = {
-    "timeout": "timeout",
-    "budget": "budget",
-    "on_error": "on_error",
-    "max_faults": "max_faults",
-    "over_budget": "over_budget",
-    "probation": "probation",
-    "delivery": "delivery",
 }
 
 
@@ -101,9 +73,8 @@ class UserCallbackHandler:
 
     Args:
         callbacks: the training callbacks (``TypeError`` for anything else).
-        context_of: gives ``on_event`` the run context (default: built from the event).
-        exception_of: gives ``after_exception`` each failure's exception (default: a
-            ``WorkerError`` rebuilt from the event's text).
+        context_of: gives ``on_event`` the run context.
+        exception_of: gives ``after_exception`` each failure's exception.
         after_the_end: whether an event came after the run's end (no ``on_event``).
     """
 
@@ -111,12 +82,12 @@ class UserCallbackHandler:
         self,
         callbacks: Iterable[UserCallback | Any],
         *,
-        context_of: ContextOf | None = None,
-        exception_of: ExceptionOf | None = None,
-        after_the_end: Callable[[Event], bool] | None = None,
+        context_of: Callable[[Event], TrainRunContext],
+        exception_of: Callable[[WorkerFailure], Exception],
+        after_the_end: Callable[[Event], bool],
     ) -> None:
         self.callbacks = training_callbacks(callbacks)
-        self._context_of = context_of or TrainRunContext.from_event
+        self._context_of = context_of
         self._exception_of = exception_of
         self._after_the_end = after_the_end
         self.subscriptions: list[Subscription] = []
@@ -131,14 +102,19 @@ class UserCallbackHandler:
         def on_event_args(event: Event) -> tuple[Any, ...]:
             return (context_of(event), event)
 
-        own_hooks = dict(_HOOKS)
         exception_of = self._exception_of
-        if exception_of is not None:
 
-            def after_exception_args(e: FailuresGathered) -> tuple[Any, ...]:
-                return (e.context, _exceptions(e, exception_of))
+        def after_exception_args(e: FailuresGathered) -> tuple[Any, ...]:
+            """``{rank: exception}``: each failure's, each stall's."""
+            exceptions = {f.rank: exception_of(f) for f in e.failures}
+            for stall in e.stalls:
+                exceptions.setdefault(stall.rank, RankStalledError(stall))
+            return (e.context, exceptions)
 
-            own_hooks["after_exception"] = (FailuresGathered, after_exception_args)
+        own_hooks: dict[str, tuple[type[Event], Callable[[Any], tuple[Any, ...]]]] = {
+            **_HOOKS,
+            "after_exception": (FailuresGathered, after_exception_args),
+        }
 
         for callback in self.callbacks:
             own: list[Subscription] = []
@@ -161,7 +137,7 @@ class UserCallbackHandler:
                 if inspect.iscoroutinefunction(method):
                     kwargs.pop("blocking", None)  # blocking is for sync methods only
                 handler = _calling(method, args_of)
-                if hook == "on_event" and self._after_the_end is not None:
+                if hook == "on_event":
                     handler = _until_the_end(handler, self._after_the_end)
                 try:
                     sub = bus.subscribe(types, handler, name=name, order=order, **kwargs)
@@ -233,7 +209,11 @@ def training_callbacks(callbacks: Iterable[Any]) -> list[Any]:
     for index, callback in enumerate(found):
         if isinstance(callback, type):
             why = f"is a class: pass an instance, {callback.__name__}(...)"
-        elif implemented_hooks(callback) or _attaches(callback) or is_stateful(callback):
+        elif (
+            implemented_hooks(callback)
+            or getattr(type(callback), "__eventbus_attach__", None) is not None
+            or is_stateful(callback)
+        ):
             _check_options(callback)
             continue  # a UserCallback, an object with its hooks, or one with state only
         elif callable(callback):
@@ -263,7 +243,6 @@ _CALLBACK_OPTIONS: dict[str, Any] = {
 
 
 def _check_options(callback: object) -> None:
-
     for attribute, annotation in _CALLBACK_OPTIONS.items():
         value = getattr(callback, attribute, None)
         if value is None:
@@ -272,11 +251,6 @@ def _check_options(callback: object) -> None:
             checked(attribute, value, annotation)
         except (OptionError, OptionTypeError) as exc:
             raise type(exc)(exc.option, f"{callback_name(callback)}: {exc}") from None
-
-
-def _attaches(obj: object) -> bool:
-
-    return getattr(type(obj), "__eventbus_attach__", None) is not None
 
 
 def _shown(obj: object) -> str:
@@ -297,9 +271,9 @@ def _overridden(callback: Any, hook: str) -> Callable[..., Any] | None:
 
 def _subscription_options(callback: Any) -> dict[str, Any]:
     options = {
-        keyword: value
-        for attribute, keyword in _OPTIONS.items()
-        if (value := getattr(callback, attribute, None)) is not None
+        option: value
+        for option in _CALLBACK_OPTIONS
+        if (value := getattr(callback, option, None)) is not None
     }
     if getattr(callback, "blocking", False):
         options["blocking"] = True
