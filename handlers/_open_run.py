@@ -11,9 +11,8 @@ from eventbus._clock import Clock
 from eventbus._options import OptionTypeError
 
 from ._callback import UserCallback
-from ._engine import WorkerEngine
 from ._options import RunKeywords, RunOptions
-from ._run import Run
+from ._run import Run, WorkerEngine
 
 __all__ = ["TrainingCallback", "open_run"]
 

@@ -10,10 +10,18 @@ import math
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import anyio
 import anyio.abc
@@ -47,15 +55,13 @@ from ._attach import CallbackAttachment
 from ._callback import UserCallback
 from ._core import RunCore
 from ._ending import interrupt_in, only_cancellations, status_of
-from ._engine import WorkerEngine
 from ._errors import RankStalledError, WorkerError, WorkerGroupError
 from ._options import Restarts, RunOptions
 from ._reporter import Reporter, checkpoint_location, stopping_lanes, values_for_workers
 from ._resume import Resume, resume_point
 from ._signals import Preempted, takes_signals, watch_signals
-from ._workers import WorkerTasks
 
-__all__ = ["Run", "WorkerFn"]
+__all__ = ["Run", "WorkerEngine", "WorkerFn"]
 
 _log = get_logger("handlers.run")
 
@@ -799,6 +805,65 @@ class Run(anyio.AsyncContextManagerMixin):
                 self.core.say_end(time.monotonic() - self._entered)
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))
+
+
+class WorkerEngine(Protocol):
+    """Where a run's workers run (``open_run(engine=...)``): moving a job to a cluster
+    changes this argument, not the worker function nor the callbacks, because the run
+    keeps all callbacks see and the engine only feeds back what the workers reported.
+
+    ``check`` refuses, at ``open_run``, a run the engine cannot run; ``run_workers`` is
+    ``Run.workers`` there, raising ``WorkerGroupError`` once ``max_restarts`` is used up.
+    An engine with ``hosts_run = False`` (torchrun's ranks but 0) makes the run here
+    hollow: entering starts nothing, ``workers`` runs this process's worker.
+    """
+
+    def check(self, run: Run) -> None: ...
+
+    async def run_workers(self, run: Run, fn: WorkerFn, *, max_restarts: int) -> None: ...
+
+
+class WorkerTasks:
+    """Counts a run's workers from when they are scheduled (the run must not finish before
+    one runs) and cancels them all at once, also one that starts after that."""
+
+    def __init__(self) -> None:
+        self._scopes: set[anyio.CancelScope] = set()
+        self._cancelled = False
+        self._active = 0
+        self._done: anyio.Event | None = None
+
+    def scheduled(self) -> None:
+        self._active += 1
+        if self._done is None or self._done.is_set():
+            self._done = anyio.Event()
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Run one scheduled worker under a scope ``cancel_all`` reaches; it ends on exit."""
+        try:
+            with anyio.CancelScope() as scope:
+                self._scopes.add(scope)
+                if self._cancelled:
+                    scope.cancel()
+                try:
+                    yield
+                finally:
+                    self._scopes.discard(scope)
+        finally:
+            self._active -= 1
+            if self._active == 0 and self._done is not None:
+                self._done.set()
+
+    def cancel_all(self) -> None:
+        self._cancelled = True
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def wait_all(self) -> None:
+        """Return once every scheduled worker has ended."""
+        if self._done is not None:
+            await self._done.wait()
 
 
 def _ranks(failures: dict[int, BaseException]) -> str:
