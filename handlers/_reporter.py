@@ -26,11 +26,7 @@ from ._persist import persist_checkpoint
 _log = get_logger("handlers.reporter")
 
 #: How long the run's workers may compute, awaiting nothing else, before a report gives
-#: the loop a turn (seconds; timed for the run, so that such workers share the loop
-#: fairly). A report reaches an inline callback in three turns (the bus's dispatcher,
-#: the gathering, the callback's handler), so a round is handled within 30 ms of
-#: computing; rounds that come faster are handled a few at once (a turn per round cost
-#: torchrun's rank 0 0.1 ms a step).
+#: the loop a turn, seconds (docs/guides/async-trainer.md: why not at every report).
 CALLBACKS_TURN_S = 0.01
 _json = msgspec.json.Decoder()
 _json_encoder = msgspec.json.Encoder()
@@ -96,9 +92,7 @@ class Reporter:
                 checkpoint=location,
             )
         )
-        # The callbacks run in this loop: a worker that computes between its reports and
-        # awaits nothing else would hold them off until it ends (no stop, no line, no
-        # budget until then).
+        # A worker that computes and awaits nothing else would hold the callbacks off.
         now = time.monotonic()
         if now >= run.turn_due:
             run.turn_due = now + CALLBACKS_TURN_S
@@ -110,13 +104,8 @@ class Reporter:
 
     async def sync(self) -> None:
         """Wait until every report this rank made was gathered into a round (or discarded
-        by a restart) and the callbacks that can stop the run have handled that round.
-
-        A worker that syncs after each report reads ``should_stop`` as of its latest
-        round. It never waits for a report that cannot come (a rank whose worker ended).
-        Waited for: inline callbacks and lane callbacks with a ``should_stop`` attribute
-        (docs/guides/async-trainer.md).
-        """
+        by a restart) and the callbacks that can stop the run have handled that round, so
+        that ``should_stop`` reads as of that round (``Run.wait_gathered``)."""
         await self.run.wait_gathered(self.rank)
 
     @property
@@ -228,7 +217,6 @@ def _refused_path(location: str) -> str | None:
 
 
 def _shown(text: str, most: int = 60) -> str:
-
     if len(text) <= most:
         return repr(text)
     return f"{text[: most // 2]!r}…{text[-most // 2 :]!r} ({len(text)} characters)"

@@ -32,14 +32,9 @@ _log = get_logger("handlers.resume")
 
 
 class Resume:
-    """What a run resumes from, read once before the run starts, so a bad position refuses
-    the resume before any callback was changed.
-
-    Args:
-        checkpoint: the checkpoint to resume from, as the operator gave it.
-        position: where the run stood there (``None``: not saved).
-        run_id: the id of the run that saved the snapshot (``""`` if unknown).
-    """
+    """What a run resumes from: the ``checkpoint`` as given, where the run stood there
+    (``position``, ``None`` if not saved) and the id of the run that saved it (``""``), read
+    before the run starts, so a bad position refuses the resume before any callback changed."""
 
     def __init__(self, checkpoint: str, position: RunPosition | None, run_id: str) -> None:
         self.checkpoint = checkpoint

@@ -77,26 +77,8 @@ class Run(anyio.AsyncContextManagerMixin):
     Making a run checks its arguments; entering it (``async with``) reads the snapshot it
     resumes from, restores the callbacks, attaches the state store, opens the log, starts
     the bus and attaches the callbacks, failing before anything started if it cannot.
-    Leaving it ends the run in order, whatever ended it. A run is entered once.
-
-    Args:
-        options: the run's options, checked (``RunOptions``).
-        callbacks: the training callbacks; anything else is a ``TypeError``
-            here, naming it.
-        name: the run's name, in its context and its id.
-        run_id: the run's id; by default a resumed run's, or else one made
-            from ``name``.
-        storage: the root the callbacks' files belong in; by default
-            ``state_dir``.
-        config: the run's configuration, in its context.
-        clock: the bus's clock (a ``VirtualClock`` in tests).
-        log: records every event of the run to this file.
-        state_dir: snapshots every stateful callback at every checkpoint.
-        resume_from: continues the run from this checkpoint, or from the
-            latest complete one in this run directory (needs ``state_dir``).
-        strict_state: raises where restoring would warn.
-        allow_fresh_state: resumes from a checkpoint without saved states.
-        engine: where ``workers`` runs the workers (``None``: this process's tasks).
+    Leaving it ends the run in order, whatever ended it. A run is entered once. Its
+    arguments are ``open_run``'s, its keywords made into ``options`` (``RunOptions``).
     """
 
     def __init__(

@@ -35,7 +35,7 @@ class Preempted(SystemExit):
 
 
 def takes_signals() -> bool:
-    """Whether a run may take the preemption signals here: the main thread, where nobody
+    """Whether a run may take the preemption signals: in the main thread, unless someone
     installed a handler of their own (install yours first to opt out)."""
     if threading.current_thread() is not threading.main_thread():
         return False
