@@ -201,13 +201,9 @@ class Run(anyio.AsyncContextManagerMixin):
 
     @property
     def result(self) -> RunResult:
-        """``after_run``'s result, once the run is over (read it after ``async with``),
-        with its callbacks' costs (``RunResult.callbacks``) brought up to the bus's close.
-
-        Raises:
-            RuntimeError: no result yet (not entered, still running), or the run ended
-                without one (its bus failed before delivering ``RunFinished``).
-        """
+        """``after_run``'s result once the run is over (after ``async with``), its callbacks'
+        costs brought up to the bus's close; ``RuntimeError`` (saying why) before, or if the
+        bus failed before delivering ``RunFinished``."""
         result = self.core.result
         if result is not None:
             return result
@@ -281,13 +277,9 @@ class Run(anyio.AsyncContextManagerMixin):
         return reporter is not None and reporter.ended
 
     async def wait_gathered(self, rank: int) -> None:
-        """Return once every report ``rank`` made was gathered into a round (or
-        discarded by a restart) and the callbacks that can stop the run handled
-        that round, or once that round cannot complete: a rank it lacks has a
-        worker that ended (``Reporter.sync``).
-
-        Inline handlers and the lane handlers of callbacks with a ``should_stop`` are
-        waited for; another lane's backlog is not (a slow lane lags behind the trainer).
+        """Return once every report ``rank`` made was gathered into a round (or discarded
+        by a restart) and the callbacks that can stop the run (inline ones, and lanes with a
+        ``should_stop``) handled it, or once that round cannot complete (``Reporter.sync``).
         """
         if self._stopping_lanes is None and self.attachment is not None:
             self._stopping_lanes = stopping_lanes(self.attachment)
@@ -334,15 +326,11 @@ class Run(anyio.AsyncContextManagerMixin):
         metrics: Sequence[Mapping[str, Any]],
         checkpoint: str | os.PathLike[str] | None = None,
     ) -> None:
-        """Report a whole round whose ranks a framework gathered already (Ray's
-        controller, Lightning's all-gather): ``metrics[i]`` of the i-th required
-        rank, and the ``checkpoint`` the round saved, if any, taken where it is.
+        """Report a whole round a framework gathered already (Ray's controller, Lightning's
+        all-gather): ``metrics[i]`` of the i-th required rank, and the round's ``checkpoint``.
 
-        Checked as each rank's report is (a ``ReportError`` naming the first bad rank and
-        field; nothing taken), then delivered as the gathered round would be;
-        ``wait_gathered`` returns once the callbacks that can stop the run handled it.
-        While a rank's reports wait for their round, a whole round is refused
-        (``RuntimeError``): it would overtake them.
+        Checked as each rank's report is (``ReportError``, nothing taken); refused
+        (``RuntimeError``) while a rank's reports wait for their round: it would overtake them.
         """
         attachment = self.attachment
         if self._entered is None or attachment is None:
@@ -354,11 +342,8 @@ class Run(anyio.AsyncContextManagerMixin):
         await self.bus.publish_many(gathering.take_round(self.run_id, metrics, location))
 
     def heard(self, rank: int, index: int, ago: float = 0.0) -> None:
-        """Say that ``rank`` made its report ``index``, or waits in it for the other
-        ranks, ``ago`` seconds ago: an engine whose rounds come whole tells each
-        rank's progress so, since none of its rounds is partial, and a rank behind
-        the others' progress for ``stall_periods`` periods has stalled
-        (``ReportCallbackHandler.heard``)."""
+        """Say that ``rank`` made its report ``index`` (or waits in it) ``ago`` seconds ago:
+        where rounds come whole, only progress shows which rank stalled."""
         attachment = self.attachment
         if self._entered is None or attachment is None:
             raise RuntimeError("tell progress inside `async with open_run(...) as run`")
@@ -401,11 +386,10 @@ class Run(anyio.AsyncContextManagerMixin):
     ) -> None:
         """Run ``fn(reporter)`` for each rank and wait for all of them.
 
-        When a worker fails, its failure is published, the whole group is
-        stopped and, while ``max_restarts`` allows, restarted after a
-        ``WorkerGroupRestarted`` (workers resume from
-        ``reporter.latest_checkpoint``); otherwise ``WorkerGroupError``. With
-        an ``engine``, it runs them there, with the same events and errors.
+        When a worker fails, the whole group is stopped and, while ``max_restarts``
+        allows, restarted after a ``WorkerGroupRestarted`` (workers resume from
+        ``reporter.latest_checkpoint``); otherwise ``WorkerGroupError``. An ``engine``
+        runs them with the same events and errors.
         """
         max_restarts = checked("max_restarts", max_restarts, Restarts)
         if self.engine is not None:
@@ -446,11 +430,9 @@ class Run(anyio.AsyncContextManagerMixin):
         max_restarts: int,
         required_ranks: tuple[int, ...] = (),
     ) -> None:
-        """Say that the group restarts (its ``attempt``-th restart), publish
-        ``WorkerGroupRestarted`` (the reports of the failed attempt are dropped) and
-        return once the callbacks handled it: every engine restarts its group only
-        then, so ``after_exception`` hears of the failures before the restarted
-        group's first round."""
+        """Say that the group restarts, publish ``WorkerGroupRestarted`` and return once the
+        callbacks handled it, so ``after_exception`` hears of the failures before the
+        restarted group's first round."""
         await self.bus.wait_idle()  # so latest_checkpoint has every gathered round
         _log.warning(
             f"restarting the worker group after rank(s) {_ranks(failures)} failed: "
@@ -546,13 +528,9 @@ class Run(anyio.AsyncContextManagerMixin):
 
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
-        """Prepare the run, start it, run the body, end the run in order.
-
-        What can refuse the run (its snapshot, its log) does so before anything starts.
-        Once the body is done, however it ended, the workers are stopped, what was
-        reported is handled, ``RunFinished`` is published and the bus stops. The exception
-        raised is the one that ended the run, never the cancellations that ending caused.
-        """
+        """Prepare the run (what can refuse it does so before anything starts), start it,
+        run the body, end the run in order; raise what ended it, never the cancellations
+        that ending caused."""
         if self._entered is not None:
             raise RuntimeError("a run can be entered only once: open another with open_run(...)")
         self._entered = time.monotonic()
@@ -605,7 +583,7 @@ class Run(anyio.AsyncContextManagerMixin):
                 if not only_cancellations(group, cancelled_class):
                     raise
         finally:
-            self._close_log()  # also when cancelled while entering: the file stays closed
+            self.core.close_log()  # also when cancelled while entering: the file stays closed
         if not started:  # the task group took the start's cancellation as its own
             raise RuntimeError("the run was stopped while it started") from start_error
         ended_by = self._ended_by  # after_run itself may have raised an interrupt
@@ -619,10 +597,8 @@ class Run(anyio.AsyncContextManagerMixin):
             raise Preempted(self._preempted_by)
 
     def _prepare(self) -> None:
-        """Read what the run resumes from and restore the callbacks (the position
-        first, so that a bad one refuses the resume before any callback changed),
-        or register them, and attach the state store. The run's own folder with no
-        complete checkpoint yet starts the run fresh (``resume_point`` says so)."""
+        """Read what the run resumes from (the position first, so that a bad one refuses
+        the resume before any callback changed) and restore the callbacks, or register them."""
         store = self.state_store
         if store is not None:
             resume_from = self._resume_from
@@ -641,16 +617,12 @@ class Run(anyio.AsyncContextManagerMixin):
                 store.register(self.callbacks)
 
     def _open_log(self) -> None:
-        """Wire the run onto its bus and create its log, or continue the resumed run's
-        (``RunCore.open``). The log is created here, in one step, so that of two runs
-        given one path only the first records, and a run never entered leaves no file."""
+        """Create the log (here, in one step: of two runs given one path only the first
+        records, and a run never entered leaves no file) and wire the run onto its bus."""
         self.core.open_log(self._log_path)
         self.core.open(self.bus)
         if self.options.on_stall == "restart":
             self.bus.subscribe(RankStalled, self._stalled, name="handlers.Run.on_stall")
-
-    def _close_log(self) -> None:
-        self.core.close_log()
 
     async def _start(self) -> None:
         assert self._tg is not None
@@ -661,9 +633,8 @@ class Run(anyio.AsyncContextManagerMixin):
         await self.bus.publish(self.core.started())
 
     async def _begin(self) -> None:
-        """Wait until ``before_run`` returned (so it comes before any worker starts,
-        and before a resumed run's own events reach any callback), then say what the
-        run resumed from."""
+        """Wait until ``before_run`` returned (it comes before any worker and any event of
+        a resumed run), then say what the run resumed from."""
         await self.bus.wait_idle()
         for event in self.core.after_start():
             await self.bus.publish(event)
@@ -687,9 +658,8 @@ class Run(anyio.AsyncContextManagerMixin):
                 self._bus_ready.set()
 
     def _preempted(self, signum: int) -> None:
-        """The first preemption signal: the workers checkpoint at their next step and
-        stop (``should_checkpoint``, then ``should_stop``), the run ends ``preempted``;
-        what has not ended within ``preempt_grace`` is abandoned in order."""
+        """The first preemption signal: the workers checkpoint and stop, the run ends
+        ``preempted``; what has not ended within ``preempt_grace`` is abandoned."""
         name, grace = signal.Signals(signum).name, self.options.preempt_grace
         _log.warning(
             f"{name}: preempting run {self.run_id}: workers checkpoint at their next step "
@@ -725,11 +695,9 @@ class Run(anyio.AsyncContextManagerMixin):
             self._draining.cancel()
 
     async def _end(self, exc: BaseException | None) -> tuple[BaseException | None, bool]:
-        """End the run the body left with ``exc`` (``None``: it returned): wait for the
-        workers (or stop them), handle what was reported, publish ``RunFinished``
-        and stop the bus. Returns the exception that stands for the body (a
-        cancellation that came while waiting, when the body returned) and whether
-        the run was cancelled."""
+        """End the run the body left with ``exc`` (``None``: it returned): wait for or stop
+        the workers, handle what was reported, publish ``RunFinished``, stop the bus.
+        Returns the exception that stands for the body and whether the run was cancelled."""
         cancelled_class = anyio.get_cancelled_exc_class()
         # An interrupt that reached the body (trio raises KeyboardInterrupt where the
         # main task is, possibly inside a task group) ends the run like one from inside.
