@@ -46,9 +46,8 @@ _MAX_ORIGINALS = 1024
 
 
 class CallbackAttachment:
-    """Training callbacks wired onto a bus, with the gatherers that feed them (each an
-    ordinary subscriber, in ``Stage`` order). ``attach`` subscribes; its arguments are
-    ``attach_user_callbacks``'s."""
+    """Training callbacks wired onto a bus, with the gatherers that feed them (ordinary
+    subscribers, in ``Stage`` order); its arguments are ``attach_user_callbacks``'s."""
 
     def __init__(
         self,
@@ -79,11 +78,10 @@ class CallbackAttachment:
         self.subscriptions: list[Subscription] = []
 
     def attach(self, bus: EventBus) -> Self:
-        """Subscribe the gatherers and every callback's hooks to ``bus``; ``ValueError``
-        (nothing subscribed) if the bus gathers reports already."""
+        """Subscribe the gatherers (the report gatherer first: ``ValueError``, nothing
+        subscribed, if the bus has one already) and every callback's hooks to ``bus``."""
         if self.bus is not None:
             raise RuntimeError("these callbacks are attached already: make another attachment")
-        # The report gatherer first: it refuses a bus that has one already.
         self.subscriptions = [
             self.reports.subscribe(bus, order=Stage.GATHER_REPORTS),
             self.failures.subscribe(bus),
@@ -134,8 +132,7 @@ class CallbackAttachment:
         return self.user.callbacks
 
     def costs(self) -> tuple[CallbackCost, ...]:
-        """What each hook of the training callbacks cost so far, in subscription order
-        (the library's own handlers are in ``EventBus.stats()``)."""
+        """What each hook of the training callbacks cost so far, in subscription order."""
         over = self.lifecycle.periods_over_budget
         return tuple(_cost(sub.stats(), over[sub.name]) for sub in self.user.subscriptions)
 

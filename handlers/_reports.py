@@ -78,9 +78,9 @@ class ReportCallbackHandler:
         self._hears = False  # rounds come whole; progress comes from ``heard``
         self._stalled: dict[int, tuple[int, float, RankStalled]] = {}
         self.stalls = 0
-        self.recoveries = 0
         self._period = 0.0  # seconds
-        self._context_for = context_for or _first_event_context()
+        self._context_for = context_for or self._first_context
+        self._context: TrainRunContext | None = None
         self._emit = emit
         self.world_size = 0
         self.required_ranks: tuple[int, ...] = ()
@@ -178,7 +178,6 @@ class ReportCallbackHandler:
         return self._done + waiting
 
     def handle(self, event: Report | WorkerGroupRestarted | HealthCheckTick) -> None:
-
         if isinstance(event, Report):
             taken = self._taken
             if taken and taken[0] == (event.rank, event.index):
@@ -247,8 +246,17 @@ class ReportCallbackHandler:
             self._following[rank] = metrics
             if checkpoint is not None:
                 self._following_named = _with(self._following_named, rank, checkpoint)
-        else:
-            self._queue_ahead(rank, metrics, checkpoint)
+        else:  # reports in both open rounds already: this one waits in its rank's queue
+            queue = self._ahead.get(rank)
+            if queue is None:
+                queue = self._ahead[rank] = deque()
+            queue.append((metrics, checkpoint))
+
+    def _first_context(self, event: Event) -> TrainRunContext:
+        """Without a lifecycle handler: the run context built from the first event."""
+        if self._context is None:
+            self._context = TrainRunContext.from_event(event)
+        return self._context
 
     def _begin(self, report: Report) -> bool:
         """The run's first report: learn its id, and its world size unless given."""
@@ -261,13 +269,6 @@ class ReportCallbackHandler:
                 return False
         self.run_id = context.run_id
         return True
-
-    def _queue_ahead(self, rank: int, metrics: FrozenDict, checkpoint: str | None) -> None:
-        """``rank`` has reports in both open rounds already: this one waits in its queue."""
-        queue = self._ahead.get(rank)
-        if queue is None:
-            queue = self._ahead[rank] = deque()
-        queue.append((metrics, checkpoint))
 
     def _release(self, report: Report) -> None:
         """Deliver the complete oldest round, opening the next first (an emit may raise)."""
@@ -306,8 +307,9 @@ class ReportCallbackHandler:
         to publish: each rank's ``Report`` (for the log), then what the round makes.
         """
         if self.reports != self._done:
+            waiting = [rank for rank in range(self.world_size) if self.waiting_from(rank)]
             raise RuntimeError(
-                f"a whole round while reports of ranks {self._partial()} wait for theirs: "
+                f"a whole round while reports of ranks {waiting} wait for theirs: "
                 "it would overtake them; report the other ranks' first"
             )
         ranks = self.required_ranks if self._configured else tuple(range(len(metrics)))
@@ -350,10 +352,6 @@ class ReportCallbackHandler:
         self._done += len(ranks)
         named = None if checkpoint is None else dict.fromkeys(ranks, checkpoint)
         return [*reports, *self._deliver(frozen, named, reports[0])]
-
-    def _partial(self) -> list[int]:
-        """The ranks with reports waiting for their round."""
-        return [rank for rank in range(self.world_size) if self.waiting_from(rank)]
 
     def _deliver(
         self, metrics: list[Any], named: dict[int, str] | None, report: Report
@@ -523,7 +521,6 @@ class ReportCallbackHandler:
             self._emit(stall)
 
     def _recovered(self, rank: int, silent: float) -> None:
-        self.recoveries += 1
         index = self._progress[rank]
         _log.warning(
             f"rank {rank} recovered after {silent:.1f} s: reported step {index}",
@@ -594,20 +591,7 @@ class ReportCallbackHandler:
 
 
 def _with(named: dict[int, str] | None, rank: int, checkpoint: str) -> dict[int, str]:
-
     if named is None:
         named = {}
     named[rank] = checkpoint
     return named
-
-
-def _first_event_context() -> ContextFor:
-
-    holder: list[TrainRunContext] = []
-
-    def context_for(event: Event) -> TrainRunContext:
-        if not holder:
-            holder.append(TrainRunContext.from_event(event))
-        return holder[0]
-
-    return context_for
