@@ -286,7 +286,12 @@ class Run(anyio.AsyncContextManagerMixin):
         lanes = self._stopping_lanes or ()
         while True:
             await self.bus.wait_idle(lanes=lanes)
-            if not self._waits_for_round(rank):
+            gathering = self.attachment.reports if self.attachment else None
+            if (  # no report of rank waits for a round that can still complete
+                gathering is None
+                or not gathering.waiting_from(rank)
+                or any(self.has_ended(lacking) for lacking in gathering.lacking())
+            ):
                 return
             if self._moved is None:
                 self._moved = anyio.Event()
@@ -299,15 +304,6 @@ class Run(anyio.AsyncContextManagerMixin):
         if self._moved is not None:
             self._moved.set()
             self._moved = anyio.Event()
-
-    def _waits_for_round(self, rank: int) -> bool:
-        """Whether a report of ``rank`` waits for a round that can still complete."""
-        if self.attachment is None:
-            return False
-        gathering = self.attachment.reports
-        if not gathering.waiting_from(rank):
-            return False
-        return not any(self.has_ended(lacking) for lacking in gathering.lacking())
 
     def reporter(self, rank: int) -> Reporter:
         """The reporter of ``rank`` (one per rank, kept across restarts), inside the run:
@@ -543,20 +539,31 @@ class Run(anyio.AsyncContextManagerMixin):
         start_error: BaseException | None = None
         exc: BaseException | None = None
         try:
-            self._open_log()
+            # The log is created here, in one step: of two runs given one path only the
+            # first records, and a run never entered leaves no file.
+            self.core.open_log(self._log_path)
+            self.core.open(self.bus)
+            if self.options.on_stall == "restart":
+                self.bus.subscribe(RankStalled, self._stalled, name="handlers.Run.on_stall")
             try:
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     try:
-                        await self._start()
+                        tg.start_soon(self._host_bus, name="eventbus")
+                        await self._bus_ready.wait()
+                        if self._bus_error is not None:
+                            raise self._bus_error
+                        await self.bus.publish(self.core.started())
                     except BaseException as error:
                         self._bus_stop.set()
                         start_error = error
                         raise
                     started = True
                     try:
-                        try:
-                            await self._begin()
+                        try:  # before_run returns before any worker, then the resume is said
+                            await self.bus.wait_idle()
+                            for event in self.core.after_start():
+                                await self.bus.publish(event)
                         except BaseException as before_run:
                             exc = before_run
                         else:
@@ -615,29 +622,6 @@ class Run(anyio.AsyncContextManagerMixin):
                 self.core.resumed(resume, callbacks, restored)
             else:
                 store.register(self.callbacks)
-
-    def _open_log(self) -> None:
-        """Create the log (here, in one step: of two runs given one path only the first
-        records, and a run never entered leaves no file) and wire the run onto its bus."""
-        self.core.open_log(self._log_path)
-        self.core.open(self.bus)
-        if self.options.on_stall == "restart":
-            self.bus.subscribe(RankStalled, self._stalled, name="handlers.Run.on_stall")
-
-    async def _start(self) -> None:
-        assert self._tg is not None
-        self._tg.start_soon(self._host_bus, name="eventbus")
-        await self._bus_ready.wait()
-        if self._bus_error is not None:
-            raise self._bus_error
-        await self.bus.publish(self.core.started())
-
-    async def _begin(self) -> None:
-        """Wait until ``before_run`` returned (it comes before any worker and any event of
-        a resumed run), then say what the run resumed from."""
-        await self.bus.wait_idle()
-        for event in self.core.after_start():
-            await self.bus.publish(event)
 
     async def _host_bus(self) -> None:
         """The bus, and the preemption signals' watcher, until the run's end is delivered."""

@@ -32,8 +32,6 @@ __all__ = ["UserCallbackHandler", "base_hook", "implemented_hooks", "training_ca
 
 #: Marks the base class's no-op hooks: a callback implements only the others.
 _BASE_HOOK = "__eventbus_base_hook__"
-#: The method of a callback that subscribes to the bus itself (``UserCallbackHandler``).
-_SUBSCRIBE_ITSELF = "__eventbus_subscribe__"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,25 +42,16 @@ def base_hook(method: F) -> F:
     return method
 
 
-def _before_run(e: BeforeRun) -> tuple[Any, ...]:
-    return (e.context,)
-
-
 def _after_report(e: RoundGathered) -> tuple[Any, ...]:
     return (e.context, list(e.metrics), e.checkpoint)
 
 
-def _after_run(e: AfterRun) -> tuple[Any, ...]:
-    return (e.context, e.result)
-
-
-#: Each training hook: the event that makes it due, and that event's arguments for it
-#: (``after_exception``'s are the attachment's: ``UserCallbackHandler.subscribe``).
-_HOOKS: dict[str, tuple[type[Event], Callable[[Any], tuple[Any, ...]]]] = {
-    "before_run": (BeforeRun, _before_run),
-    "after_report": (RoundGathered, _after_report),
-    "after_exception": (FailuresGathered, _before_run),
-    "after_run": (AfterRun, _after_run),
+#: Each training hook, and the event that makes it due.
+_HOOKS: dict[str, type[Event]] = {
+    "before_run": BeforeRun,
+    "after_report": RoundGathered,
+    "after_exception": FailuresGathered,
+    "after_run": AfterRun,
 }
 
 
@@ -111,9 +100,12 @@ class UserCallbackHandler:
                 exceptions.setdefault(stall.rank, RankStalledError(stall))
             return (e.context, exceptions)
 
-        own_hooks: dict[str, tuple[type[Event], Callable[[Any], tuple[Any, ...]]]] = {
-            **_HOOKS,
-            "after_exception": (FailuresGathered, after_exception_args),
+        #: Each hook's arguments, from the event that makes it due.
+        args_by_hook: dict[str, Callable[[Any], tuple[Any, ...]]] = {
+            "before_run": lambda e: (e.context,),
+            "after_report": _after_report,
+            "after_exception": after_exception_args,
+            "after_run": lambda e: (e.context, e.result),
         }
 
         for callback in self.callbacks:
@@ -121,7 +113,7 @@ class UserCallbackHandler:
             self.subscriptions_by_callback.append(own)
             options = _subscription_options(callback)
             hooks: list[tuple[str, tuple[type[Event], ...], Callable[[Any], tuple[Any, ...]]]]
-            hooks = [(hook, (event_type,), args) for hook, (event_type, args) in own_hooks.items()]
+            hooks = [(hook, (_HOOKS[hook],), args) for hook, args in args_by_hook.items()]
             event_types = tuple(getattr(callback, "event_types", ()) or ())
             if event_types:
                 hooks.append(("on_event", event_types, on_event_args))
@@ -144,7 +136,7 @@ class UserCallbackHandler:
                 except (OptionError, OptionTypeError) as exc:  # its own timeout, budget...
                     raise type(exc)(exc.option, f"{name}: {exc}") from None
                 own.append(sub)
-            subscribe_itself = getattr(type(callback), _SUBSCRIBE_ITSELF, None)
+            subscribe_itself = getattr(type(callback), "__eventbus_subscribe__", None)
             if subscribe_itself is not None:
                 own.extend(subscribe_itself(callback, bus))
             self.subscriptions.extend(own)
@@ -214,7 +206,7 @@ def training_callbacks(callbacks: Iterable[Any]) -> list[Any]:
             or getattr(type(callback), "__eventbus_attach__", None) is not None
             or is_stateful(callback)
         ):
-            _check_options(callback)
+            _subscription_options(callback)  # its options checked here, at the call
             continue  # a UserCallback, an object with its hooks, or one with state only
         elif callable(callback):
             why = (
@@ -242,17 +234,6 @@ _CALLBACK_OPTIONS: dict[str, Any] = {
 }
 
 
-def _check_options(callback: object) -> None:
-    for attribute, annotation in _CALLBACK_OPTIONS.items():
-        value = getattr(callback, attribute, None)
-        if value is None:
-            continue
-        try:
-            checked(attribute, value, annotation)
-        except (OptionError, OptionTypeError) as exc:
-            raise type(exc)(exc.option, f"{callback_name(callback)}: {exc}") from None
-
-
 def _shown(obj: object) -> str:
     try:
         text = repr(obj)
@@ -270,11 +251,17 @@ def _overridden(callback: Any, hook: str) -> Callable[..., Any] | None:
 
 
 def _subscription_options(callback: Any) -> dict[str, Any]:
-    options = {
-        option: value
-        for option in _CALLBACK_OPTIONS
-        if (value := getattr(callback, option, None)) is not None
-    }
+    """The subscription options ``callback``'s class sets, checked (the error names it)."""
+    options: dict[str, Any] = {}
+    for option, annotation in _CALLBACK_OPTIONS.items():
+        value = getattr(callback, option, None)
+        if value is None:
+            continue
+        try:
+            checked(option, value, annotation)
+        except (OptionError, OptionTypeError) as exc:
+            raise type(exc)(exc.option, f"{callback_name(callback)}: {exc}") from None
+        options[option] = value
     if getattr(callback, "blocking", False):
         options["blocking"] = True
     return options
