@@ -14,11 +14,10 @@ replay or a trainer of your own.
 from ._attach import attach_user_callbacks
 from ._callback import UserCallback
 from ._errors import RankStalledError, ReportError, WorkerError, WorkerGroupError
-from ._open_run import open_run
 from ._options import RunOptions
 from ._reporter import Reporter
 from ._resume import latest_checkpoint
-from ._run import Run, WorkerFn
+from ._run import Run, WorkerFn, open_run
 from ._signals import Preempted
 from .builtins._best_checkpoints import BestCheckpoints
 from .builtins._early_stopping import EarlyStopping

@@ -165,7 +165,7 @@ class CallbackAttachment:
 
     async def finish(self, status: RunStatus = "finished", error: str | None = None) -> None:
         """Publish ``RunFinished`` if the events never did (a log cut short)."""
-        if self.bus is not None and not self.lifecycle.finished:
+        if self.bus is not None and self.lifecycle.ended is None:
             context = self.lifecycle.run_context
             run_id = context.run_id if context else "run"
             await self.bus.publish(RunFinished(run_id=run_id, status=status, error=error))
@@ -213,10 +213,6 @@ class RunCallbackHandler:
             name="handlers.RunCallbackHandler",
             order=Stage.LIFECYCLE,
         )
-
-    @property
-    def finished(self) -> bool:
-        return self.ended is not None
 
     @property
     def result(self) -> RunResult | None:

@@ -13,14 +13,9 @@ __all__ = ["RankStalledError", "ReportError", "WorkerError", "WorkerGroupError"]
 
 class WorkerError(Exception):
     """A worker's exception as ``after_exception`` receives it from a log or a replay,
-    carried as text (the original would need pickle).
-
-    Args:
-        rank: the rank whose worker raised it.
-        error_type: the exception's type name (``RuntimeError``).
-        message: its message.
-        traceback: its formatted traceback.
-        retryable: whether the worker said a retry may succeed.
+    carried as text (the original would need pickle): the ``rank`` that raised it, its
+    ``error_type`` (``RuntimeError``), ``message``, formatted ``traceback``, and whether
+    the worker said a retry may succeed (``retryable``).
     """
 
     def __init__(

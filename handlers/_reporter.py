@@ -185,15 +185,10 @@ def checkpoint_location(rank: int, checkpoint: object) -> str:
     return location
 
 
-def _path_limits() -> tuple[int, int]:
-    """POSIX's ``NAME_MAX`` and ``PATH_MAX`` (bytes), asked once of ``/``."""
-    try:
-        return os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
-    except (AttributeError, OSError, ValueError):  # no pathconf (Windows): Linux's
-        return 255, 4096
-
-
-_NAME_MAX, _PATH_MAX = _path_limits()
+try:  # POSIX's NAME_MAX and PATH_MAX (bytes), asked once of "/"
+    _NAME_MAX, _PATH_MAX = os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
+except (AttributeError, OSError, ValueError):  # no pathconf (Windows): Linux's
+    _NAME_MAX, _PATH_MAX = 255, 4096
 
 
 def _refused_path(location: str) -> str | None:
