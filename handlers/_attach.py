@@ -47,7 +47,11 @@ _MAX_ORIGINALS = 1024
 
 class CallbackAttachment:
     """Training callbacks wired onto a bus, with the gatherers that feed them (ordinary
-    subscribers, in ``Stage`` order); its arguments are ``attach_user_callbacks``'s."""
+    subscribers, in ``Stage`` order); its arguments are ``attach_user_callbacks``'s.
+
+    It is also the run's lifecycle handler: ``BeforeRun`` when the run begins and
+    ``AfterRun`` when it ends, once each, however it ends; and it keeps the run context.
+    """
 
     def __init__(
         self,
@@ -58,8 +62,16 @@ class CallbackAttachment:
         announce_checkpoints: bool = False,
     ) -> None:
         self.bus: EventBus | None = None
-        self.lifecycle = RunCallbackHandler(self._result, world_size, self.costs)
-        context_for = self.lifecycle.context_for
+        self._world_size = world_size
+        self._emit: Callable[[Event], object] = _dropped
+        self.run_context: TrainRunContext | None = None
+        #: What ``AfterRun`` carried (``None`` until the run ended), and the bus sequence
+        #: number of the ``RunFinished`` that ended the run.
+        self.ended: RunResult | None = None
+        self.ended_seq: int | None = None
+        #: By handler name: the budget reports that named it over budget.
+        self.periods_over_budget: Counter[str] = Counter()
+        context_for = self.context_for
         self.reports = ReportCallbackHandler(
             world_size=world_size,
             required_ranks=required_ranks,
@@ -73,7 +85,7 @@ class CallbackAttachment:
             callbacks,
             context_of=context_for,
             exception_of=self.exception_of,
-            after_the_end=self.lifecycle.after_the_end,
+            after_the_end=self.after_the_end,
         )
         self.subscriptions: list[Subscription] = []
 
@@ -82,14 +94,67 @@ class CallbackAttachment:
         subscribed, if the bus has one already) and every callback's hooks to ``bus``."""
         if self.bus is not None:
             raise RuntimeError("these callbacks are attached already: make another attachment")
+        self._emit = partial(bus.emit, derived=True)  # BeforeRun, AfterRun: never refused
         self.subscriptions = [
             self.reports.subscribe(bus, order=Stage.GATHER_REPORTS),
             self.failures.subscribe(bus),
-            self.lifecycle.subscribe(bus),
+            bus.subscribe(
+                (RunStarted, RunFinished, BudgetReport),
+                self._lifecycle,
+                name="handlers.RunCallbackHandler",
+                order=Stage.LIFECYCLE,
+            ),
             *self.user.subscribe(bus, order=Stage.CALLBACKS),
         ]
         self.bus = bus
         return self
+
+    def context_for(self, event: Event) -> TrainRunContext:
+        """The run context; the first event of a run without ``RunStarted`` begins it."""
+        if self.run_context is None:
+            context = TrainRunContext.from_event(event)
+            if not context.world_size and self._world_size:
+                context = msgspec.structs.replace(context, world_size=self._world_size)
+            self._begin(context)
+            return context
+        return self.run_context
+
+    def _begin(self, context: TrainRunContext) -> None:
+        self.run_context = context
+        self._emit(BeforeRun(context=context))
+
+    def _lifecycle(self, event: Event) -> None:
+        """The run's start (the first one counts), its end (the first one), a period's budget."""
+        if isinstance(event, BudgetReport):
+            self.periods_over_budget.update(event.over_budget)
+        elif isinstance(event, RunStarted):
+            if self.run_context is None:
+                self._begin(TrainRunContext.from_started(event))
+        elif isinstance(event, RunFinished) and self.ended is None:
+            context = self.context_for(event)
+            self.ended_seq = event.seq
+            self.ended = result = msgspec.structs.replace(
+                self.result(event.status),
+                run_id=context.run_id,
+                error=event.error,
+                stopped_by=event.stopped_by,
+                stop_reason=event.stop_reason,
+                summary=dict(event.summary),
+            )
+            self._emit(AfterRun(context=context, result=result))
+
+    def after_the_end(self, event: Event) -> bool:
+        """Whether ``event`` came after the run's end (``after_run`` stays the last hook)."""
+        ended = self.ended_seq
+        return ended is not None and event.seq > ended
+
+    @property
+    def final_result(self) -> RunResult | None:
+        """The run's result once it ended, its callbacks' costs brought up to now."""
+        ended = self.ended
+        if ended is None:
+            return None
+        return msgspec.structs.replace(ended, callbacks=self.costs())
 
     def keep_original(self, failure: WorkerFailure, exc: Exception) -> None:
         """``after_exception`` gets ``exc`` itself for ``failure`` (the log carries its text)."""
@@ -124,16 +189,12 @@ class CallbackAttachment:
             self.failures.resume_at(position)
 
     @property
-    def run_context(self) -> TrainRunContext | None:
-        return self.lifecycle.run_context
-
-    @property
     def callbacks(self) -> list[Any]:
         return self.user.callbacks
 
     def costs(self) -> tuple[CallbackCost, ...]:
         """What each hook of the training callbacks cost so far, in subscription order."""
-        over = self.lifecycle.periods_over_budget
+        over = self.periods_over_budget
         return tuple(_cost(sub.stats(), over[sub.name]) for sub in self.user.subscriptions)
 
     def result(self, status: RunStatus = "finished") -> RunResult:
@@ -153,20 +214,10 @@ class CallbackAttachment:
             callbacks=self.costs(),
         )
 
-    def _result(self, event: RunFinished, context: TrainRunContext) -> RunResult:
-        return msgspec.structs.replace(
-            self.result(event.status),
-            run_id=context.run_id,
-            error=event.error,
-            stopped_by=event.stopped_by,
-            stop_reason=event.stop_reason,
-            summary=dict(event.summary),
-        )
-
     async def finish(self, status: RunStatus = "finished", error: str | None = None) -> None:
         """Publish ``RunFinished`` if the events never did (a log cut short)."""
-        if self.bus is not None and self.lifecycle.ended is None:
-            context = self.lifecycle.run_context
+        if self.bus is not None and self.ended is None:
+            context = self.run_context
             run_id = context.run_id if context else "run"
             await self.bus.publish(RunFinished(run_id=run_id, status=status, error=error))
 
@@ -174,85 +225,6 @@ class CallbackAttachment:
         """Detach every handler from the bus."""
         for sub in self.subscriptions:
             sub.cancel()
-
-
-class RunCallbackHandler:
-    """Emits ``BeforeRun`` when the run begins and ``AfterRun`` when it ends, once each,
-    however the run ends; also keeps the run context and each handler's periods over
-    budget.
-
-    Args:
-        result_of: builds the ``RunResult`` that ``AfterRun`` carries.
-        world_size: fills in a context built from an event that lacks it.
-        costs_of: the callbacks' costs so far, which ``result`` brings up to date.
-    """
-
-    def __init__(
-        self,
-        result_of: Callable[[RunFinished, TrainRunContext], RunResult],
-        world_size: int | None,
-        costs_of: Callable[[], tuple[CallbackCost, ...]],
-    ) -> None:
-        self._world_size = world_size
-        self._emit: Callable[[Event], object] = _dropped
-        self.run_context: TrainRunContext | None = None
-        #: What ``AfterRun`` carried (``None`` until the run ended).
-        self.ended: RunResult | None = None
-        #: The bus sequence number of the ``RunFinished`` that ended the run.
-        self.ended_seq: int | None = None
-        #: By handler name: the budget reports that named it over budget.
-        self.periods_over_budget: Counter[str] = Counter()
-        self._result_of = result_of
-        self._costs_of = costs_of
-
-    def subscribe(self, bus: EventBus) -> Subscription:
-        self._emit = partial(bus.emit, derived=True)  # once each: never refused
-        return bus.subscribe(
-            (RunStarted, RunFinished, BudgetReport),
-            self.handle,
-            name="handlers.RunCallbackHandler",
-            order=Stage.LIFECYCLE,
-        )
-
-    @property
-    def result(self) -> RunResult | None:
-        """The run's result once it ended, its callbacks' costs brought up to now."""
-        ended = self.ended
-        if ended is None:
-            return None
-        return msgspec.structs.replace(ended, callbacks=self._costs_of())
-
-    def context_for(self, event: Event) -> TrainRunContext:
-        """The run context; the first event of a run without ``RunStarted`` begins it."""
-        if self.run_context is None:
-            context = TrainRunContext.from_event(event)
-            if not context.world_size and self._world_size:
-                context = msgspec.structs.replace(context, world_size=self._world_size)
-            self._begin(context)
-            return context
-        return self.run_context
-
-    def handle(self, event: Event) -> None:
-        """The run's start (the first one counts), its end (the first one), a period's budget."""
-        if isinstance(event, BudgetReport):
-            self.periods_over_budget.update(event.over_budget)
-        elif isinstance(event, RunStarted):
-            if self.run_context is None:
-                self._begin(TrainRunContext.from_started(event))
-        elif isinstance(event, RunFinished) and self.ended is None:
-            context = self.context_for(event)
-            self.ended_seq = event.seq
-            self.ended = result = self._result_of(event, context)
-            self._emit(AfterRun(context=context, result=result))
-
-    def after_the_end(self, event: Event) -> bool:
-        """Whether ``event`` came after the run's end (``after_run`` stays the last hook)."""
-        ended = self.ended_seq
-        return ended is not None and event.seq > ended
-
-    def _begin(self, context: TrainRunContext) -> None:
-        self.run_context = context
-        self._emit(BeforeRun(context=context))
 
 
 class ExceptionCallbackHandler:

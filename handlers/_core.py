@@ -164,7 +164,7 @@ class RunCore:
     @property
     def result(self) -> RunResult | None:
         """``after_run``'s result once the run ended (with its callbacks' costs so far)."""
-        return self.attachment.lifecycle.result if self.attachment is not None else None
+        return self.attachment.final_result if self.attachment is not None else None
 
     def say_end(self, seconds: float | None = None) -> None:
         """One line on the console for how the run ended (once it has a result)."""
