@@ -182,12 +182,6 @@ class CallbackAttachment:
             pending_failures=self.failures.pending_before(event.seq),
         )
 
-    def resume_at(self, checkpoint: str, position: RunPosition | None) -> None:
-        """Continue from ``checkpoint`` and, given it, the run's ``position`` there."""
-        self.reports.resume_at(checkpoint, position)
-        if position is not None:
-            self.failures.resume_at(position)
-
     @property
     def callbacks(self) -> list[Any]:
         return self.user.callbacks

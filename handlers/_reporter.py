@@ -42,11 +42,7 @@ class Reporter:
     """One rank's handle on its run: ``await reporter.report(metrics, checkpoint=None)``.
 
     ``latest_checkpoint`` is where a restarted worker resumes; ``should_stop`` turns true
-    when a callback or the trainer asked the run to stop. A run makes one per rank.
-
-    Args:
-        run: the run it reports to.
-        rank: the rank it reports for.
+    when a callback or the trainer asked the run to stop. A run makes one per ``rank``.
     """
 
     def __init__(self, run: Run, rank: int) -> None:

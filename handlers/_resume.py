@@ -86,7 +86,9 @@ class Resume:
                 now=world_size,
             )
             position = None
-        attachment.resume_at(self.checkpoint, position)
+        attachment.reports.resume_at(self.checkpoint, position)
+        if position is not None:
+            attachment.failures.resume_at(position)
 
     def event(self, run_id: str) -> RunResumed | None:
         if self.position is None:
