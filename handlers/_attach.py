@@ -222,13 +222,9 @@ class CallbackAttachment:
 
 
 class ExceptionCallbackHandler:
-    """Gathers ``WorkerFailure`` events per health-check period (Ray Train's poll), and emits
-    each period's as one ``FailuresGathered``.
-
-    A failure belongs to the period its bus time falls in; pending ones are delivered at a
-    restart or the run's end, so none is lost. A rank that failed twice in one period is
-    reported with its first failure, the cause. A stalled rank is delivered at once, alone.
-    """
+    """Gathers ``WorkerFailure`` events per health-check period (Ray Train's poll, by bus
+    time) into one ``FailuresGathered`` each, a rank's first failure (the cause) standing
+    for it; pending ones go at a restart or the end. A stalled rank goes at once, alone."""
 
     def __init__(self, context_for: Callable[[Event], TrainRunContext]) -> None:
         self._context_for = context_for

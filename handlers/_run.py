@@ -660,21 +660,21 @@ class Run(anyio.AsyncContextManagerMixin):
 
     async def _grace_period(self, signum: int) -> None:
         await anyio.sleep(self.options.preempt_grace)
-        _log.warning(
+        self._hurry(
+            signum,
             f"run {self.run_id} did not end within preempt_grace="
             f"{self.options.preempt_grace:g} s of {signal.Signals(signum).name}: "
-            "what is left is abandoned; the log is closed whole"
+            "what is left is abandoned; the log is closed whole",
         )
-        self._hurry(signum, said=True)
 
-    def _hurry(self, signum: int, *, said: bool = False) -> None:
-        """A second signal, or the grace period over: skip what is left of the callbacks'
-        work, keeping only a moment for the log's last records."""
-        if not said:
-            _log.warning(
-                f"{signal.Signals(signum).name} again: skipping what is left of the callbacks' "
-                "work; the log is closed whole"
-            )
+    def _hurry(self, signum: int, why: str | None = None) -> None:
+        """A second signal, or the grace period over (``why``): skip what is left of the
+        callbacks' work, keeping only a moment for the log's last records."""
+        _log.warning(
+            why
+            or f"{signal.Signals(signum).name} again: skipping what is left of the callbacks' "
+            "work; the log is closed whole"
+        )
         self._end_from_inside(Preempted(signum))
         self._hurried = True
         if self._draining is not None:
@@ -744,15 +744,12 @@ class Run(anyio.AsyncContextManagerMixin):
 
 
 class WorkerEngine(Protocol):
-    """Where a run's workers run (``open_run(engine=...)``): moving a job to a cluster
-    changes this argument, not the worker function nor the callbacks, because the run
-    keeps all callbacks see and the engine only feeds back what the workers reported.
-
-    ``check`` refuses, at ``open_run``, a run the engine cannot run; ``run_workers`` is
-    ``Run.workers`` there, raising ``WorkerGroupError`` once ``max_restarts`` is used up.
-    An engine with ``hosts_run = False`` (torchrun's ranks but 0) makes the run here
-    hollow: entering starts nothing, ``workers`` runs this process's worker.
-    """
+    """Where a run's workers run (``open_run(engine=...)``): the run keeps all callbacks
+    see, the engine only feeds back what the workers reported, so moving a job to a
+    cluster changes this argument alone. ``check`` refuses a run at ``open_run``;
+    ``run_workers`` is ``Run.workers`` there. With ``hosts_run = False`` (torchrun's ranks
+    but 0) the run here is hollow: entering starts nothing, ``workers`` runs this
+    process's worker."""
 
     def check(self, run: Run) -> None: ...
 
