@@ -71,36 +71,17 @@ class ReportCallbackHandler:
     ) -> None:
         self.announce_checkpoints = announce_checkpoints
         self.stall_periods = stall_periods
-        #: Per rank, its latest report index (or ``heard``'s) and the bus time it got
-        #: there (NaN: none since the group started).
-        self._progress: list[int] = []
-        self._last_time: list[float] = []
         self._hears = False  # rounds come whole; progress comes from ``heard``
-        self._stalled: dict[int, tuple[int, float, RankStalled]] = {}
         self.stalls = 0
         self._period = 0.0  # seconds
         self._context_for = context_for or self._first_context
         self._context: TrainRunContext | None = None
         self._emit = emit
-        self.world_size = 0
-        self.required_ranks: tuple[int, ...] = ()
         self.run_id: str | None = None
-        self._required: list[bool] = []
-        self._all_required = True
-        self._last_index: list[int] = []
-        #: The oldest open round: slots by rank, checkpoints named, required ranks lacking.
-        self._slots: list[Any] = []
-        self._named: dict[int, str] | None = None
-        self._missing = 0
-        self._not_required = 0
-        #: The round after it, and per rank the reports for the rounds after that.
-        self._following: list[Any] = []
-        self._following_named: dict[int, str] | None = None
-        self._ahead: dict[int, deque[tuple[FrozenDict, str | None]]] = {}
+        self._size(0, [])  # the world size is not known yet
         #: ``(rank, index)`` of reports of rounds taken whole, until the bus brings them back.
         self._taken: deque[tuple[int, int]] = deque()
         self._done = 0  # reports in released and discarded rounds
-        self._configured = False
         self.rounds = 0
         self.rejected = 0
         self.discarded = 0
@@ -150,6 +131,10 @@ class ReportCallbackHandler:
             raise ValueError(
                 f"required ranks {required} must be a non-empty subset of 0..{world_size - 1}"
             )
+        self._size(world_size, required)
+
+    def _size(self, world_size: int, required: list[int]) -> None:
+        """Start the gathering over for ``world_size`` ranks (0: not known yet)."""
         self.world_size = world_size
         self.required_ranks = tuple(required)
         self._required = [False] * world_size
@@ -157,17 +142,20 @@ class ReportCallbackHandler:
             self._required[rank] = True
         self._all_required = len(required) == world_size
         self._last_index = [-1] * world_size
+        #: Per rank, its latest report index (or ``heard``'s) and the bus time it got
+        #: there (NaN: none since the group started).
         self._progress = [-1] * world_size
         self._last_time = [math.nan] * world_size
-        self._stalled = {}
-        self._slots = [None] * world_size
-        self._named = None
+        self._stalled: dict[int, tuple[int, float, RankStalled]] = {}
+        #: The oldest open round: slots by rank, checkpoints named, required ranks lacking.
+        self._slots: list[Any] = [None] * world_size
+        self._named: dict[int, str] | None = None
         self._missing = len(required)
         self._not_required = world_size - len(required)
-        self._following = [None] * world_size
-        self._following_named = None
-        self._ahead = {}
-        self._configured = True
+        #: The round after it, and per rank the reports for the rounds after that.
+        self._following: list[Any] = [None] * world_size
+        self._following_named: dict[int, str] | None = None
+        self._ahead: dict[int, deque[tuple[FrozenDict, str | None]]] = {}
 
     @property
     def reports(self) -> int:
@@ -261,7 +249,7 @@ class ReportCallbackHandler:
     def _begin(self, report: Report) -> bool:
         """The run's first report: learn its id, and its world size unless given."""
         context = self._context_for(report)
-        if not self._configured:
+        if not self.world_size:
             try:
                 self._configure(context.world_size or report.world_size, None)
             except ValueError as exc:
@@ -312,7 +300,7 @@ class ReportCallbackHandler:
                 f"a whole round while reports of ranks {waiting} wait for theirs: "
                 "it would overtake them; report the other ranks' first"
             )
-        ranks = self.required_ranks if self._configured else tuple(range(len(metrics)))
+        ranks = self.required_ranks if self.world_size else tuple(range(len(metrics)))
         if not metrics or len(metrics) != len(ranks):
             raise ValueError(
                 f"a whole round has the metrics of each required rank {list(ranks)}, "
@@ -328,7 +316,7 @@ class ReportCallbackHandler:
             raise ReportError(
                 ranks[0], "checkpoint", f"{checkpoint!r} is not a checkpoint location"
             )
-        if not self._configured:
+        if not self.world_size:
             self._configure(len(ranks), None)
         last, world_size = self._last_index, self.world_size
         reports = [
@@ -437,7 +425,7 @@ class ReportCallbackHandler:
     def heard(self, run_id: str, rank: int, index: int, time: float) -> None:
         """Rank ``rank`` is at report ``index`` as of bus ``time``: for engines whose rounds
         come whole (Ray), only progress shows whom the others wait for."""
-        if not self._configured:
+        if not self.world_size:
             raise RuntimeError("progress heard before the run's world size is known")
         if self.run_id is None:
             self.run_id = run_id
@@ -464,7 +452,7 @@ class ReportCallbackHandler:
         """Find stalled and recovered ranks. Only a rank the others wait for can stall:
         ranks silent together (a shared pause, the run's end) have not."""
         periods = self.stall_periods
-        if periods is None or not self._configured or self.run_id is None:
+        if periods is None or not self.world_size or self.run_id is None:
             return
         times, progress = self._last_time, self._progress
         for rank, time_ in enumerate(times):
@@ -568,7 +556,7 @@ class ReportCallbackHandler:
             self._configure(event.world_size, event.required_ranks or None)
         except ValueError as exc:
             self._reject(event, "required_ranks", str(exc))
-            if self._configured:  # keep the old group, minus the partial rounds the restart ended
+            if self.world_size:  # keep the old group, minus the partial rounds the restart ended
                 self._configure(self.world_size, self.required_ranks)
         self._last_time = [event.time] * self.world_size  # the new group's silence starts here
 
