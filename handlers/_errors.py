@@ -60,10 +60,8 @@ class WorkerError(Exception):
 
 
 class RankStalledError(Exception):
-    """A rank that stalled, as ``after_exception`` receives it: ``{rank: RankStalledError}``.
-
-    An exception wrapping the ``RankStalled`` event (``stall``), with its fields.
-    """
+    """A rank that stalled, as ``after_exception`` receives it: ``{rank: RankStalledError}``,
+    wrapping the ``RankStalled`` event (``stall``), with its fields."""
 
     def __init__(self, stall: RankStalled) -> None:
         at = f"step {stall.last_index}" if stall.last_index >= 0 else "no step yet"

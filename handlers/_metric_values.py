@@ -123,9 +123,9 @@ def _walk(metrics: Any) -> tuple[str, str] | None:
         values += 1
         if values > MAX_VALUES:
             return "metrics", f"more than {MAX_VALUES} values"
+        if isinstance(value, (dict, list, tuple)) and depth >= MAX_DEPTH:
+            return path, f"nested deeper than {MAX_DEPTH} levels"
         if isinstance(value, dict):
-            if depth >= MAX_DEPTH:
-                return path, f"nested deeper than {MAX_DEPTH} levels"
             items = list(dict.items(value))
             for key, item in reversed(items):
                 if not isinstance(key, str):
@@ -133,8 +133,6 @@ def _walk(metrics: Any) -> tuple[str, str] | None:
                 text += str.__len__(key)
                 stack.append((item, f"{path}[{_short_repr(key)}]", depth + 1))
         elif isinstance(value, (list, tuple)):
-            if depth >= MAX_DEPTH:
-                return path, f"nested deeper than {MAX_DEPTH} levels"
             items = list(list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value))
             for index in range(len(items) - 1, -1, -1):
                 stack.append((items[index], f"{path}[{index}]", depth + 1))

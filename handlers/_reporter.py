@@ -60,13 +60,11 @@ class Reporter:
         """Report this rank's ``metrics`` for its next round, and the ``checkpoint`` it
         saved, if any (one rank naming it is enough).
 
-        The metrics are copied at once: the worker may reuse its dict. Raises
-        ``ReportError`` (a ``ValueError``; nothing reported, the turn still this rank's)
-        if they hold something a log cannot (a tensor), or ``checkpoint`` is no path the
-        OS takes, or lies outside the ``state_dir`` and cannot be copied in. Once the
-        report is out, the loop gets a turn (at most every 10 ms of computing,
-        ``CALLBACKS_TURN_S``), where the callbacks run: a cancellation (a stop, an interrupt
-        from a callback) may end the worker there, the report already made.
+        The metrics are copied at once: the worker may reuse its dict. ``ReportError`` (a
+        ``ValueError``, nothing reported) if they hold something a log cannot (a tensor),
+        or ``checkpoint`` is no path or cannot be copied into the ``state_dir``. The loop
+        then may give the callbacks a turn (``CALLBACKS_TURN_S``), where a cancellation may
+        end the worker, the report already made.
         """
         try:
             frozen = freeze_metrics(metrics)

@@ -369,10 +369,8 @@ class Run(anyio.AsyncContextManagerMixin):
         )
 
     def start_worker(self, rank: int, fn: WorkerFn) -> None:
-        """Run ``fn(reporter)`` as a task; an exception escaping it becomes a ``WorkerFailure``.
-
-        The run waits for started workers before it finishes.
-        """
+        """Run ``fn(reporter)`` as a task the run waits for before it finishes; an exception
+        escaping it becomes a ``WorkerFailure``."""
         if self._tg is None:
             raise RuntimeError("start workers inside `async with open_run(...) as run`")
         reporter = self.reporter(rank)

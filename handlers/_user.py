@@ -56,16 +56,9 @@ _HOOKS: dict[str, type[Event]] = {
 
 
 class UserCallbackHandler:
-    """Subscribes every hook ``callbacks`` implement to its gathered event, in callback order.
-
-    A callback that needs the bus itself defines ``__eventbus_subscribe__(self, bus)``.
-
-    Args:
-        callbacks: the training callbacks (``TypeError`` for anything else).
-        context_of: gives ``on_event`` the run context.
-        exception_of: gives ``after_exception`` each failure's exception.
-        after_the_end: whether an event came after the run's end (no ``on_event``).
-    """
+    """Subscribes every hook ``callbacks`` implement to its gathered event, in callback order
+    (one that needs the bus itself defines ``__eventbus_subscribe__(self, bus)``). The run
+    context, each failure's exception and the run's end are the attachment's."""
 
     def __init__(
         self,
