@@ -36,9 +36,6 @@ from ._options import MAX_WORLD_SIZE
 
 __all__ = ["ReportCallbackHandler"]
 
-ContextFor = Callable[[Event], TrainRunContext]
-Emit = Callable[[Event], object]
-
 _log = get_logger("handlers.reports")
 
 
@@ -64,9 +61,9 @@ class ReportCallbackHandler:
         *,
         world_size: int | None = None,
         required_ranks: Iterable[int] | None = None,
-        context_for: ContextFor | None = None,
+        context_for: Callable[[Event], TrainRunContext] | None = None,
         announce_checkpoints: bool = False,
-        emit: Emit | None = None,
+        emit: Callable[[Event], object] | None = None,
         stall_periods: int | None = None,
     ) -> None:
         self.announce_checkpoints = announce_checkpoints

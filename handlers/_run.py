@@ -151,7 +151,8 @@ class Run(anyio.AsyncContextManagerMixin):
         self._moved: anyio.Event | None = None
         #: When a report next gives the loop a turn: one time for all the run's workers.
         self.turn_due = 0.0
-        self._stopping_lanes: tuple[Subscription, ...] | None = None
+        #: The lanes ``wait_gathered`` waits for: those of callbacks with a ``should_stop``.
+        self._stopping_lanes: tuple[Subscription, ...] = ()
         self.engine = engine
         #: The callbacks whose ``for_workers`` was not JSON (said once each).
         self._unsendable: set[str] = set()
@@ -283,11 +284,8 @@ class Run(anyio.AsyncContextManagerMixin):
         by a restart) and the callbacks that can stop the run (inline ones, and lanes with a
         ``should_stop``) handled it, or once that round cannot complete (``Reporter.sync``).
         """
-        if self._stopping_lanes is None and self.attachment is not None:
-            self._stopping_lanes = stopping_lanes(self.attachment)
-        lanes = self._stopping_lanes or ()
         while True:
-            await self.bus.wait_idle(lanes=lanes)
+            await self.bus.wait_idle(lanes=self._stopping_lanes)
             gathering = self.attachment.reports if self.attachment else None
             if (  # no report of rank waits for a round that can still complete
                 gathering is None
@@ -542,7 +540,7 @@ class Run(anyio.AsyncContextManagerMixin):
             # The log is created here, in one step: of two runs given one path only the
             # first records, and a run never entered leaves no file.
             self.core.open_log(self._log_path)
-            self.core.open(self.bus)
+            self._stopping_lanes = stopping_lanes(self.core.open(self.bus))
             if self.options.on_stall == "restart":
                 self.bus.subscribe(RankStalled, self._stalled, name="handlers.Run.on_stall")
             try:
