@@ -37,11 +37,10 @@ def interrupt_in(exc: BaseException | None) -> BaseException | None:
 def only_cancellations(exc: BaseException | None, cancelled_class: type[BaseException]) -> bool:
     """Whether ``exc`` holds nothing but cancellations and interrupts: the fallout of
     ending the run from inside, which the exception that ended it replaces."""
-    if exc is None or isinstance(exc, (cancelled_class, KeyboardInterrupt, SystemExit)):
+    fallout = (cancelled_class, KeyboardInterrupt, SystemExit)
+    if exc is None or isinstance(exc, fallout):
         return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(only_cancellations(inner, cancelled_class) for inner in exc.exceptions)
-    return False
+    return isinstance(exc, BaseExceptionGroup) and exc.split(fallout)[1] is None
 
 
 def status_of(ended_by: BaseException) -> tuple[RunStatus, str]:
