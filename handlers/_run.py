@@ -837,7 +837,8 @@ def open_run(
         timeout: the default deadline of one callback call, seconds (default 30).
         budget: the callbacks' share of a period (default 0.05).
         buffer: events the bus holds before reporters wait (default 1024).
-        drain_timeout: how long the run's end waits for callbacks, seconds.
+        drain_timeout: how long the run's end waits for callbacks, seconds (at least
+            0.1, default 10); what is left is counted and said.
         stall_periods: periods of silence after which a rank the others wait for has
             stalled: a ``RankStalled`` and ``after_exception`` with
             ``{rank: RankStalledError}`` (default ``None``: not watched).
@@ -855,7 +856,8 @@ def open_run(
             keeps its id, rounds and report indices. A checkpoint without saved
             states is an error unless ``allow_fresh_state``.
         preempt_grace: how long a run told to stop by SIGTERM takes to end in order,
-            seconds (default 25); then it raises ``handlers.Preempted`` (exit 143).
+            seconds (default 25; keep it under what the scheduler gives); then it raises
+            ``handlers.Preempted`` (exit 143).
         engine: where ``run.workers(train)`` runs the workers: this process's tasks by
             default, or ``adapters.ray.RayEngine()`` (needs ``state_dir``).
     """
