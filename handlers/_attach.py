@@ -148,14 +148,6 @@ class CallbackAttachment:
         ended = self.ended_seq
         return ended is not None and event.seq > ended
 
-    @property
-    def final_result(self) -> RunResult | None:
-        """The run's result once it ended, its callbacks' costs brought up to now."""
-        ended = self.ended
-        if ended is None:
-            return None
-        return msgspec.structs.replace(ended, callbacks=self.costs())
-
     def keep_original(self, failure: WorkerFailure, exc: Exception) -> None:
         """``after_exception`` gets ``exc`` itself for ``failure`` (the log carries its text)."""
         if len(self._originals) >= _MAX_ORIGINALS:  # failures are few; a flood keeps text

@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
+
 from eventbus import (
     BudgetReport,
     CheckpointSaved,
@@ -163,8 +165,11 @@ class RunCore:
 
     @property
     def result(self) -> RunResult | None:
-        """``after_run``'s result once the run ended (with its callbacks' costs so far)."""
-        return self.attachment.final_result if self.attachment is not None else None
+        """``after_run``'s result once the run ended, its callbacks' costs brought up to now."""
+        attachment = self.attachment
+        if attachment is None or attachment.ended is None:
+            return None
+        return msgspec.structs.replace(attachment.ended, callbacks=attachment.costs())
 
     def say_end(self, seconds: float | None = None) -> None:
         """One line on the console for how the run ended (once it has a result)."""
