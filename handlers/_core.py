@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
+
 from eventbus import (
     BudgetReport,
     CheckpointSaved,
@@ -33,20 +35,9 @@ __all__ = ["RunCore"]
 
 
 class RunCore:
-    """One run's identity, wiring, log, and first and last events.
-
-    Args:
-        callbacks: the training callbacks (restored ones replace them in ``resume``).
-        name: the run's name, in its context and its id.
-        world_size: how many ranks report (0: not known yet; the first report says).
-        required_ranks: the ranks a round waits for (default: all).
-        run_id: the run's id; by default a resumed run's, else one made from ``name``.
-        config: the run's configuration, in ``RunStarted``.
-        storage: the root the callbacks' files belong in, in ``RunStarted``.
-        store: snapshots every stateful callback at every checkpoint.
-        announce_checkpoints: the gathering announces each round's checkpoint.
-        position_of: where the run stood at a checkpoint (default: the gathering's).
-    """
+    """One run's identity, wiring, log, and first and last events. Its arguments are
+    ``open_run``'s (``world_size=0``: not known until the first report); ``position_of``
+    says where the run stood at a checkpoint (default: the gathering's)."""
 
     def __init__(
         self,
@@ -92,8 +83,7 @@ class RunCore:
         callbacks: Iterable[Any] | None = None,
         restored: StateRestored | None = None,
     ) -> None:
-        """What the run resumes, read before anything started, and the callbacks restored
-        in place from it."""
+        """What the run resumes, read before anything started, and the callbacks restored."""
         self.resume = resume
         if callbacks is not None:
             self.callbacks = list(callbacks)
@@ -150,8 +140,7 @@ class RunCore:
         )
 
     def after_start(self) -> list[Event]:
-        """What a resumed run says once ``before_run`` has returned: ``RunResumed``, the
-        period the crash cut, what was restored."""
+        """What a resumed run says once ``before_run`` has returned."""
         resumed = self.resume.event(self.run_id) if self.resume is not None else None
         return [e for e in (resumed, self.cut_period, self.restored) if e is not None]
 
@@ -176,8 +165,11 @@ class RunCore:
 
     @property
     def result(self) -> RunResult | None:
-        """``after_run``'s result once the run ended (with its callbacks' costs so far)."""
-        return self.attachment.lifecycle.result if self.attachment is not None else None
+        """``after_run``'s result once the run ended, its callbacks' costs brought up to now."""
+        attachment = self.attachment
+        if attachment is None or attachment.ended is None:
+            return None
+        return msgspec.structs.replace(attachment.ended, callbacks=attachment.costs())
 
     def say_end(self, seconds: float | None = None) -> None:
         """One line on the console for how the run ended (once it has a result)."""

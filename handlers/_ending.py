@@ -1,12 +1,6 @@
-"""How a run that something ended from inside reports it: the status, the error text,
-and the exception to raise, found inside exception groups.
-
-A run ended by an interrupt (``KeyboardInterrupt``, from a callback, a worker
-or a signal) is ``cancelled``; by ``SystemExit`` or a callback's
-``on_error="raise"``, ``failed``. The cancellations the ending caused in the
-body and the workers are its fallout: the exception that ended the run
-replaces them, unwrapped, on asyncio and trio alike.
-"""
+"""How a run's end is reported, wherever it ran: its status and error text, who stopped it,
+its console line, and the exception that ended it from inside, found inside exception
+groups (the cancellations the ending caused are its fallout, replaced by it)."""
 
 from __future__ import annotations
 
@@ -43,18 +37,15 @@ def interrupt_in(exc: BaseException | None) -> BaseException | None:
 def only_cancellations(exc: BaseException | None, cancelled_class: type[BaseException]) -> bool:
     """Whether ``exc`` holds nothing but cancellations and interrupts: the fallout of
     ending the run from inside, which the exception that ended it replaces."""
-    if exc is None or isinstance(exc, (cancelled_class, KeyboardInterrupt, SystemExit)):
+    fallout = (cancelled_class, KeyboardInterrupt, SystemExit)
+    if exc is None or isinstance(exc, fallout):
         return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(only_cancellations(inner, cancelled_class) for inner in exc.exceptions)
-    return False
+    return isinstance(exc, BaseExceptionGroup) and exc.split(fallout)[1] is None
 
 
 def status_of(ended_by: BaseException) -> tuple[RunStatus, str]:
-    """How a run that ``ended_by`` ended is reported, wherever it ran (``open_run``,
-    an adapter): a preemption signal preempts it; an interrupt cancels it;
-    ``SystemExit`` or a callback's raise fails it; the error text is ``Type: message``
-    (``preempted by SIGTERM``)."""
+    """How a run that ``ended_by`` ended is reported: a preemption signal preempts it, an
+    interrupt cancels it, ``SystemExit`` or a callback's raise fails it."""
     if isinstance(ended_by, Preempted):
         return "preempted", str(ended_by)
     status: RunStatus = "cancelled" if isinstance(ended_by, KeyboardInterrupt) else "failed"
@@ -62,9 +53,8 @@ def status_of(ended_by: BaseException) -> tuple[RunStatus, str]:
 
 
 def stop_of(callbacks: Iterable[Any]) -> tuple[str, str | None] | None:
-    """Which callback asked the run to stop early, and why: the first whose
-    ``should_stop`` is true, named as the state store tells it apart
-    (``EarlyStopping(metric='loss', mode='min')``), with its ``stop_reason``."""
+    """Which callback asked the run to stop early (the first whose ``should_stop`` is true,
+    named as the state store names it), and its ``stop_reason``."""
     for callback in callbacks:
         try:  # asked at every run's end: a property that raises must not break it
             if getattr(callback, "should_stop", False) is not True:
@@ -82,8 +72,8 @@ def _count(number: int, what: str, plural: str | None = None) -> str:
 
 
 def log_run_end(result: RunResult, seconds: float | None = None) -> None:
-    """One line on the console for a run's end, whichever way it ran: how it ended,
-    what it did, and what went wrong (a warning when something did)."""
+    """One line on the console for a run's end: how it ended, what it did, and what went
+    wrong (a warning when something did)."""
     took = f" in {seconds:.1f} s" if seconds is not None else ""
     parts = [_count(result.rounds, "round"), _count(result.reports, "report")]
     troubles = []

@@ -13,14 +13,9 @@ __all__ = ["RankStalledError", "ReportError", "WorkerError", "WorkerGroupError"]
 
 class WorkerError(Exception):
     """A worker's exception as ``after_exception`` receives it from a log or a replay,
-    carried as text (the original would need pickle).
-
-    Args:
-        rank: the rank whose worker raised it.
-        error_type: the exception's type name (``RuntimeError``).
-        message: its message.
-        traceback: its formatted traceback.
-        retryable: whether the worker said a retry may succeed.
+    carried as text (the original would need pickle): the ``rank`` that raised it, its
+    ``error_type`` (``RuntimeError``), ``message``, formatted ``traceback``, and whether
+    the worker said a retry may succeed (``retryable``).
     """
 
     def __init__(
@@ -65,10 +60,8 @@ class WorkerError(Exception):
 
 
 class RankStalledError(Exception):
-    """A rank that stalled, as ``after_exception`` receives it: ``{rank: RankStalledError}``.
-
-    An exception wrapping the ``RankStalled`` event (``stall``), with its fields.
-    """
+    """A rank that stalled, as ``after_exception`` receives it: ``{rank: RankStalledError}``,
+    wrapping the ``RankStalled`` event (``stall``), with its fields."""
 
     def __init__(self, stall: RankStalled) -> None:
         at = f"step {stall.last_index}" if stall.last_index >= 0 else "no step yet"

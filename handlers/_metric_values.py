@@ -1,13 +1,6 @@
-"""What a report's metrics may hold, checked where reports enter, and frozen.
-
-Everything a run accepts can be logged and replayed exactly as reported: JSON values (NaN and
-infinities included: a diverging loss is a real signal), integers msgpack can hold, bounded
-nesting and size; anything else is rejected with its path (``metrics['hist'][3]``). Accepted
-metrics are copied once into read-only containers (``FrozenDict``, ``FrozenList``) that every
-callback shares, so none can change what another sees (one copy per report, not per
-callback). The common flat dict is checked by a type test per value; anything else takes an
-iterative walk, so no nesting can exhaust the stack.
-"""
+"""What a report's metrics may hold (what a log replays exactly as reported), checked where
+reports enter, and frozen once into read-only containers every callback shares
+(docs/concepts/rounds.md#metrics)."""
 
 from __future__ import annotations
 
@@ -26,8 +19,7 @@ __all__ = [
 MAX_DEPTH = 32
 #: Most values (scalars and containers) in one report's metrics.
 MAX_VALUES = 100_000
-#: Most characters of all strings (keys included) in one report's metrics; a
-#: report then stays far below the event log's record limit (64 MiB).
+#: Most characters of all strings (keys included): far below a log record's limit.
 MAX_TEXT = 4 * 1024 * 1024
 #: msgpack holds integers from -2**63 to 2**64 - 1 (the fast path spells them out).
 _INT_MIN = -(1 << 63)
@@ -55,12 +47,8 @@ def _read_only(*args: Any, **kwargs: Any) -> NoReturn:
 
 
 class FrozenDict(dict[str, Any]):
-    """The read-only ``dict`` each rank's metrics reach callbacks as.
-
-    Every callback of a round is given the same metrics objects, so the mutators raise
-    ``TypeError`` and nested lists arrive as ``FrozenList``. It is a real ``dict``;
-    ``dict(d)``, ``d.copy()``, ``copy.deepcopy(d)`` and pickling give a mutable one.
-    """
+    """The read-only ``dict`` each rank's metrics reach callbacks as (every callback gets the
+    same objects); ``dict(d)``, ``d.copy()``, ``copy.deepcopy(d)`` and pickling thaw it."""
 
     __slots__ = ()
 
@@ -103,16 +91,6 @@ def _thaw(value: Any) -> Any:
     return value
 
 
-def _thorough_problem(metrics: Any) -> tuple[str, str] | None:
-    """What the fast path could not accept, walked value by value."""
-    try:
-        return _walk(metrics)
-    except RecursionError:
-        return "metrics", "nested too deeply to inspect"
-    except Exception as exc:  # a hostile subclass whose methods raise
-        return "metrics", f"could not be inspected: {type(exc).__qualname__}"
-
-
 def _scalar_problem(value: Any) -> str | None:
     """Why a non-container value cannot be accepted (``None`` if it can)."""
     if value is None or isinstance(value, (bool, float)):
@@ -145,9 +123,9 @@ def _walk(metrics: Any) -> tuple[str, str] | None:
         values += 1
         if values > MAX_VALUES:
             return "metrics", f"more than {MAX_VALUES} values"
+        if isinstance(value, (dict, list, tuple)) and depth >= MAX_DEPTH:
+            return path, f"nested deeper than {MAX_DEPTH} levels"
         if isinstance(value, dict):
-            if depth >= MAX_DEPTH:
-                return path, f"nested deeper than {MAX_DEPTH} levels"
             items = list(dict.items(value))
             for key, item in reversed(items):
                 if not isinstance(key, str):
@@ -155,8 +133,6 @@ def _walk(metrics: Any) -> tuple[str, str] | None:
                 text += str.__len__(key)
                 stack.append((item, f"{path}[{_short_repr(key)}]", depth + 1))
         elif isinstance(value, (list, tuple)):
-            if depth >= MAX_DEPTH:
-                return path, f"nested deeper than {MAX_DEPTH} levels"
             items = list(list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value))
             for index in range(len(items) - 1, -1, -1):
                 stack.append((items[index], f"{path}[{index}]", depth + 1))
@@ -184,17 +160,13 @@ def _short_repr(value: Any) -> str:
 def freeze_metrics(metrics: Any) -> FrozenDict:
     """A read-only deep copy of ``metrics``, or ``MetricsError`` naming what is wrong.
 
-    Subclasses of the JSON types become the plain types (an ``IntEnum`` an
-    ``int``, a numpy ``float64`` a ``float``), as a trip through the log would
-    make them: a live run and its replay give callbacks equal values. A
-    ``FrozenDict`` is already checked and frozen, and is returned as it is.
+    Subclasses of the JSON types become the plain types (an ``IntEnum`` an ``int``), as a
+    trip through the log would make them, so a live run and its replay agree.
     """
     kind = type(metrics)
     if kind is FrozenDict:
         return metrics  # type: ignore[no-any-return]
-    # The fast path, run for every report: at most 1,024 str keys and values of exact
-    # scalar types (integers msgpack holds, strings up to 4,096 characters). Anything
-    # else takes the thorough walk. Constants are spelled out, and nothing is called.
+    # The fast path, every report's: a flat dict of exact scalar types, nothing called.
     if kind is dict and len(metrics) <= 1024:
         for key, value in metrics.items():
             if type(key) is not str:
@@ -211,7 +183,12 @@ def freeze_metrics(metrics: Any) -> FrozenDict:
             break
         else:
             return FrozenDict(metrics)
-    problem = _thorough_problem(metrics)
+    try:  # the thorough walk, value by value
+        problem = _walk(metrics)
+    except RecursionError:
+        problem = "metrics", "nested too deeply to inspect"
+    except Exception as exc:  # a hostile subclass whose methods raise
+        problem = "metrics", f"could not be inspected: {type(exc).__qualname__}"
     if problem is not None:
         raise MetricsError(*problem)
     frozen: FrozenDict = _freeze(metrics)

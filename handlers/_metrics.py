@@ -1,9 +1,6 @@
-"""Summaries of a round's metrics, shared by the built-in callbacks and the run.
-
-A round holds one dict per rank; callbacks that rank or log a round want one
-number per metric. The mean is taken over the ranks that reported a finite
-number, so one rank's missing or diverged value does not hide the others'.
-"""
+"""Summaries of a round's metrics (one number per metric), shared by the built-in callbacks
+and the run: the mean over the ranks that reported a finite number, so one rank's missing
+or diverged value does not hide the others'."""
 
 from __future__ import annotations
 
@@ -29,12 +26,8 @@ def mean_of(metrics: Sequence[dict[str, Any]], name: str) -> float | None:
 def note_missing_metric(
     log: Any, callback: object, metric: str, misses: int, metrics: Sequence[dict[str, Any]]
 ) -> None:
-    """One debug line, at a callback's first round without its metric (``misses == 1``).
-
-    Why quiet: trainers report rounds that lack a metric by design (Hugging
-    Face's evaluation logs have ``eval_loss``, not ``loss``), as Keras's and
-    Lightning's early stopping know; the callback counts them instead.
-    """
+    """One debug line, at a callback's first round without its metric: quiet, because
+    trainers report such rounds by design (Hugging Face's evaluation logs)."""
     if misses == 1:
         log.debug(
             "round without the metric skipped (counted in rounds_without_metric)",
@@ -45,11 +38,8 @@ def note_missing_metric(
 
 
 def mean_metrics(metrics: Sequence[dict[str, Any]]) -> dict[str, float | int]:
-    """Per-name mean over ranks of every numeric metric (one summary line per round).
-
-    A metric every rank reported as an int stays an int when its mean is
-    whole (``step=1``, not ``step=1.0``); otherwise the mean is a float.
-    """
+    """Per-name mean over ranks of every numeric metric; a metric every rank reported as an
+    int stays an int when its mean is whole (``step=1``, not ``step=1.0``)."""
     if len(metrics) == 1:  # one rank (a single-process trainer): its numbers as they are
         alone = _one_rank(metrics[0])
         if alone is not None:
@@ -72,8 +62,8 @@ def mean_metrics(metrics: Sequence[dict[str, Any]]) -> dict[str, float | int]:
 
 
 def _one_rank(metrics: dict[str, Any]) -> dict[str, float | int] | None:
-    """``mean_metrics`` of one rank's plain ints and floats, in one pass (every report of a
-    single-process trainer comes here); None for anything else a number may be."""
+    """``mean_metrics`` of one rank's plain ints and floats, in one pass (a single-process
+    trainer's every report); None for anything else a number may be."""
     out: dict[str, float | int] = {}
     for name, value in metrics.items():
         kind = type(value)

@@ -24,18 +24,9 @@ Restarts = Annotated[int, Meta(ge=0, le=1_000_000, description="whole number of 
 
 
 class RunOptions(BusOptions, frozen=True, kw_only=True):
-    """How a run runs: its bus's options (``BusOptions``) and its ranks.
-
-    Attributes:
-        world_size: how many ranks report.
-        required_ranks: the ranks a round waits for (default: all).
-        drain_timeout: how long the run's end waits for what was reported to be
-            handled, seconds (at least 0.1 s); what is left is counted and said.
-        preempt_grace: how long a run told to stop by SIGTERM takes to end in order,
-            seconds; keep it under what the scheduler gives (Kubernetes: 30 s).
-        on_stall: ``"warn"``, or ``"restart"``: a stalled rank is also a failure, so
-            ``run.workers`` restarts the group (this process's tasks only).
-    """
+    """How a run runs: its bus's options (``BusOptions``) and its ranks, ``world_size``,
+    ``required_ranks``, ``drain_timeout``, ``preempt_grace`` and ``on_stall``, as
+    ``open_run`` documents them (its keywords build one)."""
 
     world_size: WorldSize
     required_ranks: tuple[Rank, ...] | None = None

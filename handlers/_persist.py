@@ -1,11 +1,6 @@
-"""Copy a checkpoint a worker reported from outside the run's state dir into it.
-
-A worker may save its checkpoint anywhere (a scratch disk, a temporary directory that goes
-away with the worker); the run keeps only what lies in its state dir. So a checkpoint
-outside is copied in, and one inside is left where it is. The copy never follows a link out
-of the checkpoint and never opens a special file: a checkpoint is data the run owns, not a
-way to read the rest of the machine (or to hang on a fifo).
-"""
+"""Copy a checkpoint a worker reported from outside the run's state dir (a scratch disk
+that goes away with the worker) into it. The copy never follows a link out of the
+checkpoint nor opens a special file: it must not read the rest of the machine."""
 
 from __future__ import annotations
 
@@ -25,14 +20,9 @@ class CheckpointCopyError(ValueError):
 
 def persist_checkpoint(root: Path, location: str, index: int) -> str:
     """Where the checkpoint ``location`` of report number ``index`` lives in the state dir
-    ``root`` (resolved, absolute).
-
-    A location inside ``root`` (after resolving links, so a link out of ``root`` is not
-    inside) is returned as given, untouched. Any other must be an existing directory or
-    regular file, not itself a link: its contents (or the file) are copied into
-    ``root / f"checkpoint_{index:06d}"``, merged into what other ranks of the same report
-    copied there already, and that directory is returned.
-    """
+    ``root`` (resolved): as given if inside it (links resolved), else copied (a directory
+    or a regular file, not a link) into ``root / f"checkpoint_{index:06d}"``, merged with
+    what other ranks of the same report copied there."""
     source = os.path.abspath(location)
     real_root = os.path.realpath(root)
     real_source = os.path.realpath(source)

@@ -14,9 +14,8 @@ import anyio
 import anyio.lowlevel
 import msgspec
 
-from eventbus import EventBus, Report, RoundGathered, RunFinished, WorkerGroupRestarted
+from eventbus import Report
 from eventbus._logging import get_logger
-from eventbus._stages import Stage
 from eventbus._subscription import Subscription
 from eventbus.state._model import state_key_of
 
@@ -27,11 +26,7 @@ from ._persist import persist_checkpoint
 _log = get_logger("handlers.reporter")
 
 #: How long the run's workers may compute, awaiting nothing else, before a report gives
-#: the loop a turn (seconds; timed for the run, so that such workers share the loop
-#: fairly). A report reaches an inline callback in three turns (the bus's dispatcher,
-#: the gathering, the callback's handler), so a round is handled within 30 ms of
-#: computing; rounds that come faster are handled a few at once (a turn per round cost
-#: torchrun's rank 0 0.1 ms a step).
+#: the loop a turn, seconds (docs/guides/async-trainer.md: why not at every report).
 CALLBACKS_TURN_S = 0.01
 _json = msgspec.json.Decoder()
 _json_encoder = msgspec.json.Encoder()
@@ -40,18 +35,14 @@ if TYPE_CHECKING:
     from ._attach import CallbackAttachment
     from ._run import Run
 
-__all__ = ["Reporter", "SyncSignal", "stopping_lanes", "values_for_workers"]
+__all__ = ["Reporter", "stopping_lanes", "values_for_workers"]
 
 
 class Reporter:
     """One rank's handle on its run: ``await reporter.report(metrics, checkpoint=None)``.
 
     ``latest_checkpoint`` is where a restarted worker resumes; ``should_stop`` turns true
-    when a callback or the trainer asked the run to stop. A run makes one per rank.
-
-    Args:
-        run: the run it reports to.
-        rank: the rank it reports for.
+    when a callback or the trainer asked the run to stop. A run makes one per ``rank``.
     """
 
     def __init__(self, run: Run, rank: int) -> None:
@@ -69,13 +60,11 @@ class Reporter:
         """Report this rank's ``metrics`` for its next round, and the ``checkpoint`` it
         saved, if any (one rank naming it is enough).
 
-        The metrics are copied at once: the worker may reuse its dict. Raises
-        ``ReportError`` (a ``ValueError``; nothing reported, the turn still this rank's)
-        if they hold something a log cannot (a tensor), or ``checkpoint`` is no path the
-        OS takes, or lies outside the ``state_dir`` and cannot be copied in. Once the
-        report is out, the loop gets a turn (at most every 10 ms of computing,
-        ``CALLBACKS_TURN_S``), where the callbacks run: a cancellation (a stop, an interrupt
-        from a callback) may end the worker there, the report already made.
+        The metrics are copied at once: the worker may reuse its dict. ``ReportError`` (a
+        ``ValueError``, nothing reported) if they hold something a log cannot (a tensor),
+        or ``checkpoint`` is no path or cannot be copied into the ``state_dir``. The loop
+        then may give the callbacks a turn (``CALLBACKS_TURN_S``), where a cancellation may
+        end the worker, the report already made.
         """
         try:
             frozen = freeze_metrics(metrics)
@@ -97,9 +86,7 @@ class Reporter:
                 checkpoint=location,
             )
         )
-        # The callbacks run in this loop: a worker that computes between its reports and
-        # awaits nothing else would hold them off until it ends (no stop, no line, no
-        # budget until then).
+        # A worker that computes and awaits nothing else would hold the callbacks off.
         now = time.monotonic()
         if now >= run.turn_due:
             run.turn_due = now + CALLBACKS_TURN_S
@@ -111,13 +98,8 @@ class Reporter:
 
     async def sync(self) -> None:
         """Wait until every report this rank made was gathered into a round (or discarded
-        by a restart) and the callbacks that can stop the run have handled that round.
-
-        A worker that syncs after each report reads ``should_stop`` as of its latest
-        round. It never waits for a report that cannot come (a rank whose worker ended).
-        Waited for: inline callbacks and lane callbacks with a ``should_stop`` attribute
-        (docs/guides/async-trainer.md).
-        """
+        by a restart) and the callbacks that can stop the run have handled that round, so
+        that ``should_stop`` reads as of that round (``Run.wait_gathered``)."""
         await self.run.wait_gathered(self.rank)
 
     @property
@@ -197,15 +179,10 @@ def checkpoint_location(rank: int, checkpoint: object) -> str:
     return location
 
 
-def _path_limits() -> tuple[int, int]:
-    """POSIX's ``NAME_MAX`` and ``PATH_MAX`` (bytes), asked once of ``/``."""
-    try:
-        return os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
-    except (AttributeError, OSError, ValueError):  # no pathconf (Windows): Linux's
-        return 255, 4096
-
-
-_NAME_MAX, _PATH_MAX = _path_limits()
+try:  # POSIX's NAME_MAX and PATH_MAX (bytes), asked once of "/"
+    _NAME_MAX, _PATH_MAX = os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
+except (AttributeError, OSError, ValueError):  # no pathconf (Windows): Linux's
+    _NAME_MAX, _PATH_MAX = 255, 4096
 
 
 def _refused_path(location: str) -> str | None:
@@ -229,7 +206,6 @@ def _refused_path(location: str) -> str | None:
 
 
 def _shown(text: str, most: int = 60) -> str:
-
     if len(text) <= most:
         return repr(text)
     return f"{text[: most // 2]!r}…{text[-most // 2 :]!r} ({len(text)} characters)"
@@ -241,29 +217,3 @@ async def persisted(rank: int, state_dir: Path, location: str, index: int) -> st
         return await anyio.to_thread.run_sync(persist_checkpoint, state_dir, location, index)
     except ValueError as exc:  # CheckpointCopyError, or whatever else os.path refuses
         raise ReportError(rank, "checkpoint", str(exc)) from None
-
-
-class SyncSignal:
-    """What ``Reporter.sync`` waits on: set whenever the rounds may have moved. It
-    subscribes to ``bus`` at the first wait, so runs that never sync pay nothing."""
-
-    def __init__(self, bus: EventBus) -> None:
-        self._bus = bus
-        self._event: anyio.Event | None = None
-
-    async def wait(self) -> None:
-
-        if self._event is None:
-            self._event = anyio.Event()
-            moved = (RoundGathered, WorkerGroupRestarted, RunFinished)
-            self._bus.subscribe(moved, self._moved, name="Reporter.sync", order=Stage.OBSERVE)
-        await self._event.wait()
-
-    def _moved(self, event: object) -> None:
-        self.wake()
-
-    def wake(self) -> None:
-
-        if self._event is not None:
-            self._event.set()
-            self._event = anyio.Event()

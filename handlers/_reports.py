@@ -36,9 +36,6 @@ from ._options import MAX_WORLD_SIZE
 
 __all__ = ["ReportCallbackHandler"]
 
-ContextFor = Callable[[Event], TrainRunContext]
-Emit = Callable[[Event], object]
-
 _log = get_logger("handlers.reports")
 
 
@@ -64,43 +61,24 @@ class ReportCallbackHandler:
         *,
         world_size: int | None = None,
         required_ranks: Iterable[int] | None = None,
-        context_for: ContextFor | None = None,
+        context_for: Callable[[Event], TrainRunContext] | None = None,
         announce_checkpoints: bool = False,
-        emit: Emit | None = None,
+        emit: Callable[[Event], object] | None = None,
         stall_periods: int | None = None,
     ) -> None:
         self.announce_checkpoints = announce_checkpoints
         self.stall_periods = stall_periods
-        #: Per rank, its latest report index (or ``heard``'s) and the bus time it got
-        #: there (NaN: none since the group started).
-        self._progress: list[int] = []
-        self._last_time: list[float] = []
         self._hears = False  # rounds come whole; progress comes from ``heard``
-        self._stalled: dict[int, tuple[int, float, RankStalled]] = {}
         self.stalls = 0
-        self.recoveries = 0
         self._period = 0.0  # seconds
-        self._context_for = context_for or _first_event_context()
+        self._context_for = context_for or self._first_context
+        self._context: TrainRunContext | None = None
         self._emit = emit
-        self.world_size = 0
-        self.required_ranks: tuple[int, ...] = ()
         self.run_id: str | None = None
-        self._required: list[bool] = []
-        self._all_required = True
-        self._last_index: list[int] = []
-        #: The oldest open round: slots by rank, checkpoints named, required ranks lacking.
-        self._slots: list[Any] = []
-        self._named: dict[int, str] | None = None
-        self._missing = 0
-        self._not_required = 0
-        #: The round after it, and per rank the reports for the rounds after that.
-        self._following: list[Any] = []
-        self._following_named: dict[int, str] | None = None
-        self._ahead: dict[int, deque[tuple[FrozenDict, str | None]]] = {}
+        self._size(0, [])  # the world size is not known yet
         #: ``(rank, index)`` of reports of rounds taken whole, until the bus brings them back.
         self._taken: deque[tuple[int, int]] = deque()
         self._done = 0  # reports in released and discarded rounds
-        self._configured = False
         self.rounds = 0
         self.rejected = 0
         self.discarded = 0
@@ -150,6 +128,10 @@ class ReportCallbackHandler:
             raise ValueError(
                 f"required ranks {required} must be a non-empty subset of 0..{world_size - 1}"
             )
+        self._size(world_size, required)
+
+    def _size(self, world_size: int, required: list[int]) -> None:
+        """Start the gathering over for ``world_size`` ranks (0: not known yet)."""
         self.world_size = world_size
         self.required_ranks = tuple(required)
         self._required = [False] * world_size
@@ -157,17 +139,20 @@ class ReportCallbackHandler:
             self._required[rank] = True
         self._all_required = len(required) == world_size
         self._last_index = [-1] * world_size
+        #: Per rank, its latest report index (or ``heard``'s) and the bus time it got
+        #: there (NaN: none since the group started).
         self._progress = [-1] * world_size
         self._last_time = [math.nan] * world_size
-        self._stalled = {}
-        self._slots = [None] * world_size
-        self._named = None
+        self._stalled: dict[int, tuple[int, float, RankStalled]] = {}
+        #: The oldest open round: slots by rank, checkpoints named, required ranks lacking.
+        self._slots: list[Any] = [None] * world_size
+        self._named: dict[int, str] | None = None
         self._missing = len(required)
         self._not_required = world_size - len(required)
-        self._following = [None] * world_size
-        self._following_named = None
-        self._ahead = {}
-        self._configured = True
+        #: The round after it, and per rank the reports for the rounds after that.
+        self._following: list[Any] = [None] * world_size
+        self._following_named: dict[int, str] | None = None
+        self._ahead: dict[int, deque[tuple[FrozenDict, str | None]]] = {}
 
     @property
     def reports(self) -> int:
@@ -178,7 +163,6 @@ class ReportCallbackHandler:
         return self._done + waiting
 
     def handle(self, event: Report | WorkerGroupRestarted | HealthCheckTick) -> None:
-
         if isinstance(event, Report):
             taken = self._taken
             if taken and taken[0] == (event.rank, event.index):
@@ -247,13 +231,22 @@ class ReportCallbackHandler:
             self._following[rank] = metrics
             if checkpoint is not None:
                 self._following_named = _with(self._following_named, rank, checkpoint)
-        else:
-            self._queue_ahead(rank, metrics, checkpoint)
+        else:  # reports in both open rounds already: this one waits in its rank's queue
+            queue = self._ahead.get(rank)
+            if queue is None:
+                queue = self._ahead[rank] = deque()
+            queue.append((metrics, checkpoint))
+
+    def _first_context(self, event: Event) -> TrainRunContext:
+        """Without a lifecycle handler: the run context built from the first event."""
+        if self._context is None:
+            self._context = TrainRunContext.from_event(event)
+        return self._context
 
     def _begin(self, report: Report) -> bool:
         """The run's first report: learn its id, and its world size unless given."""
         context = self._context_for(report)
-        if not self._configured:
+        if not self.world_size:
             try:
                 self._configure(context.world_size or report.world_size, None)
             except ValueError as exc:
@@ -261,13 +254,6 @@ class ReportCallbackHandler:
                 return False
         self.run_id = context.run_id
         return True
-
-    def _queue_ahead(self, rank: int, metrics: FrozenDict, checkpoint: str | None) -> None:
-        """``rank`` has reports in both open rounds already: this one waits in its queue."""
-        queue = self._ahead.get(rank)
-        if queue is None:
-            queue = self._ahead[rank] = deque()
-        queue.append((metrics, checkpoint))
 
     def _release(self, report: Report) -> None:
         """Deliver the complete oldest round, opening the next first (an emit may raise)."""
@@ -306,11 +292,12 @@ class ReportCallbackHandler:
         to publish: each rank's ``Report`` (for the log), then what the round makes.
         """
         if self.reports != self._done:
+            waiting = [rank for rank in range(self.world_size) if self.waiting_from(rank)]
             raise RuntimeError(
-                f"a whole round while reports of ranks {self._partial()} wait for theirs: "
+                f"a whole round while reports of ranks {waiting} wait for theirs: "
                 "it would overtake them; report the other ranks' first"
             )
-        ranks = self.required_ranks if self._configured else tuple(range(len(metrics)))
+        ranks = self.required_ranks if self.world_size else tuple(range(len(metrics)))
         if not metrics or len(metrics) != len(ranks):
             raise ValueError(
                 f"a whole round has the metrics of each required rank {list(ranks)}, "
@@ -326,7 +313,7 @@ class ReportCallbackHandler:
             raise ReportError(
                 ranks[0], "checkpoint", f"{checkpoint!r} is not a checkpoint location"
             )
-        if not self._configured:
+        if not self.world_size:
             self._configure(len(ranks), None)
         last, world_size = self._last_index, self.world_size
         reports = [
@@ -350,10 +337,6 @@ class ReportCallbackHandler:
         self._done += len(ranks)
         named = None if checkpoint is None else dict.fromkeys(ranks, checkpoint)
         return [*reports, *self._deliver(frozen, named, reports[0])]
-
-    def _partial(self) -> list[int]:
-        """The ranks with reports waiting for their round."""
-        return [rank for rank in range(self.world_size) if self.waiting_from(rank)]
 
     def _deliver(
         self, metrics: list[Any], named: dict[int, str] | None, report: Report
@@ -439,7 +422,7 @@ class ReportCallbackHandler:
     def heard(self, run_id: str, rank: int, index: int, time: float) -> None:
         """Rank ``rank`` is at report ``index`` as of bus ``time``: for engines whose rounds
         come whole (Ray), only progress shows whom the others wait for."""
-        if not self._configured:
+        if not self.world_size:
             raise RuntimeError("progress heard before the run's world size is known")
         if self.run_id is None:
             self.run_id = run_id
@@ -466,7 +449,7 @@ class ReportCallbackHandler:
         """Find stalled and recovered ranks. Only a rank the others wait for can stall:
         ranks silent together (a shared pause, the run's end) have not."""
         periods = self.stall_periods
-        if periods is None or not self._configured or self.run_id is None:
+        if periods is None or not self.world_size or self.run_id is None:
             return
         times, progress = self._last_time, self._progress
         for rank, time_ in enumerate(times):
@@ -523,7 +506,6 @@ class ReportCallbackHandler:
             self._emit(stall)
 
     def _recovered(self, rank: int, silent: float) -> None:
-        self.recoveries += 1
         index = self._progress[rank]
         _log.warning(
             f"rank {rank} recovered after {silent:.1f} s: reported step {index}",
@@ -571,7 +553,7 @@ class ReportCallbackHandler:
             self._configure(event.world_size, event.required_ranks or None)
         except ValueError as exc:
             self._reject(event, "required_ranks", str(exc))
-            if self._configured:  # keep the old group, minus the partial rounds the restart ended
+            if self.world_size:  # keep the old group, minus the partial rounds the restart ended
                 self._configure(self.world_size, self.required_ranks)
         self._last_time = [event.time] * self.world_size  # the new group's silence starts here
 
@@ -594,20 +576,7 @@ class ReportCallbackHandler:
 
 
 def _with(named: dict[int, str] | None, rank: int, checkpoint: str) -> dict[int, str]:
-
     if named is None:
         named = {}
     named[rank] = checkpoint
     return named
-
-
-def _first_event_context() -> ContextFor:
-
-    holder: list[TrainRunContext] = []
-
-    def context_for(event: Event) -> TrainRunContext:
-        if not holder:
-            holder.append(TrainRunContext.from_event(event))
-        return holder[0]
-
-    return context_for

@@ -32,14 +32,9 @@ _log = get_logger("handlers.resume")
 
 
 class Resume:
-    """What a run resumes from, read once before the run starts, so a bad position refuses
-    the resume before any callback was changed.
-
-    Args:
-        checkpoint: the checkpoint to resume from, as the operator gave it.
-        position: where the run stood there (``None``: not saved).
-        run_id: the id of the run that saved the snapshot (``""`` if unknown).
-    """
+    """What a run resumes from: the ``checkpoint`` as given, where the run stood there
+    (``position``, ``None`` if not saved) and the id of the run that saved it (``""``), read
+    before the run starts, so a bad position refuses the resume before any callback changed."""
 
     def __init__(self, checkpoint: str, position: RunPosition | None, run_id: str) -> None:
         self.checkpoint = checkpoint
@@ -91,7 +86,9 @@ class Resume:
                 now=world_size,
             )
             position = None
-        attachment.resume_at(self.checkpoint, position)
+        attachment.reports.resume_at(self.checkpoint, position)
+        if position is not None:
+            attachment.failures.resume_at(position)
 
     def event(self, run_id: str) -> RunResumed | None:
         if self.position is None:
@@ -233,25 +230,14 @@ def resume_point(
         return resume_from
     latest = latest_checkpoint(given)
     if latest is None:
-        if run_dir is None or not _same_folder(given, Path(run_dir)):
+        try:
+            own_folder = run_dir is not None and os.path.samefile(given, run_dir)
+        except OSError:
+            own_folder = False
+        if not own_folder:
             return resume_from  # a checkpoint without states: the resume says what is missing
-        if not _holds_log(log):
+        if log is None or not os.path.isfile(log):  # else appends_to_log moves it, saying so
             _log.warning(f"no complete checkpoint in {given} yet: the run starts fresh")
         return None
     _log.info(f"resuming from {latest}: the latest complete checkpoint in {given}")
     return latest
-
-
-def _same_folder(one: Path, other: Path) -> bool:
-    try:
-        return os.path.samefile(one, other)
-    except OSError:
-        return False
-
-
-def _holds_log(log: str | os.PathLike[str] | None) -> bool:
-    """Whether ``appends_to_log`` will find a log to move aside (and say so)."""
-    try:
-        return log is not None and stat.S_ISREG(Path(log).stat().st_mode)
-    except OSError:
-        return False

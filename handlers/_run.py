@@ -1,11 +1,8 @@
-"""The run composition API for async trainers: ``async with open_run(...) as run``.
+"""The run composition API for async trainers: ``async with open_run(...) as run``, the one
+call that composes a run, checking every argument at the call.
 
-A trainer needs ``before_run`` and ``after_run`` exactly once on every way
-out, a cancelled or failed body included. So the bus runs in its own task
-under a shielded scope: when the run's body is cancelled, the bus still
-delivers ``RunFinished`` and ``after_run`` before it stops. The same holds
-when a callback, a worker or a signal ends the run from inside (``_ending``
-says how that is reported).
+``before_run`` and ``after_run`` happen exactly once on every way out, so the bus runs in
+its own task under a shielded scope: a cancelled body still gets its ``after_run``.
 """
 
 from __future__ import annotations
@@ -14,10 +11,18 @@ import math
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Protocol, Self, Unpack
 
 import anyio
 import anyio.abc
@@ -28,6 +33,8 @@ from eventbus import (
     CheckpointSaved,
     EventBus,
     RankStalled,
+    RoundGathered,
+    RunFinished,
     RunResult,
     RunStatus,
     StateRestored,
@@ -38,6 +45,8 @@ from eventbus import (
 from eventbus._clock import Clock, MonotonicClock
 from eventbus._holds import holding
 from eventbus._logging import get_logger
+from eventbus._options import OptionTypeError
+from eventbus._stages import Stage
 from eventbus._subscription import Subscription
 from eventbus._text import describe as describe_exception
 from eventbus.log import LogRecorder
@@ -48,15 +57,13 @@ from ._attach import CallbackAttachment
 from ._callback import UserCallback
 from ._core import RunCore
 from ._ending import interrupt_in, only_cancellations, status_of
-from ._engine import WorkerEngine
 from ._errors import RankStalledError, WorkerError, WorkerGroupError
-from ._options import Restarts, RunOptions
-from ._reporter import Reporter, SyncSignal, checkpoint_location, stopping_lanes, values_for_workers
+from ._options import Restarts, RunKeywords, RunOptions
+from ._reporter import Reporter, checkpoint_location, stopping_lanes, values_for_workers
 from ._resume import Resume, resume_point
 from ._signals import Preempted, takes_signals, watch_signals
-from ._workers import WorkerTasks
 
-__all__ = ["Run", "WorkerFn"]
+__all__ = ["Run", "TrainingCallback", "WorkerEngine", "WorkerFn", "open_run"]
 
 _log = get_logger("handlers.run")
 
@@ -72,26 +79,8 @@ class Run(anyio.AsyncContextManagerMixin):
     Making a run checks its arguments; entering it (``async with``) reads the snapshot it
     resumes from, restores the callbacks, attaches the state store, opens the log, starts
     the bus and attaches the callbacks, failing before anything started if it cannot.
-    Leaving it ends the run in order, whatever ended it. A run is entered once.
-
-    Args:
-        options: the run's options, checked (``RunOptions``).
-        callbacks: the training callbacks; anything else is a ``TypeError``
-            here, naming it.
-        name: the run's name, in its context and its id.
-        run_id: the run's id; by default a resumed run's, or else one made
-            from ``name``.
-        storage: the root the callbacks' files belong in; by default
-            ``state_dir``.
-        config: the run's configuration, in its context.
-        clock: the bus's clock (a ``VirtualClock`` in tests).
-        log: records every event of the run to this file.
-        state_dir: snapshots every stateful callback at every checkpoint.
-        resume_from: continues the run from this checkpoint, or from the
-            latest complete one in this run directory (needs ``state_dir``).
-        strict_state: raises where restoring would warn.
-        allow_fresh_state: resumes from a checkpoint without saved states.
-        engine: where ``workers`` runs the workers (``None``: this process's tasks).
+    Leaving it ends the run in order, whatever ended it. A run is entered once. Its
+    arguments are ``open_run``'s, its keywords made into ``options`` (``RunOptions``).
     """
 
     def __init__(
@@ -113,7 +102,6 @@ class Run(anyio.AsyncContextManagerMixin):
     ) -> None:
         if resume_from is not None and state_dir is None:
             raise ValueError("resume_from= needs state_dir=, where the callback states were saved")
-        #: The run's options, checked (``RunOptions``).
         self.options = options
         self.world_size = options.world_size
         self.required_ranks = options.required_ranks
@@ -125,10 +113,7 @@ class Run(anyio.AsyncContextManagerMixin):
         self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
         self.config = dict(config or {})
         self.bus = EventBus(options, clock=clock, on_failure=self._end_from_inside)
-        # Callback states: snapshotted at every checkpoint with where the run stood,
-        # restored into the callbacks given (order kept) before any runs when resuming.
         self.state_store = StateStore(state_dir, strict=strict_state) if state_dir else None
-        #: The run's identity, wiring, log and first and last events, as every way in has them.
         self.core = RunCore(
             callbacks,
             name=name,
@@ -141,7 +126,6 @@ class Run(anyio.AsyncContextManagerMixin):
         )
         self._resume_from = resume_from
         self._allow_fresh_state = allow_fresh_state
-        # The log records every event of the bus, from RunStarted to the last budget report.
         self._log_path = log
         self.status: RunStatus | None = None
         self._stop_requested = False
@@ -161,16 +145,14 @@ class Run(anyio.AsyncContextManagerMixin):
         self._hurried = False
         self._watchers: anyio.abc.TaskGroup | None = None
         self._draining: anyio.CancelScope | None = None
-        #: When the run was entered (``None``: not yet; a run is entered once).
         self._entered: float | None = None
-        #: What ``wait_gathered`` waits on: a round gathered, a restart, a worker's end.
-        self._sync_signal = SyncSignal(self.bus)
-        #: When a report next gives the loop a turn (``Reporter.report``): one time for
-        #: all the run's workers, so that workers that compute share the loop fairly.
+        #: What ``wait_gathered`` waits on, set whenever the rounds may have moved; made
+        #: (and subscribed) at the first wait, so runs that never sync pay nothing.
+        self._moved: anyio.Event | None = None
+        #: When a report next gives the loop a turn: one time for all the run's workers.
         self.turn_due = 0.0
-        #: The lane subscriptions ``wait_gathered`` waits for (known once attached).
-        self._stopping_lanes: tuple[Subscription, ...] | None = None
-        #: Where ``workers`` runs the workers (``None``: this process's tasks).
+        #: The lanes ``wait_gathered`` waits for: those of callbacks with a ``should_stop``.
+        self._stopping_lanes: tuple[Subscription, ...] = ()
         self.engine = engine
         #: The callbacks whose ``for_workers`` was not JSON (said once each).
         self._unsendable: set[str] = set()
@@ -184,9 +166,7 @@ class Run(anyio.AsyncContextManagerMixin):
             )
         if engine is not None:
             engine.check(self)
-        #: Whether this process hosts the run: where the engine hosts it in another
-        #: (torchrun's ranks but 0), entering starts nothing and ``workers`` runs this
-        #: process's worker only, reporting to the host.
+        #: Whether this process hosts the run (not so on torchrun's ranks but 0).
         self.hosted: bool = getattr(engine, "hosts_run", True)
 
     # --- what trainers use ---------------------------------------------------------
@@ -224,14 +204,10 @@ class Run(anyio.AsyncContextManagerMixin):
 
     @property
     def result(self) -> RunResult:
-        """``after_run``'s result, once the run is over (read it after ``async with``),
-        with its callbacks' costs (``RunResult.callbacks``) brought up to the bus's close.
-
-        Raises:
-            RuntimeError: no result yet (not entered, still running), or the run ended
-                without one (its bus failed before delivering ``RunFinished``).
-        """
-        result = self._result_so_far()
+        """``after_run``'s result once the run is over (after ``async with``), its callbacks'
+        costs brought up to the bus's close; ``RuntimeError`` (saying why) before, or if the
+        bus failed before delivering ``RunFinished``."""
+        result = self.core.result
         if result is not None:
             return result
         if self._entered is None:
@@ -244,9 +220,6 @@ class Run(anyio.AsyncContextManagerMixin):
             why = f"the run ended ({self.status}) but its bus failed before delivering it"
         raise RuntimeError(f"run {self.run_id} has no result: {why}")
 
-    def _result_so_far(self) -> RunResult | None:
-        return self.core.result
-
     @property
     def restarts(self) -> int:
         """How many times the worker group restarted (the gathering counts them)."""
@@ -256,7 +229,7 @@ class Run(anyio.AsyncContextManagerMixin):
     def latest_checkpoint(self) -> str | None:
         """The checkpoint of the latest complete round that had one (where a restart
         resumes); in a resumed run, until its first, the one it resumed from."""
-        return self.attachment.last_checkpoint if self.attachment else None
+        return self.attachment.reports.last_checkpoint if self.attachment else None
 
     def first_index(self, rank: int) -> int:
         """The index of ``rank``'s first report (a resumed run continues them)."""
@@ -265,13 +238,12 @@ class Run(anyio.AsyncContextManagerMixin):
     @property
     def should_stop(self) -> bool:
         """Whether the run was asked to stop, was preempted a round ago, or a callback's
-        ``should_stop`` is true. Each callback's is read every time (a worker reads this
-        every step): a callback may set it at any time, from anywhere."""
+        ``should_stop`` is true, read every time: a callback may set it at any time."""
         if self._stop_requested or (
             self._preempted_by is not None and self._rounds_since_preempted() > 1
         ):
             return True
-        for callback in self.core.callbacks:  # a loop: any() over a generator costs 2x
+        for callback in self.core.callbacks:  # a loop: faster than any() (read every step)
             if getattr(callback, "should_stop", False) is True:
                 return True
         return False
@@ -283,9 +255,8 @@ class Run(anyio.AsyncContextManagerMixin):
         return self._rounds_since_preempted() > 0
 
     def _rounds_since_preempted(self) -> int:
-        """Rounds gathered since a preemption signal (0 without one): the first makes
-        every rank checkpoint at its next step, the one after it stops them, so each
-        rank sees both as of the same round (as ``should_stop`` after ``sync``)."""
+        """Rounds gathered since a preemption signal (0 without one): counted in rounds,
+        so that every rank sees the checkpoint and the stop as of the same round."""
         if self._preempted_by is None or self.attachment is None:
             return 0
         return self.attachment.reports.rounds - self._preempted_at
@@ -309,31 +280,30 @@ class Run(anyio.AsyncContextManagerMixin):
         return reporter is not None and reporter.ended
 
     async def wait_gathered(self, rank: int) -> None:
-        """Return once every report ``rank`` made was gathered into a round (or
-        discarded by a restart) and the callbacks that can stop the run handled
-        that round, or once that round cannot complete: a rank it lacks has a
-        worker that ended (``Reporter.sync``).
-
-        Inline handlers and the lane handlers of callbacks with a ``should_stop`` are
-        waited for; another lane's backlog is not (a slow lane lags behind the trainer).
+        """Return once every report ``rank`` made was gathered into a round (or discarded
+        by a restart) and the callbacks that can stop the run (inline ones, and lanes with a
+        ``should_stop``) handled it, or once that round cannot complete (``Reporter.sync``).
         """
-        if self._stopping_lanes is None and self.attachment is not None:
-            self._stopping_lanes = stopping_lanes(self.attachment)
-        lanes = self._stopping_lanes or ()
         while True:
-            await self.bus.wait_idle(lanes=lanes)
-            if not self._waits_for_round(rank):
+            await self.bus.wait_idle(lanes=self._stopping_lanes)
+            gathering = self.attachment.reports if self.attachment else None
+            if (  # no report of rank waits for a round that can still complete
+                gathering is None
+                or not gathering.waiting_from(rank)
+                or any(self.has_ended(lacking) for lacking in gathering.lacking())
+            ):
                 return
-            await self._sync_signal.wait()
+            if self._moved is None:
+                self._moved = anyio.Event()
+                moved = (RoundGathered, WorkerGroupRestarted, RunFinished)
+                self.bus.subscribe(moved, self._wake, name="Reporter.sync", order=Stage.OBSERVE)
+            await self._moved.wait()
 
-    def _waits_for_round(self, rank: int) -> bool:
-        """Whether a report of ``rank`` waits for a round that can still complete."""
-        if self.attachment is None:
-            return False
-        gathering = self.attachment.reports
-        if not gathering.waiting_from(rank):
-            return False
-        return not any(self.has_ended(lacking) for lacking in gathering.lacking())
+    def _wake(self, event: object = None) -> None:
+        """The rounds may have moved: wake a ``wait_gathered`` (a round, a restart, an end)."""
+        if self._moved is not None:
+            self._moved.set()
+            self._moved = anyio.Event()
 
     def reporter(self, rank: int) -> Reporter:
         """The reporter of ``rank`` (one per rank, kept across restarts), inside the run:
@@ -352,15 +322,11 @@ class Run(anyio.AsyncContextManagerMixin):
         metrics: Sequence[Mapping[str, Any]],
         checkpoint: str | os.PathLike[str] | None = None,
     ) -> None:
-        """Report a whole round whose ranks a framework gathered already (Ray's
-        controller, Lightning's all-gather): ``metrics[i]`` of the i-th required
-        rank, and the ``checkpoint`` the round saved, if any, taken where it is.
+        """Report a whole round a framework gathered already (Ray's controller, Lightning's
+        all-gather): ``metrics[i]`` of the i-th required rank, and the round's ``checkpoint``.
 
-        Checked as each rank's report is (a ``ReportError`` naming the first bad rank and
-        field; nothing taken), then delivered as the gathered round would be;
-        ``wait_gathered`` returns once the callbacks that can stop the run handled it.
-        While a rank's reports wait for their round, a whole round is refused
-        (``RuntimeError``): it would overtake them.
+        Checked as each rank's report is (``ReportError``, nothing taken); refused
+        (``RuntimeError``) while a rank's reports wait for their round: it would overtake them.
         """
         attachment = self.attachment
         if self._entered is None or attachment is None:
@@ -372,11 +338,8 @@ class Run(anyio.AsyncContextManagerMixin):
         await self.bus.publish_many(gathering.take_round(self.run_id, metrics, location))
 
     def heard(self, rank: int, index: int, ago: float = 0.0) -> None:
-        """Say that ``rank`` made its report ``index``, or waits in it for the other
-        ranks, ``ago`` seconds ago: an engine whose rounds come whole tells each
-        rank's progress so, since none of its rounds is partial, and a rank behind
-        the others' progress for ``stall_periods`` periods has stalled
-        (``ReportCallbackHandler.heard``)."""
+        """Say that ``rank`` made its report ``index`` (or waits in it) ``ago`` seconds ago:
+        where rounds come whole, only progress shows which rank stalled."""
         attachment = self.attachment
         if self._entered is None or attachment is None:
             raise RuntimeError("tell progress inside `async with open_run(...) as run`")
@@ -404,10 +367,8 @@ class Run(anyio.AsyncContextManagerMixin):
         )
 
     def start_worker(self, rank: int, fn: WorkerFn) -> None:
-        """Run ``fn(reporter)`` as a task; an exception escaping it becomes a ``WorkerFailure``.
-
-        The run waits for started workers before it finishes.
-        """
+        """Run ``fn(reporter)`` as a task the run waits for before it finishes; an exception
+        escaping it becomes a ``WorkerFailure``."""
         if self._tg is None:
             raise RuntimeError("start workers inside `async with open_run(...) as run`")
         reporter = self.reporter(rank)
@@ -419,11 +380,10 @@ class Run(anyio.AsyncContextManagerMixin):
     ) -> None:
         """Run ``fn(reporter)`` for each rank and wait for all of them.
 
-        When a worker fails, its failure is published, the whole group is
-        stopped and, while ``max_restarts`` allows, restarted after a
-        ``WorkerGroupRestarted`` (workers resume from
-        ``reporter.latest_checkpoint``); otherwise ``WorkerGroupError``. With
-        an ``engine``, it runs them there, with the same events and errors.
+        When a worker fails, the whole group is stopped and, while ``max_restarts``
+        allows, restarted after a ``WorkerGroupRestarted`` (workers resume from
+        ``reporter.latest_checkpoint``); otherwise ``WorkerGroupError``. An ``engine``
+        runs them with the same events and errors.
         """
         max_restarts = checked("max_restarts", max_restarts, Restarts)
         if self.engine is not None:
@@ -464,11 +424,9 @@ class Run(anyio.AsyncContextManagerMixin):
         max_restarts: int,
         required_ranks: tuple[int, ...] = (),
     ) -> None:
-        """Say that the group restarts (its ``attempt``-th restart), publish
-        ``WorkerGroupRestarted`` (the reports of the failed attempt are dropped) and
-        return once the callbacks handled it: every engine restarts its group only
-        then, so ``after_exception`` hears of the failures before the restarted
-        group's first round."""
+        """Say that the group restarts, publish ``WorkerGroupRestarted`` and return once the
+        callbacks handled it, so ``after_exception`` hears of the failures before the
+        restarted group's first round."""
         await self.bus.wait_idle()  # so latest_checkpoint has every gathered round
         _log.warning(
             f"restarting the worker group after rank(s) {_ranks(failures)} failed: "
@@ -549,7 +507,7 @@ class Run(anyio.AsyncContextManagerMixin):
                 self._end_from_inside(exc)  # not a worker failure: the run ends
             finally:
                 reporter.ended = True
-                self._sync_signal.wake()  # a sync waiting for this rank's report stops
+                self._wake()  # a sync waiting for this rank's report stops
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -564,13 +522,9 @@ class Run(anyio.AsyncContextManagerMixin):
 
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
-        """Prepare the run, start it, run the body, end the run in order.
-
-        What can refuse the run (its snapshot, its log) does so before anything starts.
-        Once the body is done, however it ended, the workers are stopped, what was
-        reported is handled, ``RunFinished`` is published and the bus stops. The exception
-        raised is the one that ended the run, never the cancellations that ending caused.
-        """
+        """Prepare the run (what can refuse it does so before anything starts), start it,
+        run the body, end the run in order; raise what ended it, never the cancellations
+        that ending caused."""
         if self._entered is not None:
             raise RuntimeError("a run can be entered only once: open another with open_run(...)")
         self._entered = time.monotonic()
@@ -583,20 +537,31 @@ class Run(anyio.AsyncContextManagerMixin):
         start_error: BaseException | None = None
         exc: BaseException | None = None
         try:
-            self._open_log()
+            # The log is created here, in one step: of two runs given one path only the
+            # first records, and a run never entered leaves no file.
+            self.core.open_log(self._log_path)
+            self._stopping_lanes = stopping_lanes(self.core.open(self.bus))
+            if self.options.on_stall == "restart":
+                self.bus.subscribe(RankStalled, self._stalled, name="handlers.Run.on_stall")
             try:
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     try:
-                        await self._start()
+                        tg.start_soon(self._host_bus, name="eventbus")
+                        await self._bus_ready.wait()
+                        if self._bus_error is not None:
+                            raise self._bus_error
+                        await self.bus.publish(self.core.started())
                     except BaseException as error:
                         self._bus_stop.set()
                         start_error = error
                         raise
                     started = True
                     try:
-                        try:
-                            await self._begin()
+                        try:  # before_run returns before any worker, then the resume is said
+                            await self.bus.wait_idle()
+                            for event in self.core.after_start():
+                                await self.bus.publish(event)
                         except BaseException as before_run:
                             exc = before_run
                         else:
@@ -623,7 +588,7 @@ class Run(anyio.AsyncContextManagerMixin):
                 if not only_cancellations(group, cancelled_class):
                     raise
         finally:
-            self._close_log()  # also when cancelled while entering: the file stays closed
+            self.core.close_log()  # also when cancelled while entering: the file stays closed
         if not started:  # the task group took the start's cancellation as its own
             raise RuntimeError("the run was stopped while it started") from start_error
         ended_by = self._ended_by  # after_run itself may have raised an interrupt
@@ -637,10 +602,8 @@ class Run(anyio.AsyncContextManagerMixin):
             raise Preempted(self._preempted_by)
 
     def _prepare(self) -> None:
-        """Read what the run resumes from and restore the callbacks (the position
-        first, so that a bad one refuses the resume before any callback changed),
-        or register them, and attach the state store. The run's own folder with no
-        complete checkpoint yet starts the run fresh (``resume_point`` says so)."""
+        """Read what the run resumes from (the position first, so that a bad one refuses
+        the resume before any callback changed) and restore the callbacks, or register them."""
         store = self.state_store
         if store is not None:
             resume_from = self._resume_from
@@ -657,34 +620,6 @@ class Run(anyio.AsyncContextManagerMixin):
                 self.core.resumed(resume, callbacks, restored)
             else:
                 store.register(self.callbacks)
-
-    def _open_log(self) -> None:
-        """Wire the run onto its bus and create its log, or continue the resumed run's
-        (``RunCore.open``). The log is created here, in one step, so that of two runs
-        given one path only the first records, and a run never entered leaves no file."""
-        self.core.open_log(self._log_path)
-        self.core.open(self.bus)
-        if self.options.on_stall == "restart":
-            self.bus.subscribe(RankStalled, self._stalled, name="handlers.Run.on_stall")
-
-    def _close_log(self) -> None:
-        self.core.close_log()
-
-    async def _start(self) -> None:
-        assert self._tg is not None
-        self._tg.start_soon(self._host_bus, name="eventbus")
-        await self._bus_ready.wait()
-        if self._bus_error is not None:
-            raise self._bus_error
-        await self.bus.publish(self.core.started())
-
-    async def _begin(self) -> None:
-        """Wait until ``before_run`` returned (so it comes before any worker starts,
-        and before a resumed run's own events reach any callback), then say what the
-        run resumed from."""
-        await self.bus.wait_idle()
-        for event in self.core.after_start():
-            await self.bus.publish(event)
 
     async def _host_bus(self) -> None:
         """The bus, and the preemption signals' watcher, until the run's end is delivered."""
@@ -705,9 +640,8 @@ class Run(anyio.AsyncContextManagerMixin):
                 self._bus_ready.set()
 
     def _preempted(self, signum: int) -> None:
-        """The first preemption signal: the workers checkpoint at their next step and
-        stop (``should_checkpoint``, then ``should_stop``), the run ends ``preempted``;
-        what has not ended within ``preempt_grace`` is abandoned in order."""
+        """The first preemption signal: the workers checkpoint and stop, the run ends
+        ``preempted``; what has not ended within ``preempt_grace`` is abandoned."""
         name, grace = signal.Signals(signum).name, self.options.preempt_grace
         _log.warning(
             f"{name}: preempting run {self.run_id}: workers checkpoint at their next step "
@@ -716,39 +650,36 @@ class Run(anyio.AsyncContextManagerMixin):
         )
         self._preempted_by = signum
         self._preempted_at = self.attachment.reports.rounds if self.attachment else 0
-        self._sync_signal.wake()
+        self._wake()
         if self._watchers is not None:
             self._watchers.start_soon(self._grace_period, signum)
 
     async def _grace_period(self, signum: int) -> None:
         await anyio.sleep(self.options.preempt_grace)
-        _log.warning(
+        self._hurry(
+            signum,
             f"run {self.run_id} did not end within preempt_grace="
             f"{self.options.preempt_grace:g} s of {signal.Signals(signum).name}: "
-            "what is left is abandoned; the log is closed whole"
+            "what is left is abandoned; the log is closed whole",
         )
-        self._end_from_inside(Preempted(signum))
-        self._skip_callbacks()
 
-    def _hurry(self, signum: int) -> None:
+    def _hurry(self, signum: int, why: str | None = None) -> None:
+        """A second signal, or the grace period over (``why``): skip what is left of the
+        callbacks' work, keeping only a moment for the log's last records."""
         _log.warning(
-            f"{signal.Signals(signum).name} again: skipping what is left of the callbacks' "
+            why
+            or f"{signal.Signals(signum).name} again: skipping what is left of the callbacks' "
             "work; the log is closed whole"
         )
         self._end_from_inside(Preempted(signum))
-        self._skip_callbacks()
-
-    def _skip_callbacks(self) -> None:
         self._hurried = True
         if self._draining is not None:
             self._draining.cancel()
 
     async def _end(self, exc: BaseException | None) -> tuple[BaseException | None, bool]:
-        """End the run the body left with ``exc`` (``None``: it returned): wait for the
-        workers (or stop them), handle what was reported, publish ``RunFinished``
-        and stop the bus. Returns the exception that stands for the body (a
-        cancellation that came while waiting, when the body returned) and whether
-        the run was cancelled."""
+        """End the run the body left with ``exc`` (``None``: it returned): wait for or stop
+        the workers, handle what was reported, publish ``RunFinished``, stop the bus.
+        Returns the exception that stands for the body and whether the run was cancelled."""
         cancelled_class = anyio.get_cancelled_exc_class()
         # An interrupt that reached the body (trio raises KeyboardInterrupt where the
         # main task is, possibly inside a task group) ends the run like one from inside.
@@ -806,6 +737,153 @@ class Run(anyio.AsyncContextManagerMixin):
                 self.core.say_end(time.monotonic() - self._entered)
         except (BusClosed, RuntimeError) as exc:  # the bus failed: nothing more can be delivered
             _log.warning("run finished without delivering RunFinished", error=repr(exc))
+
+
+class WorkerEngine(Protocol):
+    """Where a run's workers run (``open_run(engine=...)``): the run keeps all callbacks
+    see, the engine only feeds back what the workers reported, so moving a job to a
+    cluster changes this argument alone. ``check`` refuses a run at ``open_run``;
+    ``run_workers`` is ``Run.workers`` there. With ``hosts_run = False`` (torchrun's ranks
+    but 0) the run here is hollow: entering starts nothing, ``workers`` runs this
+    process's worker."""
+
+    def check(self, run: Run) -> None: ...
+
+    async def run_workers(self, run: Run, fn: WorkerFn, *, max_restarts: int) -> None: ...
+
+
+class WorkerTasks:
+    """Counts a run's workers from when they are scheduled (the run must not finish before
+    one runs) and cancels them all at once, also one that starts after that."""
+
+    def __init__(self) -> None:
+        self._scopes: set[anyio.CancelScope] = set()
+        self._cancelled = False
+        self._active = 0
+        self._done: anyio.Event | None = None
+
+    def scheduled(self) -> None:
+        self._active += 1
+        if self._done is None or self._done.is_set():
+            self._done = anyio.Event()
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Run one scheduled worker under a scope ``cancel_all`` reaches; it ends on exit."""
+        try:
+            with anyio.CancelScope() as scope:
+                self._scopes.add(scope)
+                if self._cancelled:
+                    scope.cancel()
+                try:
+                    yield
+                finally:
+                    self._scopes.discard(scope)
+        finally:
+            self._active -= 1
+            if self._active == 0 and self._done is not None:
+                self._done.set()
+
+    def cancel_all(self) -> None:
+        self._cancelled = True
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def wait_all(self) -> None:
+        """Return once every scheduled worker has ended."""
+        if self._done is not None:
+            await self._done.wait()
+
+
+class _HasState(Protocol):
+    """A callback with state only (``state()``), no hooks: the state store keeps it."""
+
+    def state(self) -> Mapping[str, Any]: ...
+
+
+#: What a run takes as a callback: a ``UserCallback`` (or its hooks), or state only.
+TrainingCallback = UserCallback | _HasState
+
+
+def open_run(
+    *,
+    callbacks: Iterable[TrainingCallback] = (),
+    name: str = "run",
+    run_id: str | None = None,
+    storage: str | os.PathLike[str] | None = None,
+    config: dict[str, Any] | None = None,
+    clock: Clock | None = None,
+    log: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+    strict_state: bool = False,
+    allow_fresh_state: bool = False,
+    options: RunOptions | None = None,
+    engine: WorkerEngine | None = None,
+    **keywords: Unpack[RunKeywords],
+) -> Run:
+    """Open a run: ``async with open_run(world_size=4, callbacks=[...]) as run:``.
+
+    ``RunStarted``/``RunFinished`` and ``before_run``/``after_run`` happen exactly once,
+    also when the body fails or is cancelled. Bad arguments raise here (``OptionError``,
+    ``ValueError``, ``TypeError``, naming them); entering the run fails before anything
+    starts if its files cannot be read or written. ``options``: a ``RunOptions``, the
+    keywords changing it. Relative paths are taken from the current directory.
+
+    Args:
+        world_size: how many ranks report (1 to 131,072).
+        required_ranks: the ranks a round waits for (default: all).
+        period: the health-check period, seconds (default 2, as Ray Train's).
+        timeout: the default deadline of one callback call, seconds (default 30).
+        budget: the callbacks' share of a period (default 0.05).
+        buffer: events the bus holds before reporters wait (default 1024).
+        drain_timeout: how long the run's end waits for callbacks, seconds (at least
+            0.1, default 10); what is left is counted and said.
+        stall_periods: periods of silence after which a rank the others wait for has
+            stalled: a ``RankStalled`` and ``after_exception`` with
+            ``{rank: RankStalledError}`` (default ``None``: not watched).
+        on_stall: ``"warn"`` (default), or ``"restart"`` the group (local tasks only).
+        callbacks: training callbacks (``UserCallback``s, objects with its hooks, or
+            with state only).
+        log: record every event of the run to this file (msgpack, or JSON Lines for
+            ``.jsonl``); never overwritten: only a resumed run appends to it.
+        state_dir: snapshot every stateful callback at every checkpoint, into it; the
+            run's storage root. A reported checkpoint outside it is copied in, to
+            ``checkpoint_<index>``, and callbacks get the copy's path.
+        resume_from: continue the run from this checkpoint, or the latest complete
+            one in this run directory: callbacks get their saved states in place
+            (mismatches are warnings; ``strict_state=True`` raises), and the run
+            keeps its id, rounds and report indices. A checkpoint without saved
+            states is an error unless ``allow_fresh_state``.
+        preempt_grace: how long a run told to stop by SIGTERM takes to end in order,
+            seconds (default 25; keep it under what the scheduler gives); then it raises
+            ``handlers.Preempted`` (exit 143).
+        engine: where ``run.workers(train)`` runs the workers: this process's tasks by
+            default, or ``adapters.ray.RayEngine()`` (needs ``state_dir``).
+    """
+    ranks = keywords.get("required_ranks")
+    if ranks is not None and not isinstance(ranks, list | tuple):
+        try:
+            keywords["required_ranks"] = tuple(ranks)
+        except TypeError:
+            raise OptionTypeError(
+                "required_ranks", f"required_ranks must be ranks (ints), got {ranks!r}"
+            ) from None
+    return Run(
+        options=RunOptions.build(options, **keywords),
+        callbacks=callbacks,
+        name=name,
+        run_id=run_id,
+        storage=storage,
+        config=config,
+        clock=clock,
+        log=log,
+        state_dir=state_dir,
+        resume_from=resume_from,
+        strict_state=strict_state,
+        allow_fresh_state=allow_fresh_state,
+        engine=engine,
+    )
 
 
 def _ranks(failures: dict[int, BaseException]) -> str:

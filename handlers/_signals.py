@@ -17,11 +17,9 @@ PREEMPTION_SIGNALS = (signal.SIGTERM,)
 
 
 class Preempted(SystemExit):
-    """The run was told to stop by a signal, and ended in order, status ``preempted``.
-
-    Raised out of the run. Uncaught, the process exits quietly with code ``128 + signal``
-    (143 for SIGTERM), as schedulers that requeue on it expect.
-    """
+    """The run was told to stop by a signal, and ended in order, status ``preempted``. Raised
+    out of the run; uncaught, the process exits quietly with code ``128 + signal`` (143 for
+    SIGTERM), as schedulers that requeue on it expect."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
@@ -35,7 +33,7 @@ class Preempted(SystemExit):
 
 
 def takes_signals() -> bool:
-    """Whether a run may take the preemption signals here: the main thread, where nobody
+    """Whether a run may take the preemption signals: in the main thread, unless someone
     installed a handler of their own (install yours first to opt out)."""
     if threading.current_thread() is not threading.main_thread():
         return False

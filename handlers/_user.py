@@ -23,7 +23,7 @@ from eventbus._subscription import DeliveryMode, ErrorPolicy, OverBudgetPolicy, 
 from eventbus.options import OptionError, checked
 from eventbus.state._model import callback_name, is_stateful
 
-from ._errors import RankStalledError, WorkerError
+from ._errors import RankStalledError
 
 if TYPE_CHECKING:
     from ._callback import UserCallback
@@ -32,8 +32,6 @@ __all__ = ["UserCallbackHandler", "base_hook", "implemented_hooks", "training_ca
 
 #: Marks the base class's no-op hooks: a callback implements only the others.
 _BASE_HOOK = "__eventbus_base_hook__"
-#: The method of a callback that subscribes to the bus itself (``UserCallbackHandler``).
-_SUBSCRIBE_ITSELF = "__eventbus_subscribe__"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,79 +42,34 @@ def base_hook(method: F) -> F:
     return method
 
 
-ContextOf = Callable[[Event], TrainRunContext]
-
-
-def _before_run(e: BeforeRun) -> tuple[Any, ...]:
-    return (e.context,)
-
-
 def _after_report(e: RoundGathered) -> tuple[Any, ...]:
-
     return (e.context, list(e.metrics), e.checkpoint)
 
 
-ExceptionOf = Callable[[WorkerFailure], Exception]
-
-
-def _after_exception(e: FailuresGathered) -> tuple[Any, ...]:
-    return (e.context, _exceptions(e, WorkerError.from_failure))
-
-
-def _exceptions(e: FailuresGathered, exception_of: ExceptionOf) -> dict[int, Exception]:
-    """``after_exception``'s ``{rank: exception}``: each failure's, each stall's."""
-    exceptions = {f.rank: exception_of(f) for f in e.failures}
-    for stall in e.stalls:
-        exceptions.setdefault(stall.rank, RankStalledError(stall))
-    return exceptions
-
-
-def _after_run(e: AfterRun) -> tuple[Any, ...]:
-    return (e.context, e.result)
-
-
-#: Each training hook: the event that makes it due, and that event's arguments for it.
-_HOOKS: dict[str, tuple[type[Event], Callable[[Any], tuple[Any, ...]]]] = {
-    "before_run": (BeforeRun, _before_run),
-    "after_report": (RoundGathered, _after_report),
-    "after_exception": (FailuresGathered, _after_exception),
-    "after_run": (AfterRun, _after_run),
-}
-
-_OPTIONS = {
-    "timeout": "timeout",
-    "budget": "budget",
-    "on_error": "on_error",
-    "max_faults": "max_faults",
-    "over_budget": "over_budget",
-    "probation": "probation",
-    "delivery": "delivery",
+#: Each training hook, and the event that makes it due.
+_HOOKS: dict[str, type[Event]] = {
+    "before_run": BeforeRun,
+    "after_report": RoundGathered,
+    "after_exception": FailuresGathered,
+    "after_run": AfterRun,
 }
 
 
 class UserCallbackHandler:
-    """Subscribes every hook ``callbacks`` implement to its gathered event, in callback order.
-
-    A callback that needs the bus itself defines ``__eventbus_subscribe__(self, bus)``.
-
-    Args:
-        callbacks: the training callbacks (``TypeError`` for anything else).
-        context_of: gives ``on_event`` the run context (default: built from the event).
-        exception_of: gives ``after_exception`` each failure's exception (default: a
-            ``WorkerError`` rebuilt from the event's text).
-        after_the_end: whether an event came after the run's end (no ``on_event``).
-    """
+    """Subscribes every hook ``callbacks`` implement to its gathered event, in callback order
+    (one that needs the bus itself defines ``__eventbus_subscribe__(self, bus)``). The run
+    context, each failure's exception and the run's end are the attachment's."""
 
     def __init__(
         self,
         callbacks: Iterable[UserCallback | Any],
         *,
-        context_of: ContextOf | None = None,
-        exception_of: ExceptionOf | None = None,
-        after_the_end: Callable[[Event], bool] | None = None,
+        context_of: Callable[[Event], TrainRunContext],
+        exception_of: Callable[[WorkerFailure], Exception],
+        after_the_end: Callable[[Event], bool],
     ) -> None:
         self.callbacks = training_callbacks(callbacks)
-        self._context_of = context_of or TrainRunContext.from_event
+        self._context_of = context_of
         self._exception_of = exception_of
         self._after_the_end = after_the_end
         self.subscriptions: list[Subscription] = []
@@ -131,21 +84,29 @@ class UserCallbackHandler:
         def on_event_args(event: Event) -> tuple[Any, ...]:
             return (context_of(event), event)
 
-        own_hooks = dict(_HOOKS)
         exception_of = self._exception_of
-        if exception_of is not None:
 
-            def after_exception_args(e: FailuresGathered) -> tuple[Any, ...]:
-                return (e.context, _exceptions(e, exception_of))
+        def after_exception_args(e: FailuresGathered) -> tuple[Any, ...]:
+            """``{rank: exception}``: each failure's, each stall's."""
+            exceptions = {f.rank: exception_of(f) for f in e.failures}
+            for stall in e.stalls:
+                exceptions.setdefault(stall.rank, RankStalledError(stall))
+            return (e.context, exceptions)
 
-            own_hooks["after_exception"] = (FailuresGathered, after_exception_args)
+        #: Each hook's arguments, from the event that makes it due.
+        args_by_hook: dict[str, Callable[[Any], tuple[Any, ...]]] = {
+            "before_run": lambda e: (e.context,),
+            "after_report": _after_report,
+            "after_exception": after_exception_args,
+            "after_run": lambda e: (e.context, e.result),
+        }
 
         for callback in self.callbacks:
             own: list[Subscription] = []
             self.subscriptions_by_callback.append(own)
             options = _subscription_options(callback)
             hooks: list[tuple[str, tuple[type[Event], ...], Callable[[Any], tuple[Any, ...]]]]
-            hooks = [(hook, (event_type,), args) for hook, (event_type, args) in own_hooks.items()]
+            hooks = [(hook, (_HOOKS[hook],), args) for hook, args in args_by_hook.items()]
             event_types = tuple(getattr(callback, "event_types", ()) or ())
             if event_types:
                 hooks.append(("on_event", event_types, on_event_args))
@@ -161,14 +122,14 @@ class UserCallbackHandler:
                 if inspect.iscoroutinefunction(method):
                     kwargs.pop("blocking", None)  # blocking is for sync methods only
                 handler = _calling(method, args_of)
-                if hook == "on_event" and self._after_the_end is not None:
+                if hook == "on_event":
                     handler = _until_the_end(handler, self._after_the_end)
                 try:
                     sub = bus.subscribe(types, handler, name=name, order=order, **kwargs)
                 except (OptionError, OptionTypeError) as exc:  # its own timeout, budget...
                     raise type(exc)(exc.option, f"{name}: {exc}") from None
                 own.append(sub)
-            subscribe_itself = getattr(type(callback), _SUBSCRIBE_ITSELF, None)
+            subscribe_itself = getattr(type(callback), "__eventbus_subscribe__", None)
             if subscribe_itself is not None:
                 own.extend(subscribe_itself(callback, bus))
             self.subscriptions.extend(own)
@@ -233,8 +194,12 @@ def training_callbacks(callbacks: Iterable[Any]) -> list[Any]:
     for index, callback in enumerate(found):
         if isinstance(callback, type):
             why = f"is a class: pass an instance, {callback.__name__}(...)"
-        elif implemented_hooks(callback) or _attaches(callback) or is_stateful(callback):
-            _check_options(callback)
+        elif (
+            implemented_hooks(callback)
+            or getattr(type(callback), "__eventbus_attach__", None) is not None
+            or is_stateful(callback)
+        ):
+            _subscription_options(callback)  # its options checked here, at the call
             continue  # a UserCallback, an object with its hooks, or one with state only
         elif callable(callback):
             why = (
@@ -262,23 +227,6 @@ _CALLBACK_OPTIONS: dict[str, Any] = {
 }
 
 
-def _check_options(callback: object) -> None:
-
-    for attribute, annotation in _CALLBACK_OPTIONS.items():
-        value = getattr(callback, attribute, None)
-        if value is None:
-            continue
-        try:
-            checked(attribute, value, annotation)
-        except (OptionError, OptionTypeError) as exc:
-            raise type(exc)(exc.option, f"{callback_name(callback)}: {exc}") from None
-
-
-def _attaches(obj: object) -> bool:
-
-    return getattr(type(obj), "__eventbus_attach__", None) is not None
-
-
 def _shown(obj: object) -> str:
     try:
         text = repr(obj)
@@ -296,11 +244,17 @@ def _overridden(callback: Any, hook: str) -> Callable[..., Any] | None:
 
 
 def _subscription_options(callback: Any) -> dict[str, Any]:
-    options = {
-        keyword: value
-        for attribute, keyword in _OPTIONS.items()
-        if (value := getattr(callback, attribute, None)) is not None
-    }
+    """The subscription options ``callback``'s class sets, checked (the error names it)."""
+    options: dict[str, Any] = {}
+    for option, annotation in _CALLBACK_OPTIONS.items():
+        value = getattr(callback, option, None)
+        if value is None:
+            continue
+        try:
+            checked(option, value, annotation)
+        except (OptionError, OptionTypeError) as exc:
+            raise type(exc)(exc.option, f"{callback_name(callback)}: {exc}") from None
+        options[option] = value
     if getattr(callback, "blocking", False):
         options["blocking"] = True
     return options

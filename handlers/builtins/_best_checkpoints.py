@@ -24,28 +24,14 @@ _log = get_logger("handlers.best_checkpoints")
 class BestCheckpoints(UserCallback, StatefulCallback, state_name="handlers.BestCheckpoints"):
     """Keeps the ``k`` best checkpoints, ranked by the round's mean of ``metric``.
 
-    ``top`` is a list of ``[value, checkpoint]``, best first (lists, so it
-    survives a JSON round trip unchanged); ``best`` is the best checkpoint.
-    Ties keep the earlier checkpoint first. A checkpoint whose round lacks
-    ``metric`` is not ranked (it is still the latest); such rounds are counted
-    in ``rounds_without_metric``, with one debug line at the first.
+    ``top`` is a list of ``[value, checkpoint]``, best first (lists survive JSON), ties
+    keeping the earlier first; ``best`` is the best checkpoint. A round without ``metric``
+    is not ranked, and counted in ``rounds_without_metric``.
 
-    ``delete_worse=True`` is Ray's ``num_to_keep`` and Lightning's
-    ``save_top_k``: a checkpoint that leaves the top ``k`` is deleted from
-    disk, except the latest one, which a resume needs (it goes once a newer
-    checkpoint arrives, if it is not among the best by then), with an info
-    line naming it and why. Off by default: it tracks only.
-
-    Locations come from workers' reports and from snapshots anyone who can
-    write a checkpoint can edit, so only one strictly inside the run's
-    storage root (``run_context.storage``: ``open_run``'s ``storage``, by
-    default its ``state_dir``) is deleted: never the root itself, a
-    filesystem root, the current directory or one of its parents, nor
-    anything a symlink leads to (a symlink is unlinked; one among the parent
-    directories that leads out makes the location outside). Without a
-    storage root nothing is deleted, with one warning. A resume keeps the
-    ``delete_worse`` given now over the snapshot's (``state_live_args``). A
-    deletion that fails is a warning, not a failure of the run.
+    ``delete_worse=True`` (Ray's ``num_to_keep``, Lightning's ``save_top_k``) deletes a
+    checkpoint that leaves the top ``k``, but never the latest, which a resume needs, and
+    only strictly inside the run's storage root, never through a symlink: locations come
+    from reports and snapshots anyone can edit (docs/guides/async-trainer.md).
     """
 
     state_args = ("metric", "k", "mode", "delete_worse")
@@ -157,9 +143,8 @@ class BestCheckpoints(UserCallback, StatefulCallback, state_name="handlers.BestC
 
 
 def _inside(path: Path, root: Path) -> Path | None:
-    """Where ``path`` is, its last component not followed, if that is strictly inside
-    ``root`` and neither a filesystem root nor the current directory or one of its
-    parents; else ``None``."""
+    """Where ``path`` is (its last component not followed) if strictly inside ``root`` and
+    neither a filesystem root nor the current directory or one of its parents."""
     last = path.name
     where = path.resolve() if last in ("", ".", "..") else path.parent.resolve() / last
     cwd = Path.cwd()

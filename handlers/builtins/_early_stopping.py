@@ -25,11 +25,9 @@ Threshold = Annotated[float, Meta(ge=0, le=1e300)]
 class EarlyStopping(UserCallback, StatefulCallback, state_name="handlers.EarlyStopping"):
     """Sets ``should_stop`` after ``patience`` rounds without improvement of ``metric``.
 
-    The round's value is the mean over ranks; it improves when it beats the
-    best so far by more than ``threshold`` (lower for ``mode="min"``). Rounds
-    without the metric do not count: they are counted in ``rounds_without_metric``
-    (one debug line at the first). State (for the state store):
-    ``{"args": ..., "attributes": {best, wait, should_stop, rounds}}``.
+    The round's value is the mean over ranks; it improves when it beats the best so far by
+    more than ``threshold`` (lower for ``mode="min"``). Rounds without the metric do not
+    count (they are counted in ``rounds_without_metric``).
     """
 
     state_args = ("metric", "patience", "threshold", "mode")

@@ -15,12 +15,9 @@ __all__ = ["ProgressDisplay"]
 
 
 class ProgressDisplay(UserCallback):
-    """One status line: rounds completed and reports per rank.
-
-    On a terminal the line is rewritten in place at most every ``interval``
-    seconds; elsewhere (a log file, CI) a new line is printed every
-    ``interval`` seconds instead. The last state is always shown at the end.
-    """
+    """One status line: rounds completed and reports per rank, rewritten in place on a
+    terminal at most every ``interval`` seconds, else a new line every ``interval`` seconds;
+    the last state always at the end."""
 
     event_types: ClassVar[tuple[type[Event], ...]] = (Report,)
 
