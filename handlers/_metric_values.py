@@ -108,7 +108,9 @@ def _scalar_problem(value: Any) -> str | None:
         if kind.__module__ == "builtins"
         else f"{kind.__module__}.{kind.__qualname__}"
     )
-    return f"{name} is not a JSON value (str, number, bool, None, list or dict)"
+    # The commonest case: a loss reported as a tensor (or a numpy number), not its value.
+    item = "; report its number, value.item()" if hasattr(kind, "item") else ""
+    return f"{name} is not a JSON value (str, number, bool, None, list or dict){item}"
 
 
 def _walk(metrics: Any) -> tuple[str, str] | None:

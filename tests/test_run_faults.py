@@ -380,6 +380,29 @@ async def test_a_report_the_log_cannot_hold_is_refused_at_the_report_naming_the_
     assert [f.status for f in finished_in_log(tmp_path)] == ["finished"]
 
 
+async def test_a_tensor_reported_as_a_metric_is_refused_saying_to_report_its_number() -> None:
+    """The commonest slip (``loss`` rather than ``loss.item()``): the refusal says what to do."""
+
+    class Tensor:  # what torch's and numpy's numbers have in common here
+        def item(self) -> float:
+            return 0.5
+
+    async def worker(reporter: Reporter) -> None:
+        with pytest.raises(ReportError) as info:
+            await reporter.report({"loss": Tensor()})
+        said = str(info.value)
+        assert said.startswith("rank 0: report refused: metrics['loss']: "), said
+        assert said.endswith(
+            "Tensor is not a JSON value (str, number, bool, None, list or dict); "
+            "report its number, value.item()"
+        ), said
+        await reporter.report({"loss": Tensor().item()})
+
+    async with open_run(world_size=1) as run:
+        await run.workers(worker)
+    assert run.result.rounds == 1
+
+
 async def test_a_refused_report_not_caught_fails_its_worker_loudly(tmp_path: Path) -> None:
     """Uncaught, the refusal is the worker's failure: the other ranks never wait for it."""
     watcher = Watcher()
