@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
     """The Trainer callback and ``run_with_failures``: ``transformers`` imported on first use."""
     if name in ("EventBusCallback", "run_with_failures"):
         # Without transformers: an ImportError naming the extra to install.
-        from . import _hf_callback
+        from ._hf_callback import EventBusCallback, run_with_failures
 
-        return getattr(_hf_callback, name)
+        return {"EventBusCallback": EventBusCallback, "run_with_failures": run_with_failures}[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
