@@ -116,6 +116,12 @@ class Steps:
             }
             Path(self.config["out"], f"rank{self.rank}.json").write_text(json.dumps(figures))
 
+    def end(self) -> None:
+        """Leave the group together: a rank that destroys it while the other still uses it
+        (or one left to the exit) may abort the other (gloo: ``terminate called``)."""
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
     def clocks(self) -> dict[str, float]:
         return {
             "wall": time.perf_counter(),
@@ -143,7 +149,7 @@ def plain(config: dict[str, Any]) -> None:
             lines.write(json.dumps({"rank": steps.rank, "step": step, "loss": loss}) + "\n")
             lines.flush()
             steps.timing(step)
-    steps.dist.destroy_process_group()  # a group left to the exit may abort it (gloo)
+    steps.end()
 
 
 def ours(config: dict[str, Any]) -> None:
@@ -181,7 +187,7 @@ def ours(config: dict[str, Any]) -> None:
             await run.workers(train)
 
     anyio.run(main)
-    steps.dist.destroy_process_group()
+    steps.end()
 
 
 def job(condition: str, config: dict[str, Any], out: Path) -> tuple[float, dict[str, float]]:
