@@ -202,43 +202,6 @@ def attacher_of(obj: object) -> Callable[[Any, list[Any]], Any] | None:
     return attach
 
 
-def _checked_types(
-    event_types: type[Event] | Iterable[type[Event]],
-    handler: Callable[[Any], Any],
-    *,
-    delivery: str,
-    timeout: float,
-    on_error: str,
-    max_faults: int,
-    budget: float | None,
-    over_budget: str,
-    probation: int,
-) -> tuple[type[Event], ...]:
-
-    types = as_event_types(event_types)
-    if attacher_of(handler) is not None:
-        raise TypeError(
-            f"{handler!r} is a training callback, not a bus handler: attach it as a run does, "
-            "with handlers.attach_user_callbacks(bus, [callback]) "
-            "(open_run and eventbus.testing.replay_log do it for you)"
-        )
-    if not callable(handler):
-        raise TypeError(f"handler must be callable, got {handler!r}")
-    if delivery not in ("inline", "lane"):
-        raise ValueError(f"delivery must be 'inline' or 'lane', got {delivery!r}")
-    if on_error not in ("log", "raise", "disable"):
-        raise ValueError(f"on_error must be 'log', 'raise' or 'disable', got {on_error!r}")
-    if over_budget not in ("warn", "coalesce", "disable"):
-        raise ValueError(
-            f"over_budget must be 'warn', 'coalesce' or 'disable', got {over_budget!r}"
-        )
-    checked("timeout", timeout, Seconds)
-    checked("budget", budget, Share | None)
-    checked("max_faults", max_faults, Faults)
-    checked("probation", probation, Probation)
-    return types
-
-
 class Subscription:
     """One handler on one bus. ``cancel()`` stops deliveries from the next batch on."""
 
@@ -285,17 +248,27 @@ class Subscription:
         barrier: bool = False,
         probation: int = DEFAULT_PROBATION,
     ) -> None:
-        self.types = _checked_types(
-            event_types,
-            handler,
-            delivery=delivery,
-            timeout=timeout,
-            on_error=on_error,
-            max_faults=max_faults,
-            budget=budget,
-            over_budget=over_budget,
-            probation=probation,
-        )
+        self.types = as_event_types(event_types)
+        if attacher_of(handler) is not None:
+            raise TypeError(
+                f"{handler!r} is a training callback, not a bus handler: attach it as a run does, "
+                "with handlers.attach_user_callbacks(bus, [callback]) "
+                "(open_run and eventbus.testing.replay_log do it for you)"
+            )
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, got {handler!r}")
+        if delivery not in ("inline", "lane"):
+            raise ValueError(f"delivery must be 'inline' or 'lane', got {delivery!r}")
+        if on_error not in ("log", "raise", "disable"):
+            raise ValueError(f"on_error must be 'log', 'raise' or 'disable', got {on_error!r}")
+        if over_budget not in ("warn", "coalesce", "disable"):
+            raise ValueError(
+                f"over_budget must be 'warn', 'coalesce' or 'disable', got {over_budget!r}"
+            )
+        checked("timeout", timeout, Seconds)
+        checked("budget", budget, Share | None)
+        checked("max_faults", max_faults, Faults)
+        checked("probation", probation, Probation)
         self._owner = owner
         self.handler = handler
         self.name = name = name or handler_name(handler)
