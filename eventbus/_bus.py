@@ -110,14 +110,11 @@ class EventBus(anyio.AsyncContextManagerMixin):
         self._buffer = options.buffer  # read by every publish
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self._now: Callable[[], float] = self.clock.now
-        period, budget = options.period, options.budget
         self._on_failure = on_failure
         self._emit_limit = options.buffer + EMIT_HEADROOM
         self._next_index = 0
-        #: Whether the library's own handlers hand blocking file work (a checkpoint's
-        #: fsyncs) to a worker thread, so that a worker in this loop trains on meanwhile.
-        #: A host that steps the loop inside a trainer's hooks turns it off: nothing else
-        #: runs in the loop then, and a thread would only add a wake-up to the hook.
+        #: Whether the library's own handlers hand blocking file work to a worker thread
+        #: (``blocking_io``); off for a host that steps the loop inside a trainer's hooks.
         self.io_in_threads = True
 
         self._inbox = Inbox()
@@ -131,8 +128,8 @@ class EventBus(anyio.AsyncContextManagerMixin):
         self._registry = registry = Registry(self._policy)
         self._periods = Periods(
             self.clock,
-            period,
-            budget,
+            options.period,
+            options.budget,
             subs=lambda: registry.subs,
             emit=self._emit,
             policy=self._policy,
@@ -190,7 +187,18 @@ class EventBus(anyio.AsyncContextManagerMixin):
         body: BaseException | None = None
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            self._start(tg)
+            self._tasks.open(tg)
+            self._periods.begin(self._now())
+            self._open = True
+            self._tasks.start(self._dispatcher.run)
+            self._tasks.start(self._watchdog.run)
+            add_listener = getattr(self.clock, "add_listener", None)
+            if add_listener is not None:
+                self._stop_listening = add_listener(self._on_clock_moved)
+            else:
+                self._tasks.start(self._periods.ticker)
+            for lane in self._registry.lanes.values():
+                self._tasks.start(lane.run)
             try:
                 yield self
             except BaseException as exc:
@@ -210,20 +218,6 @@ class EventBus(anyio.AsyncContextManagerMixin):
             raise self._failure
         if body is not None and not cancelled:
             raise body
-
-    def _start(self, tg: anyio.abc.TaskGroup) -> None:
-        self._tasks.open(tg)
-        self._periods.begin(self._now())
-        self._open = True
-        self._tasks.start(self._dispatcher.run)
-        self._tasks.start(self._watchdog.run)
-        add_listener = getattr(self.clock, "add_listener", None)
-        if add_listener is not None:
-            self._stop_listening = add_listener(self._on_clock_moved)
-        else:
-            self._tasks.start(self._periods.ticker)
-        for lane in self._registry.lanes.values():
-            self._tasks.start(lane.run)
 
     async def aclose(
         self, *, drain: bool = True, drain_timeout: float | None = None
@@ -280,9 +274,15 @@ class EventBus(anyio.AsyncContextManagerMixin):
         return self._close_report
 
     def _end_run(self, exc: BaseException) -> None:
-        """Tell the owner once, or, with no owner, stop and re-raise ``exc`` on exit."""
+        """Tell the owner once, or, with no owner, stop everything now and re-raise ``exc``
+        on leaving ``async with``."""
         if self._on_failure is None:
-            self._stop_at_once(exc)
+            if self._failure is None:
+                self._failure = exc
+                self._open = False
+                self._inbox.wake_publishers()
+                if self._tg is not None:
+                    self._tg.cancel_scope.cancel()
             return
         if self._failure_reported:
             return
@@ -291,15 +291,6 @@ class EventBus(anyio.AsyncContextManagerMixin):
             self._on_failure(exc)
         except Exception as error:
             _log.error("on_failure raised", error=describe(error))
-
-    def _stop_at_once(self, exc: BaseException) -> None:
-        """Stop everything now; leaving ``async with`` re-raises ``exc``."""
-        if self._failure is None:
-            self._failure = exc
-            self._open = False
-            self._inbox.wake_publishers()
-            if self._tg is not None:
-                self._tg.cancel_scope.cancel()
 
     # --- subscribing -----------------------------------------------------------
 

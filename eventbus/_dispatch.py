@@ -176,9 +176,8 @@ class Dispatcher:
             self._idle.set()
             self._idle = None
 
-    async def wait_idle(self, lanes: Iterable[Subscription] | None = None) -> None:
-        """Return once ``is_idle(lanes)``."""
-        lanes = None if lanes is None else tuple(lanes)
+    async def wait_idle(self, lanes: tuple[Subscription, ...] | None = None) -> None:
+        """Return once ``is_idle(lanes)`` (``lanes`` a tuple: it is read more than once)."""
         while not self.is_idle(lanes):
             if self._idle is None:
                 self._idle = anyio.Event()

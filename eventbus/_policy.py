@@ -28,13 +28,6 @@ _OVERRUN_ADVICE = (
 _HELD_WORTH_SAYING = 0.001
 
 
-def _held_advice(held: float) -> str:
-    return (
-        f"workers' steps held the event loop for {duration_text(held)} of it: run a step "
-        "that computes with anyio.to_thread.run_sync"
-    )
-
-
 #: What became of a call past its deadline, as the timeout line says it.
 _OUTCOMES = {
     "cancelled": "the call was cancelled",
@@ -166,7 +159,8 @@ class Policy:
         return stop
 
     def _apply_error_policy(self, sub: Subscription, exc: BaseException) -> bool:
-        faults = sub.counters.add_fault()
+        sub.counters.faults_since_enabled += 1  # towards ``max_faults``
+        faults = sub.counters.faults_since_enabled
         if sub.on_error == "raise":
             if self._owner_ends_run:  # the run fails; the others still get their events
                 self.set_state(sub, "disabled", "on_error='raise': it failed the run")
@@ -191,7 +185,10 @@ class Policy:
         ``held``: how long of it workers' steps held the loop (the call could not run)."""
         advice = _OVERRUN_ADVICE if outcome == "overrun" else ""
         if held >= _HELD_WORTH_SAYING:
-            advice = _held_advice(held)
+            advice = (
+                f"workers' steps held the event loop for {duration_text(held)} of it: run a "
+                "step that computes with anyio.to_thread.run_sync"
+            )
         if sub.counters.add_timeout() == 1:  # once per period: the report has the count
             _log.warning(
                 f"handler timed out: {sub.name} took {duration_text(elapsed)}, its deadline "

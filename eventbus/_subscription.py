@@ -143,11 +143,6 @@ class Counters:
         self.period_timeouts += 1
         return self.period_timeouts
 
-    def add_fault(self) -> int:
-        """A failure or a timeout, towards ``max_faults``; returns the count since enabled."""
-        self.faults_since_enabled += 1
-        return self.faults_since_enabled
-
     def skip(self, count: int) -> None:
         """``count`` deliveries were not made (disabled, coalesced, or cut short)."""
         self.skipped += count
