@@ -15,7 +15,7 @@ from ._clock import Clock, MonotonicClock
 from ._dispatch import Dispatcher, Inbox
 from ._events import Event
 from ._holds import LoopHolds
-from ._lanes import MAX_BATCH
+from ._lanes import MAX_BATCH, Lane
 from ._logging import get_logger
 from ._observers import CallObserver, CallObservers
 from ._options import DEFAULT_PROBATION, Buffer, BusKeywords, BusOptions, WaitSeconds
@@ -364,7 +364,14 @@ class EventBus(anyio.AsyncContextManagerMixin):
             runner = Runner(
                 self._now, self._policy, self._watchdog.guard(), self._observers, self.loop_holds
             )
-            lane = self._dispatcher.new_lane(sub, runner, capacity)
+            lane = Lane(
+                sub,
+                runner,
+                capacity,
+                took=self._dispatcher.lane_took,
+                idle=self._dispatcher.maybe_idle,
+                ended=registry.lane_ended,
+            )
         registry.add(sub, lane)
         if lane is not None and self._open:
             self._tasks.start(lane.run)

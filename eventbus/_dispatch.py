@@ -14,7 +14,7 @@ from msgspec.structs import replace
 from ._bus_results import BusStats
 from ._events import Event
 from ._faults import FATAL
-from ._lanes import MAX_BATCH, Lane
+from ._lanes import MAX_BATCH
 from ._logging import get_logger
 from ._periods import Periods
 from ._registry import Registry, Route
@@ -127,17 +127,6 @@ class Dispatcher:
     def lane_took(self, count: int) -> None:
         """A lane queued ``count`` deliveries of the batch being dispatched."""
         self.undispatched -= count
-
-    def new_lane(self, sub: Subscription, runner: Runner, capacity: int) -> Lane:
-        """A lane for ``sub`` that this dispatcher feeds, running its batches in ``runner``."""
-        return Lane(
-            sub,
-            runner,
-            capacity,
-            took=self.lane_took,
-            idle=self.maybe_idle,
-            ended=self._registry.lane_ended,
-        )
 
     def add_tap(self, tap: Callable[[list[Event]], None]) -> Callable[[], None]:
         """Show every batch to ``tap`` (``EventBus.add_tap``); returns its remover."""

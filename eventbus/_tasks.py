@@ -48,9 +48,10 @@ class Tasks:
             )
 
     def start(self, loop: Callable[[], Any]) -> None:
-        """Run ``loop`` as a bus task, in a cancel scope of its own, starting it again
-        after what ``_should_restart`` forgives."""
+        """Run ``loop`` as a bus task, in a cancel scope of its own, starting it again after
+        an interrupt (the run ends in order) or a cancellation no scope of ours asked for."""
         assert self._tg is not None
+        cancelled = anyio.get_cancelled_exc_class()
 
         async def guarded() -> None:
             self._running += 1
@@ -63,7 +64,15 @@ class Tasks:
                             await loop()
                             return
                         except BaseException as exc:
-                            if not self._should_restart(loop, exc):
+                            if isinstance(exc, FATAL):
+                                self._end_run(exc)
+                            elif isinstance(exc, cancelled) and not is_requested_cancel(exc):
+                                forgive_foreign_cancel()
+                                _log.error(
+                                    "a bus task was cancelled by something else; it goes on",
+                                    task=repr(loop),
+                                )
+                            else:
                                 raise
             finally:
                 self._running -= 1
@@ -71,18 +80,6 @@ class Tasks:
                     self._stopped.set()
 
         self._tg.start_soon(guarded)
-
-    def _should_restart(self, loop: Callable[[], Any], exc: BaseException) -> bool:
-        """Something escaped one of the bus's own loops: True to start it again (an interrupt,
-        or a cancellation no scope of ours asked for); anything else propagates."""
-        if isinstance(exc, FATAL):
-            self._end_run(exc)
-        elif isinstance(exc, anyio.get_cancelled_exc_class()) and not is_requested_cancel(exc):
-            forgive_foreign_cancel()
-            _log.error("a bus task was cancelled by something else; it goes on", task=repr(loop))
-        else:
-            return False
-        return True
 
     async def stop(self) -> None:
         """Cancel the tasks and wait until they are gone (their ``finally`` blocks
