@@ -1,8 +1,5 @@
 """Encoding and validated decoding of events, msgpack and JSON (nothing is ever unpickled).
-
-NaN and ±infinity are real training signals (a diverging loss), so they survive JSON too,
-as the bare tokens ``NaN``, ``Infinity`` and ``-Infinity``, through Python's ``json`` off
-the common path."""
+NaN and ±infinity (a diverging loss) survive JSON as bare tokens, off the common path."""
 
 from __future__ import annotations
 

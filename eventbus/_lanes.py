@@ -1,11 +1,5 @@
-"""Lanes: a handler's own task and bounded FIFO, so a slow handler delays only itself.
-
-A lane knows nothing of the bus. The dispatcher ``put``s batches into it;
-the lane's task takes them out in order and hands them to its own
-``Runner``. What the lane must tell others comes in as callables: that it
-queued deliveries of the batch being dispatched (``took``), that it went
-idle (``idle``), and that it ended (``ended``).
-"""
+"""Lanes: a handler's own task and bounded FIFO, so a slow handler delays only itself. A
+lane knows nothing of the bus: what it must tell others comes in as callables."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Logging through structlog, configured for speed.
-
-The library only logs what is rare (faults, budget warnings, close reports),
-never per event at an enabled level. ``configure_logging`` is for
-applications and the command line; a library never configures global state
-on import.
-
-Diagnostics go to stderr even when nobody configured structlog: its default
-logger prints to stdout, where a program's data goes (``eventbus bench --json
-- | jq`` broke on a budget warning). ``get_logger`` therefore gives a logger
-that follows structlog's configuration once there is one, and until then
-renders as structlog's default would, to stderr.
-"""
+"""Logging through structlog, of what is rare (faults, budget warnings), never per event;
+to stderr even before anyone configures structlog, whose default writes to stdout."""
 
 from __future__ import annotations
 
@@ -46,7 +35,7 @@ class _StderrUntilConfigured:
 
 
 def get_logger(name: str) -> Any:
-    """A structlog logger that never writes to stdout unless told to (see the module doc)."""
+    """A structlog logger that never writes to stdout unless told to."""
     return _StderrUntilConfigured(name)
 
 

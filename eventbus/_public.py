@@ -1,9 +1,5 @@
-"""Where users import a class from: the public name that files record.
-
-What reaches a file (the event types a log's header lists, state keys) must
-not change when a private module moves, so it names a class by its public
-home, the package that exports it, not by the private module defining it.
-"""
+"""The public home of a class, which files record (a log's event types, state keys), so
+that they do not change when a private module moves."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Who is subscribed, in which order, where each handler runs, and which handlers
-each event type reaches.
-
-The registry keeps the subscriptions and their lanes, and answers for them
-(it is their ``Owner``): a cancelled subscription leaves the routes and its
-lane is closed; ``enable()`` goes through the policy like any other state
-change. Routes are computed once per event type and dropped on any change,
-so the dispatcher pays a dict lookup per run of same-type events.
-"""
+"""Who is subscribed, in which order, with which lane, and which handlers each event type
+reaches (computed once per type, dropped on any change: a dict lookup per dispatch)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The pipeline's stages: where each kind of handler runs among those of one event.
-
-The bus runs the handlers of one event by ``order``, lowest first. Every
-handler this project wires has its place here, named, in pipeline order, so
-the order of a run reads in one place instead of as numbers across modules.
-A user's handler defaults to ``CALLBACKS`` (0); any ``order`` strictly
-between ``GATHER_REPORTS`` and ``SNAPSHOT`` keeps it among the callbacks.
-"""
+"""Where each kind of handler runs among those of one event (``order``), named in one place
+instead of as numbers across modules. A user's handler defaults to ``CALLBACKS`` (0)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Text made from anything, bounded and safe: for messages, logs and placeholders.
-
-An exception's ``__str__`` may raise, a message or a traceback may be
-megabytes, a string may hold lone surrogates no UTF-8 encoder takes: none of
-that may break the code that reports it (a fault path, a log record, a
-placeholder). Every function here returns bounded text and never raises,
-except for re-raising an interrupt that arrives while it runs.
-"""
+"""Bounded text made from anything (a hostile ``__str__``, a megabyte traceback, lone
+surrogates), for fault paths and logs: it never raises, but for an interrupt."""
 
 from __future__ import annotations
 

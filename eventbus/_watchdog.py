@@ -1,9 +1,5 @@
-"""The watchdog: one task that cancels async handler calls past their deadline.
-
-A cancel scope per call would cost more than most calls, so a runner enters one per batch
-and tells its ``Guard`` which call it is in; the watchdog cancels a scope whose runner has
-been in one call for the handler's timeout.
-"""
+"""The watchdog: one task that cancels async handler calls past their deadline, a scope
+per batch (docs/performance.md), each runner's ``Guard`` saying which call it is in."""
 
 from __future__ import annotations
 
