@@ -34,11 +34,8 @@ class MonotonicClock:
 
 
 class VirtualClock:
-    """Time that moves only when told to: ``advance``/``set``.
-
-    Sleepers wake, in deadline order, as soon as the clock passes their
-    deadline, so periodic work driven by this clock is deterministic.
-    """
+    """Time that moves only when told to (``advance``/``set``); sleepers wake in deadline
+    order as it passes their deadlines, so periodic work on it is deterministic."""
 
     def __init__(self, start: float = 0.0) -> None:
         if not math.isfinite(start):

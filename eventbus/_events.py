@@ -39,12 +39,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tru
 
 
 class EventRegistry:
-    """Every event class, keyed by module-qualified name; each ``type`` tag names one.
-
-    A second class with a taken tag raises ``TypeError`` (its records would decode as the
-    wrong class). New classes wait in ``pending`` until the union is next needed: a tag is
-    known only once msgspec has made the class. ``generation`` counts changes, for caches.
-    """
+    """Every event class, one per ``type`` tag (a second one would decode as the wrong class),
+    checked when next needed: msgspec makes the tag after ``__init_subclass__``."""
 
     def __init__(self) -> None:
         self._classes: dict[str, type[Event]] = {}

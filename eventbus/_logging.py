@@ -58,7 +58,7 @@ def configure_logging(
         renderer,
     ]
     if quiet:
-        processors.insert(0, _Drop(frozenset(quiet)))
+        processors.insert(0, _drop(frozenset(quiet)))
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -67,20 +67,16 @@ def configure_logging(
     )
 
 
-class _Drop:
-    """A processor dropping the messages a caller reports in its own way: each one
-    as given, or followed by a colon and its particulars (``callbacks over budget:
-    X took 205 ms of a 5 s period ...``)."""
+def _drop(messages: frozenset[str]) -> Any:
+    """A processor dropping ``messages``, each as given or followed by a colon and its
+    particulars (``callbacks over budget: X took 205 ms ...``)."""
 
-    def __init__(self, messages: frozenset[str]) -> None:
-        self.messages = messages
-
-    def __call__(
-        self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
-    ) -> MutableMapping[str, Any]:
+    def drop(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> Any:
         message = event_dict.get("event")
         if isinstance(message, str) and (
-            message in self.messages or message.partition(":")[0] in self.messages
+            message in messages or message.partition(":")[0] in messages
         ):
             raise structlog.DropEvent
         return event_dict
+
+    return drop

@@ -61,7 +61,7 @@ def noted(
     error: BaseException | None = None,
     calls: int = 1,
 ) -> list[HandlerCall]:
-
+    """``notes`` (a new list if ``None``) with the call added, for one observed batch."""
     call = HandlerCall(
         handler=sub.name,
         event=event,

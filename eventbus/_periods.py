@@ -148,16 +148,14 @@ def close_period(
     end: float,
     bus_budget: float,
     *,
-    period: float | None = None,
+    period: float,
     partial: bool = False,
 ) -> tuple[BudgetReport, list[HandlerUsage]]:
     """The report of period ``index`` and each subscription's usage in it; period counters
     join the lifetime ones. A handler's time past the period's length is carried into the
     next, so no report has a handler busy longer than the period."""
     span = end - start
-    length = span
-    if partial and period is not None:
-        length = judged_length(start, end, period, partial=True)
+    length = judged_length(start, end, period, partial=partial)
     usages = []
     reported = []
     total = 0.0

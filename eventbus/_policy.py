@@ -240,12 +240,8 @@ class Policy:
             self._emit(HandlerStateChanged(handler=sub.name, state=state, reason=reason))
 
     def budget_verdict(self, sub: Subscription, usage: HandlerUsage, length: float) -> None:
-        """A period of ``length`` seconds closed with ``sub`` over (or within) its budget.
-
-        ``"coalesce"`` lasts while over budget (still called, so still measured);
-        ``"disable"`` lasts ``probation`` periods, since a period without calls says
-        nothing of their cost.
-        """
+        """A period of ``length`` seconds closed with ``sub`` over (or within) its budget:
+        ``"coalesce"`` lasts while over it, ``"disable"`` for ``probation`` periods."""
         if sub.state == "normal":
             if usage.over_budget and sub.over_budget != "warn":
                 cost = cost_text(usage.total, usage.budget, length)

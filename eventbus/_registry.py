@@ -15,11 +15,8 @@ Route = tuple[tuple[Subscription, Lane | None], ...]
 
 
 class Registry:
-    """The bus's subscriptions (``subs``, in delivery order) and their lanes.
-
-    ``routes`` and ``barriers`` are changed in place, never replaced: the
-    dispatcher holds them in locals for its whole life.
-    """
+    """The bus's subscriptions (``subs``, in delivery order) and their lanes; ``routes`` and
+    ``barriers`` change in place, never replaced: the dispatcher holds them in locals."""
 
     __slots__ = ("_policy", "barriers", "lanes", "routes", "subs")
 

@@ -22,7 +22,6 @@ __all__ = [
     "Owner",
     "Subscription",
     "SubscriptionStats",
-    "as_event_types",
     "attacher_of",
     "handler_name",
     "is_async_callable",
@@ -182,14 +181,6 @@ def handler_name(handler: Callable[..., Any]) -> str:
     return f"{module}.{qualname}" if module else qualname
 
 
-def as_event_types(event_types: type[Event] | Iterable[type[Event]]) -> tuple[type[Event], ...]:
-    """One event type or several, as a tuple; ``TypeError`` for anything else."""
-    types = (event_types,) if isinstance(event_types, type) else tuple(event_types)
-    if not types or not all(isinstance(t, type) and issubclass(t, Event) for t in types):
-        raise TypeError(f"event_types must be Event subclasses, got {event_types!r}")
-    return types
-
-
 def attacher_of(obj: object) -> Callable[[Any, list[Any]], Any] | None:
     """The class's ``__eventbus_attach__(bus, callbacks)``, if it has one: how training
     callbacks attach through a gathering without the bus knowing the training layer."""
@@ -243,7 +234,10 @@ class Subscription:
         barrier: bool = False,
         probation: int = DEFAULT_PROBATION,
     ) -> None:
-        self.types = as_event_types(event_types)
+        types = (event_types,) if isinstance(event_types, type) else tuple(event_types)
+        if not types or not all(isinstance(t, type) and issubclass(t, Event) for t in types):
+            raise TypeError(f"event_types must be Event subclasses, got {event_types!r}")
+        self.types = types
         if attacher_of(handler) is not None:
             raise TypeError(
                 f"{handler!r} is a training callback, not a bus handler: attach it as a run does, "
