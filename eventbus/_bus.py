@@ -57,8 +57,7 @@ _EVENT_CLASSES: set[type] = set()
 
 async def blocking_io(bus: EventBus, work: Callable[[], object]) -> None:
     """Run file work that blocks (a checkpoint's fsyncs) for a handler of ``bus``: in a
-    worker thread where ``bus.io_in_threads`` (a worker in the bus's loop trains on
-    meanwhile; later events wait), else here."""
+    worker thread where ``bus.io_in_threads`` (later events wait), else here."""
     if bus.io_in_threads:
         await anyio.to_thread.run_sync(work)
     else:

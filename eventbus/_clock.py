@@ -56,11 +56,8 @@ class VirtualClock:
         return self._now
 
     def set(self, when: float, *, blocked: bool = False) -> None:
-        """Move the clock to ``when`` (never backwards) and wake due sleepers.
-
-        ``blocked=True``: as a call that blocks the loop lets time pass; listeners hear of
-        it only with the next move, as no period ends during a live sync callback.
-        """
+        """Move the clock to ``when`` (never backwards) and wake due sleepers. ``blocked=True``:
+        time a blocking call let pass, told to listeners only with the next move."""
         if not math.isfinite(when):
             raise ValueError(f"virtual clock cannot be set to {when}: not a finite time")
         if when < self._now:

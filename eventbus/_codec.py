@@ -117,10 +117,8 @@ def may_hold_nonfinite(data: bytes | bytearray | memoryview | str) -> bool:
 
 
 def loads_json_nonfinite(data: bytes | bytearray | memoryview | str) -> Any:
-    """Parse JSON that may hold ``NaN``/``Infinity`` tokens (plain objects, no types).
-
-    Raises ``ValueError`` (malformed) or ``RecursionError`` (nested too deep).
-    """
+    """Parse JSON that may hold ``NaN``/``Infinity`` tokens (plain objects, no types); raises
+    ``ValueError`` (malformed) or ``RecursionError`` (nested too deep)."""
     if isinstance(data, memoryview):
         data = data.tobytes()
     return json.loads(data)

@@ -231,10 +231,8 @@ class RunPosition(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunResumed(Event, frozen=True, kw_only=True):
-    """The run resumed from ``checkpoint`` at ``position``, after its ``RunStarted``.
-
-    Rolled-back events recorded before it stay in the log; a replay leaves them out.
-    """
+    """The run resumed from ``checkpoint`` at ``position``, after its ``RunStarted``; a replay
+    leaves out the rolled-back events recorded before it."""
 
     run_id: str
     checkpoint: str

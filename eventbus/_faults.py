@@ -24,9 +24,8 @@ def is_requested_cancel(exc: BaseException) -> bool:
 
 
 def forgive_foreign_cancel() -> None:
-    """On asyncio, ``uncancel()`` the current task's cancel requests no bus scope made, once
-    taken as a handler's fault: left counted, they would make the next deadline escape its
-    scope."""
+    """On asyncio, ``uncancel()`` the stray cancel requests taken as a handler's fault: left
+    counted, they would make the next deadline escape its scope."""
     try:
         task = asyncio.current_task()
     except RuntimeError:  # not on asyncio

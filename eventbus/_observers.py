@@ -77,49 +77,39 @@ def noted(
     return notes
 
 
-class _Entry:
-    """One observer and the shortest call it wants shown (compared by identity)."""
-
-    __slots__ = ("min_seconds", "observer")
-
-    def __init__(self, observer: CallObserver, min_seconds: float) -> None:
-        self.observer = observer
-        self.min_seconds = min_seconds
-
-
 class CallObservers:
     """A bus's call observers, shared by its runners. ``min_seconds``: the shortest call
     any wants (infinite: none); ``every_call``: one wants them all."""
 
-    __slots__ = ("_end_run", "_entries", "every_call", "min_seconds")
+    __slots__ = ("_added", "_end_run", "_entries", "every_call", "min_seconds")
 
     def __init__(self, end_run: Callable[[BaseException], None]) -> None:
         self._end_run = end_run
-        self._entries: list[_Entry] = []
+        #: Each observer and the shortest call it wants shown, by the order it came in.
+        self._entries: dict[int, tuple[CallObserver, float]] = {}
+        self._added = 0
         self.min_seconds = math.inf
         self.every_call = False
 
     def add(self, observer: CallObserver, min_seconds: float) -> Callable[[], None]:
         """Show ``observer`` the calls of at least ``min_seconds``; returns its remover."""
-        entry = _Entry(observer, min_seconds)
-        self._entries.append(entry)
+        key = self._added = self._added + 1
+        self._entries[key] = (observer, min_seconds)
         self._update()
-        return lambda: self._remove(entry)
+        return lambda: self._remove(key)
 
-    def _remove(self, entry: _Entry) -> None:
-        if entry in self._entries:
-            self._entries.remove(entry)
+    def _remove(self, key: int) -> None:
+        if self._entries.pop(key, None) is not None:
             self._update()
 
     def _update(self) -> None:
-        self.min_seconds = min((e.min_seconds for e in self._entries), default=math.inf)
+        self.min_seconds = min((wanted for _, wanted in self._entries.values()), default=math.inf)
         self.every_call = self.min_seconds <= 0
 
     def notify(self, calls: list[HandlerCall]) -> None:
         """Show each observer the calls of ``calls`` it asked for."""
         least = self.min_seconds
-        for entry in tuple(self._entries):
-            wanted = entry.min_seconds
+        for key, (observer, wanted) in tuple(self._entries.items()):
             shown = (
                 calls
                 if wanted <= least
@@ -128,14 +118,14 @@ class CallObservers:
             if not shown:
                 continue
             try:
-                entry.observer(shown)
+                observer(shown)
             except BaseException as exc:
                 if isinstance(exc, FATAL):
                     self._end_run(exc)
                     continue
                 _log.error(
                     "call observer failed and was removed",
-                    observer=repr(entry.observer),
+                    observer=repr(observer),
                     error=describe(exc),
                 )
-                self._remove(entry)
+                self._remove(key)

@@ -34,12 +34,6 @@ _OUTCOMES = {
     "abandoned": "its thread was abandoned",
     "overrun": "it could not be interrupted",
 }
-#: A state as the state-change line says it.
-_STATES: dict[HandlerState, str] = {
-    "normal": "enabled",
-    "coalescing": "coalescing",
-    "disabled": "disabled",
-}
 
 
 def _figures(value: float, significant: int) -> str:
@@ -232,7 +226,8 @@ class Policy:
         """Move ``sub`` to ``state`` for ``reason``; ``by_budget``: the budget policy's doing."""
         if sub.change_state(state, reason, by_budget=by_budget):
             _log.warning(
-                f"handler state changed: {sub.name} {_STATES[state]}: {reason}",
+                f"handler state changed: {sub.name} "
+                f"{'enabled' if state == 'normal' else state}: {reason}",
                 handler=sub.name,
                 state=state,
                 reason=reason,

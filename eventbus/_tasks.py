@@ -1,6 +1,5 @@
-"""The bus's own tasks (dispatcher, watchdog, ticker, lanes), each in its own cancel scope,
-restarted after an interrupt or a stray cancellation a handler caused, so the run ends in
-order."""
+"""The bus's own tasks (dispatcher, watchdog, ticker, lanes), each in a cancel scope of its
+own, restarted after an interrupt or a stray cancellation, so the run ends in order."""
 
 from __future__ import annotations
 
