@@ -1,28 +1,7 @@
 """``TorchrunEngine``: ``open_run``'s workers as the processes of a ``torchrun`` job.
 
-Every process torchrun starts runs the user's script. The run is hosted by
-rank 0: its bus, callbacks, state store and log are there, as in a local
-run; on every other rank the run is hollow (``Run.hosted`` is false) and
-``run.workers(train)`` runs that rank's worker only. Rank 0's worker reports
-to the run in its own process, as on the local engine; every other rank's
-through a ``TorchrunReporter``: a report is appended to what a thread of
-that rank pushes to rank 0, in order, every 50 ms as one message (at once for
-a checkpoint, a failure, the end or a ``sync``) into a queue of torchrun's own
-c10d store, so a report never waits for rank 0. Rank 0's pump feeds them
-into the run's reporters and failure path, as the run's own tasks would, and
-a thread of rank 0's writes what flows back (``should_stop``,
-``should_checkpoint``, ``for_workers``, the checkpoint to resume from, as
-they change; the rounds its callbacks handled, when a rank may wait for them
-in ``sync``) as numbered status keys, which a thread on every other rank
-follows.
-
-torchrun keeps its store across the group's restarts, so what one attempt
-left there must not reach the next: rank 0 makes a fresh name (a nonce) for
-its inbox at each start and publishes it; a rank joins by sending its own
-nonce there and is answered under that nonce only, so a rank never joins a
-rank 0 that is gone, and messages are taken only from the ranks that joined.
-Messages are MessagePack (it keeps NaN and ±inf, as the run's log does; JSON would
-turn them into nulls), decoded into fixed types: nothing received is unpickled.
+Rank 0 hosts the run; every other rank's reports travel to it over torchrun's own c10d
+store, and rank 0's status comes back as numbered keys (docs/trainers/torchrun.md).
 """
 
 from __future__ import annotations
@@ -376,18 +355,8 @@ def _inbox(host: str) -> str:
 
 
 class TorchrunReporter(Reporter):
-    """A rank's ``Reporter`` in a torchrun job: the same interface, sent to rank 0.
-
-    ``report`` checks and copies the metrics as locally (a ``ReportError`` at
-    once), copies a checkpoint outside the run's ``state_dir`` into it as a
-    local run does (the ``state_dir`` must be one rank 0 reads: on several
-    nodes, a shared file system), then appends the report to what a thread
-    pushes to rank 0 every ``_SEND_INTERVAL_S`` (at once with a checkpoint):
-    it never waits for rank 0, nor wakes a thread. ``sync`` pushes what waits
-    at once, then waits until rank 0's callbacks handled this rank's latest
-    round; ``should_stop``, ``should_checkpoint``, ``from_callbacks`` and
-    ``latest_checkpoint`` are rank 0's as of the latest round it handled.
-    """
+    """A rank's ``Reporter`` in a torchrun job: the same interface, sent to rank 0 by a
+    thread (a report never waits for rank 0); what it reads is rank 0's latest status."""
 
     def __init__(
         self,
@@ -403,7 +372,7 @@ class TorchrunReporter(Reporter):
         # Not a run's reporter: the run is in rank 0. Same attributes, though.
         self.rank = rank
         self.world_size = world_size
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.attempt = _restart_count()
         self.ended = False
         self.run_id = hello.run
         self.nonce = nonce
@@ -594,7 +563,10 @@ class _Pump:
         self._delivered: list[bytes] = []
         self._wake = anyio.Event()
         self._moving = anyio.Event()  # the intake took something in
-        self._hellos = [self.hello(rank) for rank in range(run.world_size)]
+        status = self.published
+        self._hellos = [
+            _Hello(run.run_id, run.first_index(r), 0, status) for r in range(run.world_size)
+        ]
         self._publisher: _Publisher | None = None
         self._receiver: threading.Thread | None = None
 
@@ -658,9 +630,6 @@ class _Pump:
             over=over,
         )
 
-    def hello(self, rank: int) -> _Hello:
-        return _Hello(self.run.run_id, self.run.first_index(rank), 0, self.status())
-
     async def serve(self, worker: anyio.CancelScope) -> None:
         """Take messages until every rank's worker ended or one failed (then rank 0's
         own worker is stopped); the last status says the pump is over."""
@@ -701,28 +670,25 @@ class _Pump:
         while True:
             await self._moving.wait()
             self._moving = anyio.Event()
-            await self._moved()
-
-    async def _moved(self) -> None:
-        complete = min(self.counts)
-        if complete > self.rounds:
-            # Waited for through a rank that lacks the next round: rank 0's worker may
-            # report again meanwhile, and its next round waits for ranks that wait for
-            # this status (rank 0 then lacks it only if every other rank is past it).
-            others = self.counts[1:]
-            rank = 1 + others.index(complete) if complete in others else 0
-            await self.run.wait_gathered(rank)
-            self.rounds = complete
-        status = self.status()
-        if status == self.published or self._publisher is None:
-            return
-        only_rounds = msgspec.structs.replace(status, rounds=self.published.rounds)
-        if only_rounds == self.published and not self._awaited(status.rounds):
-            return
-        self._publisher.publish(status)
-        self.published = status
-        self.publishing.set()
-        self.publishing = anyio.Event()
+            complete = min(self.counts)
+            if complete > self.rounds:
+                # Waited for through a rank that lacks the next round: rank 0's worker may
+                # report again meanwhile, and its next round waits for ranks that wait for
+                # this status (rank 0 then lacks it only if every other rank is past it).
+                others = self.counts[1:]
+                rank = 1 + others.index(complete) if complete in others else 0
+                await self.run.wait_gathered(rank)
+                self.rounds = complete
+            status = self.status()
+            if status == self.published or self._publisher is None:
+                continue
+            only_rounds = msgspec.structs.replace(status, rounds=self.published.rounds)
+            if only_rounds == self.published and not self._awaited(status.rounds):
+                continue
+            self._publisher.publish(status)
+            self.published = status
+            self.publishing.set()
+            self.publishing = anyio.Event()
 
     def _awaited(self, rounds: int) -> bool:
         """Whether a rank may be waiting in ``sync`` for ``rounds``: another rank with
@@ -900,7 +866,15 @@ class TorchrunEngine:
     async def _relay(self, run: Run, fn: WorkerFn, link: _Link) -> None:
         nonce = uuid.uuid4().hex
         host, hello = await anyio.to_thread.run_sync(_join, link, self.rank, nonce)
-        reporter = _reporter(self, run, link, host, nonce=nonce, hello=hello)
+        reporter = TorchrunReporter(
+            self.rank,
+            self.world_size,
+            hello=hello,
+            nonce=nonce,
+            sender=_Sender(link.clone(), _inbox(host)),
+            follower=_Follower(link.clone(), host, hello),
+            state_dir=run.state_dir,
+        )
         with _leaving_sigterm_to_rank_0(reporter.follower):
             failure = await _work(fn, reporter)
         await anyio.to_thread.run_sync(reporter.sender.flush)
@@ -910,31 +884,11 @@ class TorchrunEngine:
             if await anyio.to_thread.run_sync(follower.wait_over, _FAILURE_HANDOFF_S):
                 await anyio.sleep(_FAILURE_HANDOFF_S)  # torchrun stops the group meanwhile
             raise WorkerGroupError({self.rank: failure})
-        await _close(reporter)
-
-
-def _reporter(
-    engine: TorchrunEngine, run: Run, link: _Link, host: str, *, nonce: str, hello: _Hello
-) -> TorchrunReporter:
-    sender = _Sender(link.clone(), _inbox(host))
-    follower = _Follower(link.clone(), host, hello)
-    return TorchrunReporter(
-        engine.rank,
-        engine.world_size,
-        hello=hello,
-        nonce=nonce,
-        sender=sender,
-        follower=follower,
-        state_dir=run.state_dir,
-    )
-
-
-async def _close(reporter: TorchrunReporter) -> None:
-    """Send what is left, then wait for rank 0's pump to be over (once every worker
-    ended: SIGTERM, Python's again here, ends a wait for a rank 0 that is gone)."""
-    with anyio.CancelScope(shield=True):
-        await anyio.to_thread.run_sync(reporter.sender.close)
-    await anyio.to_thread.run_sync(reporter.follower.wait_over, abandon_on_cancel=True)
+        # Send what is left, then wait for rank 0's pump to be over (SIGTERM, Python's
+        # again here, ends a wait for a rank 0 that is gone).
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(reporter.sender.close)
+        await anyio.to_thread.run_sync(reporter.follower.wait_over, abandon_on_cancel=True)
 
 
 def _join(link: _Link, rank: int, nonce: str) -> tuple[str, _Hello]:
