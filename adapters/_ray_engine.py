@@ -139,7 +139,6 @@ class _Hub:
             await self._notify()
 
     def worker_started(self, rank: int) -> tuple[int, int, int, _Status]:
-
         first = self._first_index[rank] if rank < len(self._first_index) else 0
         return self._attempt, self._received, first + self._received, self._status
 
@@ -199,7 +198,9 @@ class RayReporter(Reporter):
         self._entered = (index, now)
         if now - self._told_at >= self._every:  # after a quiet spell: told at once
             self._wake.set()
-        ray.train.report(dict(frozen), checkpoint=saved, checkpoint_dir_name=_dir_name(index))
+        # The folder a round's checkpoint is persisted to, as on the local engine.
+        dir_name = f"checkpoint_{index:06d}"
+        ray.train.report(dict(frozen), checkpoint=saved, checkpoint_dir_name=dir_name)
 
     def tell_progress(self, every: float) -> Callable[[], None]:
         """Tell the hub this rank's progress from a thread, at most once per ``every``
@@ -269,13 +270,8 @@ class RayReporter(Reporter):
         return None if checkpoint is None else str(checkpoint)
 
 
-def _dir_name(index: int) -> str:
-    """The folder a round's checkpoint is persisted to, on either engine."""
-    return f"checkpoint_{index:06d}"
-
-
 def _directory(rank: int, location: str) -> str:
-
+    """``location``, refused unless a directory (a helper: the check blocks, briefly)."""
     if not os.path.isdir(location):
         raise ReportError(
             rank,

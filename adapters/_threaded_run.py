@@ -79,7 +79,6 @@ class ThreadedRun:
         #: The bus's failure once it was raised in the trainer's thread.
         self.raised: BaseException | None = None
         self._dropped_before = 0
-
         self._stopping: tuple[Subscription, ...] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -143,7 +142,11 @@ class ThreadedRun:
                 setup(bus, attachment)
             return attachment
 
-        host = self._host_class()
+        where = self.options.bus_runs  # where this run's bus runs
+        if where == "auto":
+            steppable = self.options.backend == "asyncio" and not loop_running_here()
+            where = "in_hooks" if self.steps_in_hooks and steppable else "in_thread"
+        host = SteppedBus if where == "in_hooks" else BusThread
         thread = host(hosted, options=self.options, log=None, run_id=core.run_id, name=self.name)
         try:
             thread.start()
@@ -161,24 +164,14 @@ class ThreadedRun:
         for event in core.after_start():
             self.handoff(event)
 
-    def _host_class(self) -> type[BusHost]:
-        """Where this run's bus runs (see ``AdapterOptions.bus_runs``)."""
-        where = self.options.bus_runs
-        if where == "auto":
-            steppable = self.options.backend == "asyncio" and not loop_running_here()
-            where = "in_hooks" if self.steps_in_hooks and steppable else "in_thread"
-        return SteppedBus if where == "in_hooks" else BusThread
-
     def handoff(self, event: Event | DeferredEvent, *, after_idle: bool = False) -> None:
         """Give ``event`` (or a ``DeferredEvent``) to the bus; ``after_idle``: only once
         everything handed off before it was handled. Raises the bus's failure, once;
         after the run ended an event is logged, not delivered."""
         thread = self.thread
-        if thread is not None and (after_idle or not thread.offer(event)):
-            self._handoff(thread, event, after_idle)
-
-    def _handoff(self, thread: BusHost, event: Event | DeferredEvent, after_idle: bool) -> None:
-        """What ``BusThread.offer`` leaves: a failure, a full deque, a closed bus."""
+        if thread is None or (not after_idle and thread.offer(event)):
+            return
+        # What ``offer`` leaves: a failure, a full deque, a closed bus.
         if thread.failure is not None:
             self._end_by_failure(thread)
             return
@@ -303,7 +296,6 @@ class ThreadedAdapter:
         return False
 
     def _watch_stops(self, callbacks: Iterable[Any]) -> None:
-
         self._stop = False
         self._stoppers = tuple(cb for cb in callbacks if hasattr(cb, "should_stop"))
 
