@@ -293,22 +293,15 @@ def _worker_main(config: dict[str, Any]) -> None:
     try:
         anyio.run(fn, reporter)
     except Exception as exc:
-        if _travels(exc):
-            raise
-        text = "".join(traceback.format_exception(exc))
-        raise WorkerError(reporter.rank, type(exc).__qualname__, str(exc), text) from exc
+        try:  # does it survive being pickled and rebuilt?
+            ray.cloudpickle.loads(ray.cloudpickle.dumps(exc))
+        except Exception:
+            text = "".join(traceback.format_exception(exc))
+            raise WorkerError(reporter.rank, type(exc).__qualname__, str(exc), text) from exc
+        raise
     finally:
         if stop_telling is not None:
             stop_telling()
-
-
-def _travels(exc: BaseException) -> bool:
-    """Whether ``exc`` survives being pickled and rebuilt."""
-    try:
-        ray.cloudpickle.loads(ray.cloudpickle.dumps(exc))
-    except Exception:
-        return False
-    return True
 
 
 class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untyped to mypy

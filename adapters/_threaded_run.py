@@ -142,11 +142,7 @@ class ThreadedRun:
                 setup(bus, attachment)
             return attachment
 
-        where = self.options.bus_runs  # where this run's bus runs
-        if where == "auto":
-            steppable = self.options.backend == "asyncio" and not loop_running_here()
-            where = "in_hooks" if self.steps_in_hooks and steppable else "in_thread"
-        host = SteppedBus if where == "in_hooks" else BusThread
+        host = self._host_class()
         thread = host(hosted, options=self.options, log=None, run_id=core.run_id, name=self.name)
         try:
             thread.start()
@@ -163,6 +159,14 @@ class ThreadedRun:
             thread.wait_idle(self.drain_timeout)
         for event in core.after_start():
             self.handoff(event)
+
+    def _host_class(self) -> type[BusHost]:
+        """Where this run's bus runs (see ``AdapterOptions.bus_runs``)."""
+        where = self.options.bus_runs
+        if where == "auto":
+            steppable = self.options.backend == "asyncio" and not loop_running_here()
+            where = "in_hooks" if self.steps_in_hooks and steppable else "in_thread"
+        return SteppedBus if where == "in_hooks" else BusThread
 
     def handoff(self, event: Event | DeferredEvent, *, after_idle: bool = False) -> None:
         """Give ``event`` (or a ``DeferredEvent``) to the bus; ``after_idle``: only once
@@ -299,13 +303,6 @@ class ThreadedAdapter:
         self._stop = False
         self._stoppers = tuple(cb for cb in callbacks if hasattr(cb, "should_stop"))
 
-    def _take_signals(self) -> None:
-        """Take SIGTERM where nobody else has, so it ends the run ``preempted`` at the next
-        step instead of killing the process with the run's end unsaid."""
-        self._signalled = None
-        if self._handler_before is None and takes_signals():
-            self._handler_before = signal.signal(signal.SIGTERM, self._on_signal)
-
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._signalled is None:
             self._signalled = signum
@@ -313,11 +310,6 @@ class ThreadedAdapter:
                 f"{signal.Signals(signum).name}: stopping training at the next step and "
                 f"ending run {self.run_id} in order (status preempted)"
             )
-
-    def _give_back_signals(self) -> None:
-        before, self._handler_before = self._handler_before, None
-        if before is not None:
-            signal.signal(signal.SIGTERM, before)
 
     def _end_training(self, summary: dict[str, Any] | None = None) -> None:
         """Finish the run; after a signal, end it ``preempted`` and raise ``Preempted``
@@ -426,7 +418,11 @@ class ThreadedAdapter:
         """Start the run (``ThreadedRun.start``): its first events, ``before_run`` first."""
         # A process that exits without the trainer's end hook still ends the run.
         atexit.register(self._close_at_exit)
-        self._take_signals()
+        # SIGTERM, where nobody else took it, ends the run ``preempted`` at the next step
+        # instead of killing the process with the run's end unsaid.
+        self._signalled = None
+        if self._handler_before is None and takes_signals():
+            self._handler_before = signal.signal(signal.SIGTERM, self._on_signal)
         self._run.start(core, setup, log=log, name=name)
 
     def _close_at_exit(self) -> None:
@@ -447,7 +443,9 @@ class ThreadedAdapter:
         try:
             self._run.finish(status, error, before=before, reraise=reraise, summary=summary)
         finally:  # a signal while the run ends is still ours: the end completes first
-            self._give_back_signals()
+            handler, self._handler_before = self._handler_before, None
+            if handler is not None:
+                signal.signal(signal.SIGTERM, handler)
 
     @property
     def run_id(self) -> str:

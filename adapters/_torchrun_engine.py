@@ -324,15 +324,6 @@ class _Follower:
                 self._changed.notify_all()
 
 
-def _join_in(raw: bytes) -> _Join | None:
-    """The join ``raw`` is, if it is one (the pump checks the rest)."""
-    try:
-        messages = _decode_messages(raw)
-    except _MALFORMED:
-        return None
-    return messages[0] if len(messages) == 1 and isinstance(messages[0], _Join) else None
-
-
 def _reached(status: _Status, rounds: int) -> bool:
     limit = status.limit
     return status.rounds >= rounds or status.over or (limit is not None and limit < rounds)
@@ -587,8 +578,12 @@ class _Pump:
                 raw = store.queue_pop(_inbox(self.host))
                 if raw == b"":  # the pump's own wake-up: it is over
                     return
-                join = _join_in(raw)
-                if join is not None and 0 < join.rank < self.world_size:
+                try:  # a join is answered here (the pump checks the rest)
+                    messages = _decode_messages(raw)
+                except _MALFORMED:
+                    messages = []
+                join = messages[0] if len(messages) == 1 else None
+                if isinstance(join, _Join) and 0 < join.rank < self.world_size:
                     hello = msgspec.structs.replace(self._hellos[join.rank], run=self.run.run_id)
                     store.set(_hello_key(self.host, join.nonce), _encode(hello))
                 anyio.from_thread.run_sync(self._deliver, raw, token=token)
@@ -682,20 +677,18 @@ class _Pump:
             status = self.status()
             if status == self.published or self._publisher is None:
                 continue
+            # A status whose rounds alone moved goes out only if a rank may be waiting in
+            # ``sync`` for them: another rank with no round left here, or rank 0's own
+            # (each costs the store three calls and rank 0 a thread's turn).
+            counts, rounds = self.counts, status.rounds
+            awaited = rounds in counts[1:] or (self._host_syncing and rounds >= counts[0])
             only_rounds = msgspec.structs.replace(status, rounds=self.published.rounds)
-            if only_rounds == self.published and not self._awaited(status.rounds):
+            if only_rounds == self.published and not awaited:
                 continue
             self._publisher.publish(status)
             self.published = status
             self.publishing.set()
             self.publishing = anyio.Event()
-
-    def _awaited(self, rounds: int) -> bool:
-        """Whether a rank may be waiting in ``sync`` for ``rounds``: another rank with
-        no round left here, or rank 0's own. Only then does a status whose rounds alone
-        moved go out (each costs the store three calls and rank 0 a thread's turn)."""
-        counts = self.counts
-        return rounds in counts[1:] or (self._host_syncing and rounds >= counts[0])
 
     async def host_synced(self) -> None:
         """Wait until the status of rank 0's latest round went out to the other ranks."""
@@ -800,21 +793,13 @@ def _restart_count() -> int:
 class TorchrunEngine:
     """Runs ``open_run``'s workers as the processes of a ``torchrun`` job.
 
-    Every process runs the script; ``open_run(..., engine=TorchrunEngine())``
-    and ``run.workers(train)`` there run this process's rank. Rank 0 hosts
-    the run (bus, callbacks, ``state_dir``, log: ``run.result`` is read
-    there, ``hosts_run`` says which process it is); the others send their
-    reports, checkpoints and failures to it and get ``should_stop`` and the
-    callbacks' values back. ``world_size`` must be torchrun's ``WORLD_SIZE``;
-    restarts are torchrun's (``--max-restarts``): the whole group restarts,
-    and rank 0's run, opened with ``resume_from=`` its ``state_dir``,
-    continues from the latest checkpoint. The transport is torchrun's own
-    c10d store (``MASTER_ADDR:MASTER_PORT``, hosted by its agent); a process
-    group of the user's is not touched, and none is made.
-
-    On ranks other than 0, SIGTERM (torchrun's agent passes a preemption on
-    to every worker) is left to rank 0's run, where no handler of the user's
-    is installed: the workers checkpoint and stop as it says.
+    Every process runs the script; ``run.workers(train)`` there runs this process's
+    rank. Rank 0 hosts the run (``hosts_run``: read ``run.result`` there); the others
+    send it their reports and read its status. ``world_size`` must be torchrun's
+    ``WORLD_SIZE``, and restarts are torchrun's (``--max-restarts``): rank 0's run,
+    opened with ``resume_from=`` its ``state_dir``, continues from the latest
+    checkpoint. SIGTERM on the other ranks is left to rank 0's run
+    (docs/trainers/torchrun.md).
     """
 
     def __init__(self) -> None:
@@ -860,8 +845,19 @@ class TorchrunEngine:
             tg.start_soon(pump.serve, worker)
             with worker:
                 await _work(fn, _HostReporter(run, pump))
-        if pump.failures:
-            raise _group_failed(run, pump.failures, max_restarts)
+        if not pump.failures:
+            return
+        attempt = _restart_count()  # torchrun restarts the group while its restarts last
+        if attempt >= max_restarts:
+            raise run.group_failed(pump.failures, attempt, max_restarts)
+        ranks = ", ".join(str(rank) for rank in sorted(pump.failures))
+        _log.warning(
+            f"worker rank(s) {ranks} failed: torchrun restarts the group (restart "
+            f"{attempt + 1} of {max_restarts}); the run resumes from its latest checkpoint",
+            run_id=run.run_id,
+            resume_from=run.latest_checkpoint,
+        )
+        raise WorkerGroupError(pump.failures)
 
     async def _relay(self, run: Run, fn: WorkerFn, link: _Link) -> None:
         nonce = uuid.uuid4().hex
@@ -938,20 +934,3 @@ def _leaving_sigterm_to_rank_0(follower: _Follower) -> Any:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _group_failed(
-    run: Run, failures: dict[int, BaseException], max_restarts: int
-) -> WorkerGroupError:
-    """Say that the group failed; torchrun restarts it while its restarts last."""
-    attempt = _restart_count()
-    if attempt < max_restarts:
-        ranks = ", ".join(str(rank) for rank in sorted(failures))
-        _log.warning(
-            f"worker rank(s) {ranks} failed: torchrun restarts the group (restart "
-            f"{attempt + 1} of {max_restarts}); the run resumes from its latest checkpoint",
-            run_id=run.run_id,
-            resume_from=run.latest_checkpoint,
-        )
-        return WorkerGroupError(failures)
-    return run.group_failed(failures, attempt, max_restarts)
