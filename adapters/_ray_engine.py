@@ -158,12 +158,8 @@ class _Hub:
 
 
 class RayReporter(Reporter):
-    """A rank's ``Reporter`` on a Ray worker: the same interface, backed by Ray Train.
-
-    ``report`` calls ``ray.train.report`` (a checkpoint is persisted as
-    ``checkpoint_<index>``, as locally); ``sync`` waits until the driver's
-    callbacks handled this rank's latest round.
-    """
+    """A rank's ``Reporter`` on a Ray worker: the same interface, backed by Ray Train
+    (``sync`` waits until the driver's callbacks handled this rank's latest round)."""
 
     def __init__(self, hub: Any, rank: int, world_size: int) -> None:
         # The run is in the driver: the same attributes, but not the run's reporter.
@@ -477,8 +473,12 @@ class RayEngine:
                 tg.start_soon(pump.drain, lambda: bool(outcome))
                 outcome.append(await _fit(trainer))
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await _abort(hub)
+            # Abort the Ray job of a run that ends early (as Ray does on Ctrl-C).
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_LAST_WORDS_S):
+                controller = await _get(hub.controller.remote())
+                if controller is not None:
+                    with contextlib.suppress(Exception):
+                        await _get(controller.abort.remote())
             raise
         finally:
             with contextlib.suppress(Exception):
@@ -519,15 +519,6 @@ async def _fit(trainer: TorchTrainer) -> BaseException | None:
         return None
 
     return await anyio.to_thread.run_sync(fit, abandon_on_cancel=True)
-
-
-async def _abort(hub: Any) -> None:
-    """Abort the Ray job of a run that ends early (as Ray does on Ctrl-C)."""
-    with anyio.move_on_after(_LAST_WORDS_S):
-        controller = await _get(hub.controller.remote())
-        if controller is not None:
-            with contextlib.suppress(Exception):
-                await _get(controller.abort.remote())
 
 
 async def _get(ref: Any) -> Any:

@@ -176,11 +176,8 @@ def _env_int(name: str) -> int:
 
 
 class _Link:
-    """This process's connection to torchrun's c10d store, under the run's prefix.
-
-    A store object is used by one thread at a time: each thread takes its own
-    ``clone()``.
-    """
+    """This process's connection to torchrun's c10d store, under the run's prefix (a store
+    object is used by one thread at a time: each thread takes its own ``clone()``)."""
 
     def __init__(self, store: dist.Store, prefix: str) -> None:
         self._store = store
@@ -709,8 +706,12 @@ class _Pump:
             self._reject(f"a malformed message ({exc})")
             return
         for message in messages:
-            if isinstance(message, _Join):
-                self._answer(message)
+            if isinstance(message, _Join):  # the receiver answered it already
+                if 0 < message.rank < self.world_size:
+                    self.joined[message.rank] = message.nonce
+                else:
+                    size = self.world_size
+                    self._reject(f"a join from rank {message.rank}, outside world size {size}")
                 continue
             problem = self._foreign(message)
             if problem is not None:
@@ -718,16 +719,13 @@ class _Pump:
             elif isinstance(message, _Report):
                 await self._report(message)
             elif isinstance(message, _Failed):
-                await self._failed(message)
+                rank = message.rank
+                error = WorkerError(rank, message.error_type, message.message, message.traceback)
+                self.failures[rank] = error
+                self._end(rank)
+                await self.run.worker_failed(rank, error, _restart_count())
             else:
                 self._end(message.rank)
-
-    def _answer(self, join: _Join) -> None:
-        """Take in a join (the receiver answered it already)."""
-        if not 0 < join.rank < self.world_size:
-            self._reject(f"a join from rank {join.rank}, outside world size {self.world_size}")
-            return
-        self.joined[join.rank] = join.nonce
 
     def _foreign(self, message: _Report | _Failed | _Ended) -> str | None:
         """Why ``message`` is not this run's (``None``: it is)."""
@@ -761,13 +759,6 @@ class _Pump:
             self._reject(str(exc))
             return
         self.counts[message.rank] += 1
-
-    async def _failed(self, message: _Failed) -> None:
-        rank = message.rank
-        exc = WorkerError(rank, message.error_type, message.message, message.traceback)
-        self.failures[rank] = exc
-        self._end(rank)
-        await self.run.worker_failed(rank, exc, _restart_count())
 
     def _end(self, rank: int) -> None:
         self.ended[rank] = self.counts[rank]
