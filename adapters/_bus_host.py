@@ -49,13 +49,8 @@ class AfterIdle:
         self.event = event
 
 
-class Stop:
-    """The last item: the pump returns, and the bus closes."""
-
-    __slots__ = ()
-
-
-STOP = Stop()
+#: The last item: the pump returns, and the bus closes.
+STOP = object()
 #: What ``handed_off`` counts in the deque (not the markers).
 _HANDED_OFF = (Event, tuple, AfterIdle)
 
@@ -82,7 +77,6 @@ class BusHost(ABC):
         **keywords: Unpack[AdapterKeywords],
     ) -> None:
         self.options = options = AdapterOptions.build(options, **keywords)
-
         self.capacity = options.buffer
         self.handoff_timeout = options.handoff_timeout
         self.poll_interval = options.poll_interval
@@ -268,25 +262,20 @@ def _taken_events(first: Event | DeferredEvent, queue: deque[object]) -> tuple[i
         items.append(queue.popleft())
     events: list[Event] = []
     for item in items:
-        if type(item) is tuple:
-            made = _made(item)
-            if isinstance(made, list):
-                events.extend(made)
-            elif made is not None:
-                events.append(made)
-        else:
+        if type(item) is not tuple:
             events.append(item)
+            continue
+        try:  # a maker that fails is logged and skipped
+            made = item[0](item[1], item[2])
+        except Exception as exc:
+            _log.error(
+                "a handed-off event could not be made",
+                maker=kind_of(item),
+                error=describe_exception(exc),
+            )
+            continue
+        if isinstance(made, list):
+            events.extend(made)
+        elif made is not None:  # a maker may have nothing to say
+            events.append(made)
     return len(items), events
-
-
-def _made(deferred: DeferredEvent) -> Event | list[Event] | None:
-    """The event a deferred stands for; a maker that fails is logged and skipped."""
-    try:
-        return deferred[0](deferred[1], deferred[2])
-    except Exception as exc:
-        _log.error(
-            "a handed-off event could not be made",
-            maker=kind_of(deferred),
-            error=describe_exception(exc),
-        )
-        return None

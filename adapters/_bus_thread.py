@@ -164,7 +164,12 @@ class BusThread(BusHost):
                     item.done.set()
 
     def _started(self) -> None:
-        self._call_soon = _thread_safe_scheduler()
+        try:  # the running loop's non-waiting, thread-safe "call this soon"
+            self._call_soon = asyncio.get_running_loop().call_soon_threadsafe
+        except RuntimeError:  # not asyncio: the only other anyio backend is trio
+            import trio  # a test extra: needed only on trio
+
+            self._call_soon = trio.lowlevel.current_trio_token().run_sync_soon
         self._ready.set()
 
     def _wake_in_loop(self) -> None:
@@ -210,13 +215,3 @@ class BusThread(BusHost):
             item = self._in_hand = queue.popleft()
             if not await self._deliver(bus, item):
                 return
-
-
-def _thread_safe_scheduler() -> Callable[[Callable[[], object]], object]:
-    """The running loop's non-waiting, thread-safe "call this soon"."""
-    try:
-        return asyncio.get_running_loop().call_soon_threadsafe
-    except RuntimeError:  # not asyncio: the only other anyio backend is trio
-        import trio  # a test extra: needed only on trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon

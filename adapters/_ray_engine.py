@@ -139,7 +139,6 @@ class _Hub:
             await self._notify()
 
     def worker_started(self, rank: int) -> tuple[int, int, int, _Status]:
-
         first = self._first_index[rank] if rank < len(self._first_index) else 0
         return self._attempt, self._received, first + self._received, self._status
 
@@ -159,12 +158,8 @@ class _Hub:
 
 
 class RayReporter(Reporter):
-    """A rank's ``Reporter`` on a Ray worker: the same interface, backed by Ray Train.
-
-    ``report`` calls ``ray.train.report`` (a checkpoint is persisted as
-    ``checkpoint_<index>``, as locally); ``sync`` waits until the driver's
-    callbacks handled this rank's latest round.
-    """
+    """A rank's ``Reporter`` on a Ray worker: the same interface, backed by Ray Train
+    (``sync`` waits until the driver's callbacks handled this rank's latest round)."""
 
     def __init__(self, hub: Any, rank: int, world_size: int) -> None:
         # The run is in the driver: the same attributes, but not the run's reporter.
@@ -199,7 +194,9 @@ class RayReporter(Reporter):
         self._entered = (index, now)
         if now - self._told_at >= self._every:  # after a quiet spell: told at once
             self._wake.set()
-        ray.train.report(dict(frozen), checkpoint=saved, checkpoint_dir_name=_dir_name(index))
+        # The folder a round's checkpoint is persisted to, as on the local engine.
+        dir_name = f"checkpoint_{index:06d}"
+        ray.train.report(dict(frozen), checkpoint=saved, checkpoint_dir_name=dir_name)
 
     def tell_progress(self, every: float) -> Callable[[], None]:
         """Tell the hub this rank's progress from a thread, at most once per ``every``
@@ -269,13 +266,8 @@ class RayReporter(Reporter):
         return None if checkpoint is None else str(checkpoint)
 
 
-def _dir_name(index: int) -> str:
-    """The folder a round's checkpoint is persisted to, on either engine."""
-    return f"checkpoint_{index:06d}"
-
-
 def _directory(rank: int, location: str) -> str:
-
+    """``location``, refused unless a directory (a helper: the check blocks, briefly)."""
     if not os.path.isdir(location):
         raise ReportError(
             rank,
@@ -297,22 +289,15 @@ def _worker_main(config: dict[str, Any]) -> None:
     try:
         anyio.run(fn, reporter)
     except Exception as exc:
-        if _travels(exc):
-            raise
-        text = "".join(traceback.format_exception(exc))
-        raise WorkerError(reporter.rank, type(exc).__qualname__, str(exc), text) from exc
+        try:  # does it survive being pickled and rebuilt?
+            ray.cloudpickle.loads(ray.cloudpickle.dumps(exc))
+        except Exception:
+            text = "".join(traceback.format_exception(exc))
+            raise WorkerError(reporter.rank, type(exc).__qualname__, str(exc), text) from exc
+        raise
     finally:
         if stop_telling is not None:
             stop_telling()
-
-
-def _travels(exc: BaseException) -> bool:
-    """Whether ``exc`` survives being pickled and rebuilt."""
-    try:
-        ray.cloudpickle.loads(ray.cloudpickle.dumps(exc))
-    except Exception:
-        return False
-    return True
 
 
 class _Forwarder(ray.train.UserCallback):  # type: ignore[misc]  # ray is untyped to mypy
@@ -488,8 +473,12 @@ class RayEngine:
                 tg.start_soon(pump.drain, lambda: bool(outcome))
                 outcome.append(await _fit(trainer))
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await _abort(hub)
+            # Abort the Ray job of a run that ends early (as Ray does on Ctrl-C).
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_LAST_WORDS_S):
+                controller = await _get(hub.controller.remote())
+                if controller is not None:
+                    with contextlib.suppress(Exception):
+                        await _get(controller.abort.remote())
             raise
         finally:
             with contextlib.suppress(Exception):
@@ -530,15 +519,6 @@ async def _fit(trainer: TorchTrainer) -> BaseException | None:
         return None
 
     return await anyio.to_thread.run_sync(fit, abandon_on_cancel=True)
-
-
-async def _abort(hub: Any) -> None:
-    """Abort the Ray job of a run that ends early (as Ray does on Ctrl-C)."""
-    with anyio.move_on_after(_LAST_WORDS_S):
-        controller = await _get(hub.controller.remote())
-        if controller is not None:
-            with contextlib.suppress(Exception):
-                await _get(controller.abort.remote())
 
 
 async def _get(ref: Any) -> Any:

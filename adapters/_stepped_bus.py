@@ -34,11 +34,6 @@ def loop_running_here() -> bool:
     return True
 
 
-def _settle(future: asyncio.Future[bool], value: bool) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
 class SteppedBus(BusHost):
     """An ``EventBus`` whose loop runs in the caller's thread, a step at a time (arguments:
     ``BusHost``'s)."""
@@ -199,8 +194,8 @@ class SteppedBus(BusHost):
 
     def _wake_pump(self) -> None:
         wake = self._wake
-        if wake is not None:
-            _settle(wake, True)
+        if wake is not None and not wake.done():
+            wake.set_result(True)
 
     # --- the bus's loop ------------------------------------------------------------------
 

@@ -79,7 +79,6 @@ class ThreadedRun:
         #: The bus's failure once it was raised in the trainer's thread.
         self.raised: BaseException | None = None
         self._dropped_before = 0
-
         self._stopping: tuple[Subscription, ...] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -174,11 +173,9 @@ class ThreadedRun:
         everything handed off before it was handled. Raises the bus's failure, once;
         after the run ended an event is logged, not delivered."""
         thread = self.thread
-        if thread is not None and (after_idle or not thread.offer(event)):
-            self._handoff(thread, event, after_idle)
-
-    def _handoff(self, thread: BusHost, event: Event | DeferredEvent, after_idle: bool) -> None:
-        """What ``BusThread.offer`` leaves: a failure, a full deque, a closed bus."""
+        if thread is None or (not after_idle and thread.offer(event)):
+            return
+        # What ``offer`` leaves: a failure, a full deque, a closed bus.
         if thread.failure is not None:
             self._end_by_failure(thread)
             return
@@ -303,16 +300,8 @@ class ThreadedAdapter:
         return False
 
     def _watch_stops(self, callbacks: Iterable[Any]) -> None:
-
         self._stop = False
         self._stoppers = tuple(cb for cb in callbacks if hasattr(cb, "should_stop"))
-
-    def _take_signals(self) -> None:
-        """Take SIGTERM where nobody else has, so it ends the run ``preempted`` at the next
-        step instead of killing the process with the run's end unsaid."""
-        self._signalled = None
-        if self._handler_before is None and takes_signals():
-            self._handler_before = signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._signalled is None:
@@ -321,11 +310,6 @@ class ThreadedAdapter:
                 f"{signal.Signals(signum).name}: stopping training at the next step and "
                 f"ending run {self.run_id} in order (status preempted)"
             )
-
-    def _give_back_signals(self) -> None:
-        before, self._handler_before = self._handler_before, None
-        if before is not None:
-            signal.signal(signal.SIGTERM, before)
 
     def _end_training(self, summary: dict[str, Any] | None = None) -> None:
         """Finish the run; after a signal, end it ``preempted`` and raise ``Preempted``
@@ -434,7 +418,11 @@ class ThreadedAdapter:
         """Start the run (``ThreadedRun.start``): its first events, ``before_run`` first."""
         # A process that exits without the trainer's end hook still ends the run.
         atexit.register(self._close_at_exit)
-        self._take_signals()
+        # SIGTERM, where nobody else took it, ends the run ``preempted`` at the next step
+        # instead of killing the process with the run's end unsaid.
+        self._signalled = None
+        if self._handler_before is None and takes_signals():
+            self._handler_before = signal.signal(signal.SIGTERM, self._on_signal)
         self._run.start(core, setup, log=log, name=name)
 
     def _close_at_exit(self) -> None:
@@ -455,7 +443,9 @@ class ThreadedAdapter:
         try:
             self._run.finish(status, error, before=before, reraise=reraise, summary=summary)
         finally:  # a signal while the run ends is still ours: the end completes first
-            self._give_back_signals()
+            handler, self._handler_before = self._handler_before, None
+            if handler is not None:
+                signal.signal(signal.SIGTERM, handler)
 
     @property
     def run_id(self) -> str:

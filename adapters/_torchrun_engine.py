@@ -1,28 +1,7 @@
 """``TorchrunEngine``: ``open_run``'s workers as the processes of a ``torchrun`` job.
 
-Every process torchrun starts runs the user's script. The run is hosted by
-rank 0: its bus, callbacks, state store and log are there, as in a local
-run; on every other rank the run is hollow (``Run.hosted`` is false) and
-``run.workers(train)`` runs that rank's worker only. Rank 0's worker reports
-to the run in its own process, as on the local engine; every other rank's
-through a ``TorchrunReporter``: a report is appended to what a thread of
-that rank pushes to rank 0, in order, every 50 ms as one message (at once for
-a checkpoint, a failure, the end or a ``sync``) into a queue of torchrun's own
-c10d store, so a report never waits for rank 0. Rank 0's pump feeds them
-into the run's reporters and failure path, as the run's own tasks would, and
-a thread of rank 0's writes what flows back (``should_stop``,
-``should_checkpoint``, ``for_workers``, the checkpoint to resume from, as
-they change; the rounds its callbacks handled, when a rank may wait for them
-in ``sync``) as numbered status keys, which a thread on every other rank
-follows.
-
-torchrun keeps its store across the group's restarts, so what one attempt
-left there must not reach the next: rank 0 makes a fresh name (a nonce) for
-its inbox at each start and publishes it; a rank joins by sending its own
-nonce there and is answered under that nonce only, so a rank never joins a
-rank 0 that is gone, and messages are taken only from the ranks that joined.
-Messages are MessagePack (it keeps NaN and ±inf, as the run's log does; JSON would
-turn them into nulls), decoded into fixed types: nothing received is unpickled.
+Rank 0 hosts the run; every other rank's reports travel to it over torchrun's own c10d
+store, and rank 0's status comes back as numbered keys (docs/trainers/torchrun.md).
 """
 
 from __future__ import annotations
@@ -197,11 +176,8 @@ def _env_int(name: str) -> int:
 
 
 class _Link:
-    """This process's connection to torchrun's c10d store, under the run's prefix.
-
-    A store object is used by one thread at a time: each thread takes its own
-    ``clone()``.
-    """
+    """This process's connection to torchrun's c10d store, under the run's prefix (a store
+    object is used by one thread at a time: each thread takes its own ``clone()``)."""
 
     def __init__(self, store: dist.Store, prefix: str) -> None:
         self._store = store
@@ -345,15 +321,6 @@ class _Follower:
                 self._changed.notify_all()
 
 
-def _join_in(raw: bytes) -> _Join | None:
-    """The join ``raw`` is, if it is one (the pump checks the rest)."""
-    try:
-        messages = _decode_messages(raw)
-    except _MALFORMED:
-        return None
-    return messages[0] if len(messages) == 1 and isinstance(messages[0], _Join) else None
-
-
 def _reached(status: _Status, rounds: int) -> bool:
     limit = status.limit
     return status.rounds >= rounds or status.over or (limit is not None and limit < rounds)
@@ -376,18 +343,8 @@ def _inbox(host: str) -> str:
 
 
 class TorchrunReporter(Reporter):
-    """A rank's ``Reporter`` in a torchrun job: the same interface, sent to rank 0.
-
-    ``report`` checks and copies the metrics as locally (a ``ReportError`` at
-    once), copies a checkpoint outside the run's ``state_dir`` into it as a
-    local run does (the ``state_dir`` must be one rank 0 reads: on several
-    nodes, a shared file system), then appends the report to what a thread
-    pushes to rank 0 every ``_SEND_INTERVAL_S`` (at once with a checkpoint):
-    it never waits for rank 0, nor wakes a thread. ``sync`` pushes what waits
-    at once, then waits until rank 0's callbacks handled this rank's latest
-    round; ``should_stop``, ``should_checkpoint``, ``from_callbacks`` and
-    ``latest_checkpoint`` are rank 0's as of the latest round it handled.
-    """
+    """A rank's ``Reporter`` in a torchrun job: the same interface, sent to rank 0 by a
+    thread (a report never waits for rank 0); what it reads is rank 0's latest status."""
 
     def __init__(
         self,
@@ -403,7 +360,7 @@ class TorchrunReporter(Reporter):
         # Not a run's reporter: the run is in rank 0. Same attributes, though.
         self.rank = rank
         self.world_size = world_size
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.attempt = _restart_count()
         self.ended = False
         self.run_id = hello.run
         self.nonce = nonce
@@ -594,7 +551,10 @@ class _Pump:
         self._delivered: list[bytes] = []
         self._wake = anyio.Event()
         self._moving = anyio.Event()  # the intake took something in
-        self._hellos = [self.hello(rank) for rank in range(run.world_size)]
+        status = self.published
+        self._hellos = [
+            _Hello(run.run_id, run.first_index(r), 0, status) for r in range(run.world_size)
+        ]
         self._publisher: _Publisher | None = None
         self._receiver: threading.Thread | None = None
 
@@ -615,8 +575,12 @@ class _Pump:
                 raw = store.queue_pop(_inbox(self.host))
                 if raw == b"":  # the pump's own wake-up: it is over
                     return
-                join = _join_in(raw)
-                if join is not None and 0 < join.rank < self.world_size:
+                try:  # a join is answered here (the pump checks the rest)
+                    messages = _decode_messages(raw)
+                except _MALFORMED:
+                    messages = []
+                join = messages[0] if len(messages) == 1 else None
+                if isinstance(join, _Join) and 0 < join.rank < self.world_size:
                     hello = msgspec.structs.replace(self._hellos[join.rank], run=self.run.run_id)
                     store.set(_hello_key(self.host, join.nonce), _encode(hello))
                 anyio.from_thread.run_sync(self._deliver, raw, token=token)
@@ -658,9 +622,6 @@ class _Pump:
             over=over,
         )
 
-    def hello(self, rank: int) -> _Hello:
-        return _Hello(self.run.run_id, self.run.first_index(rank), 0, self.status())
-
     async def serve(self, worker: anyio.CancelScope) -> None:
         """Take messages until every rank's worker ended or one failed (then rank 0's
         own worker is stopped); the last status says the pump is over."""
@@ -701,35 +662,30 @@ class _Pump:
         while True:
             await self._moving.wait()
             self._moving = anyio.Event()
-            await self._moved()
-
-    async def _moved(self) -> None:
-        complete = min(self.counts)
-        if complete > self.rounds:
-            # Waited for through a rank that lacks the next round: rank 0's worker may
-            # report again meanwhile, and its next round waits for ranks that wait for
-            # this status (rank 0 then lacks it only if every other rank is past it).
-            others = self.counts[1:]
-            rank = 1 + others.index(complete) if complete in others else 0
-            await self.run.wait_gathered(rank)
-            self.rounds = complete
-        status = self.status()
-        if status == self.published or self._publisher is None:
-            return
-        only_rounds = msgspec.structs.replace(status, rounds=self.published.rounds)
-        if only_rounds == self.published and not self._awaited(status.rounds):
-            return
-        self._publisher.publish(status)
-        self.published = status
-        self.publishing.set()
-        self.publishing = anyio.Event()
-
-    def _awaited(self, rounds: int) -> bool:
-        """Whether a rank may be waiting in ``sync`` for ``rounds``: another rank with
-        no round left here, or rank 0's own. Only then does a status whose rounds alone
-        moved go out (each costs the store three calls and rank 0 a thread's turn)."""
-        counts = self.counts
-        return rounds in counts[1:] or (self._host_syncing and rounds >= counts[0])
+            complete = min(self.counts)
+            if complete > self.rounds:
+                # Waited for through a rank that lacks the next round: rank 0's worker may
+                # report again meanwhile, and its next round waits for ranks that wait for
+                # this status (rank 0 then lacks it only if every other rank is past it).
+                others = self.counts[1:]
+                rank = 1 + others.index(complete) if complete in others else 0
+                await self.run.wait_gathered(rank)
+                self.rounds = complete
+            status = self.status()
+            if status == self.published or self._publisher is None:
+                continue
+            # A status whose rounds alone moved goes out only if a rank may be waiting in
+            # ``sync`` for them: another rank with no round left here, or rank 0's own
+            # (each costs the store three calls and rank 0 a thread's turn).
+            counts, rounds = self.counts, status.rounds
+            awaited = rounds in counts[1:] or (self._host_syncing and rounds >= counts[0])
+            only_rounds = msgspec.structs.replace(status, rounds=self.published.rounds)
+            if only_rounds == self.published and not awaited:
+                continue
+            self._publisher.publish(status)
+            self.published = status
+            self.publishing.set()
+            self.publishing = anyio.Event()
 
     async def host_synced(self) -> None:
         """Wait until the status of rank 0's latest round went out to the other ranks."""
@@ -750,8 +706,12 @@ class _Pump:
             self._reject(f"a malformed message ({exc})")
             return
         for message in messages:
-            if isinstance(message, _Join):
-                self._answer(message)
+            if isinstance(message, _Join):  # the receiver answered it already
+                if 0 < message.rank < self.world_size:
+                    self.joined[message.rank] = message.nonce
+                else:
+                    size = self.world_size
+                    self._reject(f"a join from rank {message.rank}, outside world size {size}")
                 continue
             problem = self._foreign(message)
             if problem is not None:
@@ -759,16 +719,13 @@ class _Pump:
             elif isinstance(message, _Report):
                 await self._report(message)
             elif isinstance(message, _Failed):
-                await self._failed(message)
+                rank = message.rank
+                error = WorkerError(rank, message.error_type, message.message, message.traceback)
+                self.failures[rank] = error
+                self._end(rank)
+                await self.run.worker_failed(rank, error, _restart_count())
             else:
                 self._end(message.rank)
-
-    def _answer(self, join: _Join) -> None:
-        """Take in a join (the receiver answered it already)."""
-        if not 0 < join.rank < self.world_size:
-            self._reject(f"a join from rank {join.rank}, outside world size {self.world_size}")
-            return
-        self.joined[join.rank] = join.nonce
 
     def _foreign(self, message: _Report | _Failed | _Ended) -> str | None:
         """Why ``message`` is not this run's (``None``: it is)."""
@@ -803,13 +760,6 @@ class _Pump:
             return
         self.counts[message.rank] += 1
 
-    async def _failed(self, message: _Failed) -> None:
-        rank = message.rank
-        exc = WorkerError(rank, message.error_type, message.message, message.traceback)
-        self.failures[rank] = exc
-        self._end(rank)
-        await self.run.worker_failed(rank, exc, _restart_count())
-
     def _end(self, rank: int) -> None:
         self.ended[rank] = self.counts[rank]
         self.run.reporter(rank).ended = True
@@ -834,21 +784,13 @@ def _restart_count() -> int:
 class TorchrunEngine:
     """Runs ``open_run``'s workers as the processes of a ``torchrun`` job.
 
-    Every process runs the script; ``open_run(..., engine=TorchrunEngine())``
-    and ``run.workers(train)`` there run this process's rank. Rank 0 hosts
-    the run (bus, callbacks, ``state_dir``, log: ``run.result`` is read
-    there, ``hosts_run`` says which process it is); the others send their
-    reports, checkpoints and failures to it and get ``should_stop`` and the
-    callbacks' values back. ``world_size`` must be torchrun's ``WORLD_SIZE``;
-    restarts are torchrun's (``--max-restarts``): the whole group restarts,
-    and rank 0's run, opened with ``resume_from=`` its ``state_dir``,
-    continues from the latest checkpoint. The transport is torchrun's own
-    c10d store (``MASTER_ADDR:MASTER_PORT``, hosted by its agent); a process
-    group of the user's is not touched, and none is made.
-
-    On ranks other than 0, SIGTERM (torchrun's agent passes a preemption on
-    to every worker) is left to rank 0's run, where no handler of the user's
-    is installed: the workers checkpoint and stop as it says.
+    Every process runs the script; ``run.workers(train)`` there runs this process's
+    rank. Rank 0 hosts the run (``hosts_run``: read ``run.result`` there); the others
+    send it their reports and read its status. ``world_size`` must be torchrun's
+    ``WORLD_SIZE``, and restarts are torchrun's (``--max-restarts``): rank 0's run,
+    opened with ``resume_from=`` its ``state_dir``, continues from the latest
+    checkpoint. SIGTERM on the other ranks is left to rank 0's run
+    (docs/trainers/torchrun.md).
     """
 
     def __init__(self) -> None:
@@ -894,13 +836,32 @@ class TorchrunEngine:
             tg.start_soon(pump.serve, worker)
             with worker:
                 await _work(fn, _HostReporter(run, pump))
-        if pump.failures:
-            raise _group_failed(run, pump.failures, max_restarts)
+        if not pump.failures:
+            return
+        attempt = _restart_count()  # torchrun restarts the group while its restarts last
+        if attempt >= max_restarts:
+            raise run.group_failed(pump.failures, attempt, max_restarts)
+        ranks = ", ".join(str(rank) for rank in sorted(pump.failures))
+        _log.warning(
+            f"worker rank(s) {ranks} failed: torchrun restarts the group (restart "
+            f"{attempt + 1} of {max_restarts}); the run resumes from its latest checkpoint",
+            run_id=run.run_id,
+            resume_from=run.latest_checkpoint,
+        )
+        raise WorkerGroupError(pump.failures)
 
     async def _relay(self, run: Run, fn: WorkerFn, link: _Link) -> None:
         nonce = uuid.uuid4().hex
         host, hello = await anyio.to_thread.run_sync(_join, link, self.rank, nonce)
-        reporter = _reporter(self, run, link, host, nonce=nonce, hello=hello)
+        reporter = TorchrunReporter(
+            self.rank,
+            self.world_size,
+            hello=hello,
+            nonce=nonce,
+            sender=_Sender(link.clone(), _inbox(host)),
+            follower=_Follower(link.clone(), host, hello),
+            state_dir=run.state_dir,
+        )
         with _leaving_sigterm_to_rank_0(reporter.follower):
             failure = await _work(fn, reporter)
         await anyio.to_thread.run_sync(reporter.sender.flush)
@@ -910,31 +871,11 @@ class TorchrunEngine:
             if await anyio.to_thread.run_sync(follower.wait_over, _FAILURE_HANDOFF_S):
                 await anyio.sleep(_FAILURE_HANDOFF_S)  # torchrun stops the group meanwhile
             raise WorkerGroupError({self.rank: failure})
-        await _close(reporter)
-
-
-def _reporter(
-    engine: TorchrunEngine, run: Run, link: _Link, host: str, *, nonce: str, hello: _Hello
-) -> TorchrunReporter:
-    sender = _Sender(link.clone(), _inbox(host))
-    follower = _Follower(link.clone(), host, hello)
-    return TorchrunReporter(
-        engine.rank,
-        engine.world_size,
-        hello=hello,
-        nonce=nonce,
-        sender=sender,
-        follower=follower,
-        state_dir=run.state_dir,
-    )
-
-
-async def _close(reporter: TorchrunReporter) -> None:
-    """Send what is left, then wait for rank 0's pump to be over (once every worker
-    ended: SIGTERM, Python's again here, ends a wait for a rank 0 that is gone)."""
-    with anyio.CancelScope(shield=True):
-        await anyio.to_thread.run_sync(reporter.sender.close)
-    await anyio.to_thread.run_sync(reporter.follower.wait_over, abandon_on_cancel=True)
+        # Send what is left, then wait for rank 0's pump to be over (SIGTERM, Python's
+        # again here, ends a wait for a rank 0 that is gone).
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(reporter.sender.close)
+        await anyio.to_thread.run_sync(reporter.follower.wait_over, abandon_on_cancel=True)
 
 
 def _join(link: _Link, rank: int, nonce: str) -> tuple[str, _Hello]:
@@ -984,20 +925,3 @@ def _leaving_sigterm_to_rank_0(follower: _Follower) -> Any:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _group_failed(
-    run: Run, failures: dict[int, BaseException], max_restarts: int
-) -> WorkerGroupError:
-    """Say that the group failed; torchrun restarts it while its restarts last."""
-    attempt = _restart_count()
-    if attempt < max_restarts:
-        ranks = ", ".join(str(rank) for rank in sorted(failures))
-        _log.warning(
-            f"worker rank(s) {ranks} failed: torchrun restarts the group (restart "
-            f"{attempt + 1} of {max_restarts}); the run resumes from its latest checkpoint",
-            run_id=run.run_id,
-            resume_from=run.latest_checkpoint,
-        )
-        return WorkerGroupError(failures)
-    return run.group_failed(failures, attempt, max_restarts)

@@ -1,11 +1,6 @@
-"""``open_run``'s workers on ``torchrun`` (TorchElastic), with the run in rank 0.
-
-``open_run(..., engine=TorchrunEngine())`` in a script every torchrun
-process runs: rank 0 hosts the run (its bus, callbacks, state store and
-log), every rank runs its worker, and the others' reports, checkpoints and
-failures reach rank 0 over torchrun's own c10d store, never waiting for it.
-The worker function and the callbacks are those of the local engine and of
-``adapters.ray.RayEngine``. See ``docs/trainers/torchrun.md``.
+"""``open_run``'s workers on ``torchrun`` (TorchElastic), with the run in rank 0:
+``open_run(..., engine=TorchrunEngine())`` in a script every torchrun process runs, with
+the worker function and callbacks of the local engine. See ``docs/trainers/torchrun.md``.
 """
 
 from __future__ import annotations
