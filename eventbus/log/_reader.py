@@ -35,6 +35,7 @@ from ._format import (
     decode_jsonl_header,
     decode_msgpack_header,
     intact_record_in,
+    length_check,
 )
 from ._placeholders import decode_again
 
@@ -221,6 +222,7 @@ class LogReader:
                 while pos <= last:
                     m, check, size, crc = unpack(data, pos)
                     stop = pos + hsize + size
+                    # ``length_check`` inlined: this loop runs per record.
                     if m != mark or check != (size ^ size >> 16) & 0xFFFF or stop > len(data):
                         break
                     payload = data[pos + hsize : stop]
@@ -258,7 +260,7 @@ class LogReader:
         m, check, size, crc = RECORD_HEADER.unpack_from(data, pos)
         if m != RECORD_MARK_VALUE:
             return _Found.DAMAGE, -1, "damaged record header (no record marker)"
-        if check != (size ^ size >> 16) & 0xFFFF:
+        if check != length_check(size):
             return _Found.DAMAGE, -1, f"damaged record header (length {size} fails its check)"
         if size > MAX_RECORD:
             reason = (

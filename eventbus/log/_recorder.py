@@ -255,7 +255,8 @@ class LogRecorder:
                 except Exception as exc:  # whatever encode_into left in scratch is replaced
                     encode_into(substitute(event, exc), scratch)
                     size = len(scratch)
-                # Below 64 KiB (every record but a huge one) the length check is the length.
+                # ``length_check``, inlined: below 64 KiB (every record but a huge one)
+                # the length check is the length.
                 check = size if size < 0x10000 else (size ^ size >> 16) & 0xFFFF
                 # One extend of the whole record: the buffer never holds half of one.
                 extend(pack(mark, check, size, crc32(scratch)) + scratch)
