@@ -20,22 +20,27 @@ from ._periods import Periods
 from ._registry import Registry, Route
 from ._runners import Runner
 from ._subscription import Subscription
+from ._tasks import event_maker
 from ._text import describe
 
 __all__ = ["Dispatcher", "Inbox"]
 
 _log = get_logger("eventbus")
 
+#: Batches emitted by handlers dispatched one after another before other tasks get a turn.
+_CHAIN = 8
+
 
 class Inbox(deque[Event]):
     """Events accepted and not yet taken: a deque, so publishing is one ``append`` and
     one flag read (``sleeping``: call ``wake_up()``)."""
 
-    __slots__ = ("_room", "_wake", "sleeping")
+    __slots__ = ("_room", "_wake", "new_event", "sleeping")
 
     def __init__(self) -> None:
         super().__init__()
         self.sleeping = False
+        self.new_event: Callable[[], anyio.Event] = anyio.Event  # the loop's, once it runs
         self._wake = anyio.Event()
         self._room: anyio.Event | None = None
 
@@ -59,7 +64,7 @@ class Inbox(deque[Event]):
     def going_to_sleep(self) -> anyio.Event:
         """What wakes the dispatcher (a plain call: no frame on every wake-up)."""
         self.sleeping = True
-        self._wake = wake = anyio.Event()
+        self._wake = wake = self.new_event()
         return wake
 
     def take(self) -> list[Event]:
@@ -169,7 +174,7 @@ class Dispatcher:
         """Return once ``is_idle(lanes)`` (``lanes`` a tuple: it is read more than once)."""
         while not self.is_idle(lanes):
             if self._idle is None:
-                self._idle = anyio.Event()
+                self._idle = self._inbox.new_event()
             await self._idle.wait()
 
     def undelivered(self) -> int:
@@ -190,6 +195,8 @@ class Dispatcher:
         periods = self._periods
         clock = self._now
         run = self._runner.run
+        inbox.new_event = event_maker()
+        chained = 0
         while True:
             if not inbox:
                 self.dispatching = False
@@ -230,8 +237,14 @@ class Dispatcher:
                         if pending is not None:
                             await pending
             if inbox:
-                # More came in (handlers emit): let other tasks run, so no chain starves them.
-                await anyio.lowlevel.checkpoint()
+                # More came in (handlers emit): dispatch it now, but let other tasks run
+                # every few batches, so no chain of emits starves them.
+                chained += 1
+                if chained >= _CHAIN:
+                    chained = 0
+                    await anyio.lowlevel.checkpoint()
+            else:
+                chained = 0
 
     def _run_taps(self, batch: list[Event]) -> None:
         """Show ``batch`` to each tap; one that raises is logged and removed."""

@@ -11,6 +11,7 @@ import anyio
 from ._events import Event
 from ._runners import Runner
 from ._subscription import Subscription
+from ._tasks import event_maker
 
 __all__ = ["MAX_BATCH", "Lane"]
 
@@ -96,6 +97,7 @@ class Lane:
         queue = self.queue
         run = self._runner.run
         sub = self._sub
+        new_event = event_maker()
         while True:
             if not queue:
                 if self._closed:
@@ -103,7 +105,7 @@ class Lane:
                     self._ended(sub)
                     return
                 self._sleeping = True
-                self._wake = anyio.Event()
+                self._wake = new_event()
                 self._idle()
                 await self._wake.wait()
                 continue
