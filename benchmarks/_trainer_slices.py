@@ -25,7 +25,9 @@ Conditions (``CONDITIONS``):
   cost apart (``ours-thread``: the bus in a thread of its own, as before
   issue 24; ``ours-bare``: one trivial callback, no log, no state;
   ``ours-nolog``; ``ours-nostate``; ``ours-console``: ``MetricsLogger()``
-  with its default logger, to stderr).
+  with its default logger, to stderr; ``ours-nostopper``: the early stopping's
+  work in a callback without ``should_stop``, so no hook waits for it: what
+  exact stops cost).
 - PyTorch Lightning ``Trainer``, the same model in a ``LightningModule``
   that logs its loss every step (``log_every_n_steps=1``), a
   ``ModelCheckpoint`` every ``save_steps`` (the last 3 kept): ``pl-none``,
@@ -80,6 +82,7 @@ HF_CONDITIONS = (
     "ours-nolog",
     "ours-nostate",
     "ours-console",
+    "ours-nostopper",
 )
 LOOP_CONDITIONS = ("loop", "open-run", "open-run-full")
 LIGHTNING_CONDITIONS = ("pl-none", "pl-hand", "pl-ours")
@@ -365,7 +368,7 @@ def _hand_written(output: Path) -> list[Any]:
     ]
 
 
-def _ours_callbacks(output: Path, console: bool = False) -> list[Any]:
+def _ours_callbacks(output: Path, console: bool = False, stopper: bool = True) -> list[Any]:
     from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, UserCallback
 
     class Trivial(UserCallback):
@@ -377,8 +380,14 @@ def _ours_callbacks(output: Path, console: bool = False) -> list[Any]:
     metrics = (
         MetricsLogger() if console else MetricsLogger(logger=_jsonl_logger(output / "m.jsonl"))
     )
+    early_stopping = EarlyStopping("loss", patience=PATIENCE)
+
+    class Watching(UserCallback):  # the same work, and no should_stop: nothing waits for it
+        def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+            early_stopping.after_report(run_context, metrics, checkpoint)
+
     return [
-        EarlyStopping("loss", patience=PATIENCE),
+        early_stopping if stopper else Watching(),
         BestCheckpoints("loss", k=3),
         metrics,
         Trivial(),
@@ -394,7 +403,9 @@ def _hf_callbacks(condition: str, output: Path) -> list[Any]:
 
     if condition == "ours-bare":
         return [EventBusCallback(_ours_callbacks(output)[3:], state=False)]
-    callbacks = _ours_callbacks(output, console=condition == "ours-console")
+    callbacks = _ours_callbacks(
+        output, console=condition == "ours-console", stopper=condition != "ours-nostopper"
+    )
     log = condition != "ours-nolog"
     state = condition != "ours-nostate"
     if condition == "ours-thread":

@@ -58,7 +58,7 @@ A step there is a round of the 4 workers' steps.
 with FILE (Python) run first in its processes, to measure a candidate
 change, monkeypatched, beside the rest. ``--conditions`` picks the HF
 conditions (also ``ours-bare``, ``ours-nolog``, ``ours-nostate``,
-``ours-console``: see ``_trainer_slices.py``). ``--nice -10`` (the default;
+``ours-console``, ``ours-nostopper``: see ``_trainer_slices.py``). ``--nice -10`` (the default;
 it needs root, and says so otherwise) gives the trainers' processes a
 scheduling group of their own, weighted above the machine's other
 sessions: other processes' load then mostly stays off the measurement.
