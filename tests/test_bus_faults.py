@@ -362,6 +362,29 @@ async def test_wait_idle_from_a_handler_fails_at_once() -> None:
     assert all(f.error_type == "RuntimeError" and "emit" in f.message for f in failures)
 
 
+async def test_a_task_a_handler_starts_elsewhere_may_wait_for_the_bus() -> None:
+    """It inherits the handler's context, but it is not the handler: once the handler
+    returned, its wait is an ordinary one (a worker a callback starts may ``sync()``)."""
+    waited = anyio.Event()
+    async with anyio.create_task_group() as outer, EventBus(timeout=30) as bus:
+
+        async def waits_later() -> None:
+            await bus.publish(report(1))  # the bus is busy with it while this waits
+            await bus.wait_idle()
+            waited.set()
+
+        async def handles(event: Report) -> None:
+            if event.index == 0:
+                outer.start_soon(waits_later)
+            else:
+                await anyio.sleep(0.05)
+
+        bus.subscribe(Report, handles, delivery="lane")
+        with anyio.fail_after(10):
+            await bus.publish(report(0))
+            await waited.wait()
+
+
 async def test_a_publish_that_must_wait_from_a_handler_fails_at_once() -> None:
     failures: list[HandlerFailed] = []
     async with EventBus(buffer=1, timeout=30) as bus:
