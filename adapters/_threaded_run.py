@@ -80,6 +80,7 @@ class ThreadedRun:
         self.raised: BaseException | None = None
         self._dropped_before = 0
         self._stopping: tuple[Subscription, ...] | None = None
+        self._said_late_stop = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name, "options": self.options, "steps_in_hooks": self.steps_in_hooks}
@@ -154,6 +155,7 @@ class ThreadedRun:
         self.close_report = None
         self.raised = None
         self._stopping = None
+        self._said_late_stop = False
         self.handoff(core.started())
         if before_run_first:
             thread.wait_idle(self.drain_timeout)
@@ -197,13 +199,24 @@ class ThreadedRun:
 
     def wait_for_stoppers(self) -> None:
         """Block (at most ``handoff_timeout``) until the callbacks that can stop the run
-        handled everything so far, as ``Reporter.sync`` does."""
+        handled everything so far, as ``Reporter.sync`` does; a wait cut short is said
+        once a run (a stop they decide then lands at a later step)."""
         thread, attachment = self.thread, self.attachment
         if thread is None or attachment is None:
             return
         if self._stopping is None:
             self._stopping = stopping_lanes(attachment)
-        thread.wait_idle(self.options.handoff_timeout, lanes=self._stopping)
+        limit = self.options.handoff_timeout
+        started = time.monotonic()
+        if thread.wait_idle(limit, lanes=self._stopping) or self._said_late_stop:
+            return
+        if time.monotonic() - started >= limit:
+            self._said_late_stop = True
+            _log.warning(
+                f"the callbacks that can stop run {self.run_id} had not handled the latest "
+                f"report after {limit:g} s (handoff_timeout): training went on, so a stop "
+                "they decide from it ends training at a later step"
+            )
 
     def check(self) -> None:
         """Raise the bus's failure now, if there is one (the run is ended first)."""

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
     os.environ.setdefault(_name, "1")
@@ -31,7 +32,8 @@ from _callbacks import StopAfter  # noqa: E402
 from adapters._options import BusRuns  # noqa: E402
 from adapters.mlflow import MLflowLogger  # noqa: E402
 from adapters.tensorboard import TensorBoardLogger  # noqa: E402
-from handlers import EarlyStopping, Reporter, open_run  # noqa: E402
+from eventbus import TrainRunContext  # noqa: E402
+from handlers import EarlyStopping, Reporter, UserCallback, open_run  # noqa: E402
 
 TRACKERS = ["none", "tensorboard", "mlflow"]
 BUS_RUNS: list[BusRuns] = ["in_hooks", "in_thread"]
@@ -87,6 +89,46 @@ def test_hugging_face_stops_at_the_deciding_step_whatever_the_trackers(
     assert stopping.should_stop and stopping.rounds == step // 5
     saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "out").glob("checkpoint-*"))
     assert saved == list(range(10, step + 1, 10))  # no save after the decision
+
+
+class SlowStopper(UserCallback):
+    """Decides at its second round, each round taking 0.2 s: longer than the hooks wait."""
+
+    timeout: ClassVar[float | None] = 10.0
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.should_stop = False
+
+    async def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: str | None
+    ) -> None:
+        await anyio.sleep(0.2)
+        self.rounds += 1
+        self.should_stop = self.rounds >= 2
+
+
+@pytest.mark.parametrize("bus_runs", BUS_RUNS)
+def test_hugging_face_says_once_when_a_stopper_outlasts_the_hooks_wait(
+    tmp_path: Path, bus_runs: BusRuns
+) -> None:
+    """The hook waits ``handoff_timeout`` for the callbacks that can stop the run; one
+    slower than that lets training go on, so its stop lands later: said once, in words."""
+    pytest.importorskip("transformers", reason="pip install '.[transformers]'")
+    from _hf_model import tiny_trainer
+
+    from adapters.transformers import EventBusCallback
+
+    callback = EventBusCallback([SlowStopper()], bus_runs=bus_runs, handoff_timeout=0.05)
+    trainer = tiny_trainer(
+        tmp_path / "out", callback, max_steps=12, logging_steps=1, save_strategy="no"
+    )
+    with capture_logs() as logs:
+        trainer.train()
+    late = [e["event"] for e in logs if "had not handled the latest report" in e["event"]]
+    assert len(late) == 1, late
+    assert "after 0.05 s (handoff_timeout): training went on" in late[0]
+    assert trainer.state.global_step > 2  # decided at step 2, heard later
 
 
 # --- Lightning -----------------------------------------------------------------------
