@@ -16,12 +16,15 @@ T = TypeVar("T")
 
 class LoopHolds:
     """Seconds the loop ran workers' code, counted by whoever runs the workers; read by
-    the bus's runners (a call's charge, a timeout's advice)."""
+    the bus's runners (a call's charge, a timeout's advice). ``suspensions``: how often
+    a worker gave the loop a turn (a report of a worker that gave none since its last
+    gives one, ``Reporter.report``)."""
 
-    __slots__ = ("seconds",)
+    __slots__ = ("seconds", "suspensions")
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.suspensions = 0
 
 
 class _Held(Generic[T]):
@@ -48,6 +51,7 @@ class _Held(Generic[T]):
                 return value
             finally:
                 holds.seconds += clock() - started
+            holds.suspensions += 1
             try:
                 sent, thrown = (yield waits_on), None
             except GeneratorExit:

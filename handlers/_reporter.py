@@ -53,6 +53,8 @@ class Reporter:
         #: Whether this rank's worker ended: its next report will not come.
         self.ended = False
         self._index = run.first_index(rank)
+        #: The run's workers' suspensions at this rank's latest report.
+        self._suspensions = -1
 
     async def report(
         self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None = None
@@ -86,11 +88,17 @@ class Reporter:
                 checkpoint=location,
             )
         )
-        # A worker that computes and awaits nothing else would hold the callbacks off.
+        # A worker that computes and awaits nothing else would hold the callbacks off: if
+        # this one gave the loop no turn since its last report, it gives one (at most every
+        # CALLBACKS_TURN_S for the run). Workers that await between steps give turns
+        # themselves, and an extra one would leave the rank taking it a step behind.
+        holds = run.bus.loop_holds
         now = time.monotonic()
         if now >= run.turn_due:
             run.turn_due = now + CALLBACKS_TURN_S
-            await anyio.lowlevel.checkpoint()
+            if holds.suspensions == self._suspensions:
+                await anyio.lowlevel.checkpoint()
+        self._suspensions = holds.suspensions
 
     def _checkpoint_location(self, checkpoint: object) -> str:
         """``checkpoint`` as the path string events carry; ``ReportError`` if the OS refuses it."""

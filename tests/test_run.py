@@ -246,6 +246,30 @@ async def test_workers_that_only_compute_and_report_share_the_loop_and_hear_call
     assert run.result.rounds == min(stopped) + 1
 
 
+async def test_workers_that_await_between_steps_stay_in_step() -> None:
+    """Workers that compute, report and then await (giving the loop a turn themselves)
+    take turns: no report adds a turn of its own, which would leave the rank that took
+    it a step behind each time (four such workers ran 300, 299, 231 and 150 steps)."""
+    step_s = 0.004  # four ranks' steps: 16 ms between a rank's reports, past a turn's 10
+    done = [0] * 4
+    spread: list[int] = []
+
+    async def worker(reporter: Reporter) -> None:
+        for step in range(60):
+            computing_until = time.perf_counter() + step_s
+            while time.perf_counter() < computing_until:
+                pass
+            await reporter.report({"step": step})
+            done[reporter.rank] = step + 1
+            spread.append(max(done) - min(done))
+            await anyio.lowlevel.checkpoint()
+
+    async with open_run(world_size=4) as run:
+        await run.workers(worker)
+    assert max(spread) <= 2, f"the ranks drifted apart by up to {max(spread)} steps"
+    assert run.result.rounds == 60
+
+
 async def test_open_run_rejects_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="world_size"):
         open_run(world_size=0)
