@@ -10,7 +10,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["CheckpointCopyError", "persist_checkpoint"]
+__all__ = ["CheckpointCopyError", "in_state_dir", "persist_checkpoint"]
 
 
 class CheckpointCopyError(ValueError):
@@ -18,16 +18,21 @@ class CheckpointCopyError(ValueError):
     location and the problem."""
 
 
+def in_state_dir(root: Path, location: str) -> bool:
+    """Whether ``location`` lies in the state dir ``root`` (links resolved)."""
+    return _within(os.path.realpath(location), os.path.realpath(root))
+
+
 def persist_checkpoint(root: Path, location: str, index: int) -> str:
     """Where the checkpoint ``location`` of report number ``index`` lives in the state dir
     ``root`` (resolved): as given if inside it (links resolved), else copied (a directory
     or a regular file, not a link) into ``root / f"checkpoint_{index:06d}"``, merged with
     what other ranks of the same report copied there."""
+    if in_state_dir(root, location):
+        return location
     source = os.path.abspath(location)
     real_root = os.path.realpath(root)
     real_source = os.path.realpath(source)
-    if _within(real_source, real_root):
-        return location
     try:
         mode = os.lstat(source).st_mode
     except FileNotFoundError:

@@ -21,7 +21,7 @@ from eventbus.state._model import state_key_of
 
 from ._errors import ReportError
 from ._metric_values import MetricsError, freeze_metrics
-from ._persist import persist_checkpoint
+from ._persist import in_state_dir, persist_checkpoint
 
 _log = get_logger("handlers.reporter")
 
@@ -220,8 +220,13 @@ def _shown(text: str, most: int = 60) -> str:
 
 
 async def persisted(rank: int, state_dir: Path, location: str, index: int) -> str:
-    """``location`` kept in the run's state dir (copied in, in a thread, if outside)."""
+    """``location`` kept in the run's state dir: as given if inside it, else copied in, in
+    a thread. Inside is checked here: a few ``lstat``s of a path the worker just wrote,
+    where a thread waits for the GIL at each beside computing workers (a checkpoint's
+    report took 50 ms that way, docs/performance.md)."""
     try:
+        if in_state_dir(state_dir, location):
+            return location
         return await anyio.to_thread.run_sync(persist_checkpoint, state_dir, location, index)
     except ValueError as exc:  # CheckpointCopyError, or whatever else os.path refuses
         raise ReportError(rank, "checkpoint", str(exc)) from None
