@@ -161,7 +161,8 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
 
         A log followed by a save in the same step is held until ``on_save``, so the saved
         checkpoint is its round's. With a callback that can stop the run, the hook waits
-        for it, so a stop it decides ends training at this step.
+        for it, so a stop it decides ends training at this step (not for a log without
+        any metric such callbacks name in ``stops_on``).
         """
         run = self._run
         thread = run.thread
@@ -180,12 +181,13 @@ class EventBusCallback(ThreadedAdapter, TrainerCallback):  # type: ignore[misc] 
                 self._held.append((index, metrics))
                 return
             deferred = (self._make_report, index, metrics)
+            decides = self._may_stop_on(metrics)
             if thread.offer(deferred):
-                if not self._stoppers:
+                if not decides:
                     thread.poll(handed_off=True)
             else:
                 run.handoff(deferred)  # also raises a callback's failure of the run
-            if self._stoppers:  # the stop this report decides is this step's
+            if decides:  # the stop this report decides is this step's
                 run.wait_for_stoppers()
         if self._stop or (self._stoppers and self.stop_requested):
             control.should_training_stop = True

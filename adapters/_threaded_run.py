@@ -294,6 +294,9 @@ class ThreadedAdapter:
     _stop = False
     #: The callbacks that can ask to stop (a ``should_stop`` attribute).
     _stoppers: tuple[Any, ...] = ()
+    #: The metrics they decide on (each declares ``stops_on``), or None: a round without
+    #: any of them changes no ``should_stop``, so a hook need not wait for it.
+    _stop_metrics: frozenset[str] | None = None
     #: The preemption signal the run received (``None``: none).
     _signalled: int | None = None
     _handler_before: Any = None
@@ -315,6 +318,19 @@ class ThreadedAdapter:
     def _watch_stops(self, callbacks: Iterable[Any]) -> None:
         self._stop = False
         self._stoppers = tuple(cb for cb in callbacks if hasattr(cb, "should_stop"))
+        names: set[str] = set()
+        for callback in self._stoppers:
+            declared = getattr(callback, "stops_on", None)
+            if declared is None:
+                self._stop_metrics = None
+                return
+            names.update((declared,) if isinstance(declared, str) else declared)
+        self._stop_metrics = frozenset(names)
+
+    def _may_stop_on(self, metrics: dict[str, Any]) -> bool:
+        """Whether a callback may decide to stop on a round of ``metrics``."""
+        names = self._stop_metrics
+        return bool(self._stoppers) and (names is None or not names.isdisjoint(metrics))
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._signalled is None:

@@ -55,6 +55,12 @@ class EarlyStopping(UserCallback, StatefulCallback, state_name="handlers.EarlySt
         self.rounds_without_metric = 0
 
     @property
+    def stops_on(self) -> tuple[str, ...]:
+        """The metrics whose rounds may change ``should_stop``: a trainer's hook need not
+        wait for rounds without them (docs/trainers/hugging-face.md)."""
+        return (self.metric,)
+
+    @property
     def state_key(self) -> str:
         return f"EarlyStopping(metric={self.metric!r}, mode={self.mode!r})"
 

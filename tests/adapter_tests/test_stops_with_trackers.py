@@ -131,6 +131,48 @@ def test_hugging_face_says_once_when_a_stopper_outlasts_the_hooks_wait(
     assert trainer.state.global_step > 2  # decided at step 2, heard later
 
 
+@pytest.mark.parametrize(
+    ("stopper", "waits"),
+    [(EarlyStopping("eval_loss", patience=100), 4), (StopAfter(100), 24)],
+    ids=["declares-its-metric", "declares-nothing"],
+)
+def test_hugging_face_waits_only_at_logs_a_stopper_decides_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopper: UserCallback, waits: int
+) -> None:
+    """``EarlyStopping("eval_loss")`` names its metric (``stops_on``): the 20 training
+    logs between the 4 evaluations are not waited for, the evaluations are; a stopper
+    that names nothing is waited for at all 24 logs."""
+    pytest.importorskip("transformers", reason="pip install '.[transformers]'")
+    from _hf_model import tiny_trainer
+
+    from adapters._threaded_run import ThreadedRun
+    from adapters.transformers import EventBusCallback
+
+    waited: list[int] = []
+    wait = ThreadedRun.wait_for_stoppers
+
+    def counting(run: ThreadedRun) -> None:
+        waited.append(1)
+        wait(run)
+
+    monkeypatch.setattr(ThreadedRun, "wait_for_stoppers", counting)
+    callback = EventBusCallback([stopper])
+    trainer = tiny_trainer(
+        tmp_path / "out",
+        callback,
+        size=32,
+        evaluate=True,
+        max_steps=20,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=5,
+        save_strategy="no",
+    )
+    trainer.train()
+    assert trainer.state.global_step == 20
+    assert len(waited) == waits
+
+
 # --- Lightning -----------------------------------------------------------------------
 
 
