@@ -324,7 +324,14 @@ class ThreadedAdapter:
             if declared is None:
                 self._stop_metrics = None
                 return
-            names.update((declared,) if isinstance(declared, str) else declared)
+            declared = (declared,) if isinstance(declared, str) else declared
+            try:
+                names.update(str(name) for name in declared)
+            except TypeError:
+                raise TypeError(
+                    f"{callback!r}.stops_on is {declared!r}: give the names of the metrics "
+                    "it decides to stop on (a tuple of strings), or leave it out"
+                ) from None
         self._stop_metrics = frozenset(names)
 
     def _may_stop_on(self, metrics: dict[str, Any]) -> bool:

@@ -225,3 +225,13 @@ def test_open_run_with_synced_workers_stops_at_the_deciding_round_whatever_the_t
 
     anyio.run(main)
     assert last_steps == {0: 5, 1: 5}
+
+
+def test_a_stops_on_that_names_no_metrics_is_refused_in_words() -> None:
+    pytest.importorskip("transformers", reason="pip install '.[transformers]'")
+    from adapters.transformers import EventBusCallback
+
+    stopper = StopAfter(3)
+    stopper.stops_on = 5  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"stops_on is 5: give the names of the metrics"):
+        EventBusCallback([stopper])
