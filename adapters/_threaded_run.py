@@ -325,13 +325,16 @@ class ThreadedAdapter:
                 self._stop_metrics = None
                 return
             declared = (declared,) if isinstance(declared, str) else declared
-            try:
-                names.update(str(name) for name in declared)
-            except TypeError:
+            # A collection, not any iterable (an endless one would hang here), of names: a
+            # name that is not a string matches no metric, and its stops would go unwaited.
+            if not isinstance(declared, tuple | list | set | frozenset) or not all(
+                isinstance(name, str) for name in declared
+            ):
                 raise TypeError(
-                    f"{callback!r}.stops_on is {declared!r}: give the names of the metrics "
-                    "it decides to stop on (a tuple of strings), or leave it out"
-                ) from None
+                    f"{callback!r}.stops_on is {declared!r:.100}: give the names of the "
+                    "metrics it decides to stop on (a tuple of strings), or leave it out"
+                )
+            names.update(declared)
         self._stop_metrics = frozenset(names)
 
     def _may_stop_on(self, metrics: dict[str, Any]) -> bool:

@@ -38,8 +38,8 @@ class UserCallback:
             ``on_event(run_context, event)``.
 
     A callback stops the run by setting ``should_stop``; with ``stops_on``, the names of
-    the metrics whose rounds may change it (``EarlyStopping``'s metric), a trainer's hook
-    waits for it only at rounds carrying one of them.
+    the metrics whose rounds may change it (``EarlyStopping``'s metric), the Hugging Face
+    adapter's hooks wait for it only at logs carrying one of them.
 
     ``None`` means the bus's default. A callback that must see the bus itself defines
     ``__eventbus_subscribe__(self, bus) -> Iterable[Subscription]``, called once its hooks

@@ -56,8 +56,8 @@ class EarlyStopping(UserCallback, StatefulCallback, state_name="handlers.EarlySt
 
     @property
     def stops_on(self) -> tuple[str, ...]:
-        """The metrics whose rounds may change ``should_stop``: a trainer's hook need not
-        wait for rounds without them (docs/trainers/hugging-face.md)."""
+        """The metrics whose rounds may change ``should_stop``: the Hugging Face adapter's
+        hooks need not wait for logs without them (docs/trainers/hugging-face.md)."""
         return (self.metric,)
 
     @property

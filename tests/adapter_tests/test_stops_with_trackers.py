@@ -12,6 +12,7 @@ test is in test_ray_engine.py, beside the Ray files' one shared cluster.
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Any, ClassVar
@@ -231,7 +232,8 @@ def test_a_stops_on_that_names_no_metrics_is_refused_in_words() -> None:
     pytest.importorskip("transformers", reason="pip install '.[transformers]'")
     from adapters.transformers import EventBusCallback
 
-    stopper = StopAfter(3)
-    stopper.stops_on = 5  # type: ignore[attr-defined]
-    with pytest.raises(TypeError, match=r"stops_on is 5: give the names of the metrics"):
-        EventBusCallback([stopper])
+    for hostile in (5, [1], itertools.count(), ("loss", None)):
+        stopper = StopAfter(3)
+        stopper.stops_on = hostile  # type: ignore[attr-defined]
+        with pytest.raises(TypeError, match=r"stops_on is .*: give the names of the metrics"):
+            EventBusCallback([stopper])
