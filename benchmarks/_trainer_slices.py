@@ -27,7 +27,9 @@ Conditions (``CONDITIONS``):
   ``ours-nolog``; ``ours-nostate``; ``ours-console``: ``MetricsLogger()``
   with its default logger, to stderr; ``ours-nostopper``: the early stopping's
   work in a callback without ``should_stop``, so no hook waits for it: what
-  exact stops cost).
+  exact stops cost; ``ours-evalstop``: ``EarlyStopping("eval_loss")``, HF's
+  usual metric, which the training logs lack, so its ``stops_on`` spares
+  them the wait).
 - PyTorch Lightning ``Trainer``, the same model in a ``LightningModule``
   that logs its loss every step (``log_every_n_steps=1``), a
   ``ModelCheckpoint`` every ``save_steps`` (the last 3 kept): ``pl-none``,
@@ -83,6 +85,7 @@ HF_CONDITIONS = (
     "ours-nostate",
     "ours-console",
     "ours-nostopper",
+    "ours-evalstop",
 )
 LOOP_CONDITIONS = ("loop", "open-run", "open-run-full")
 LIGHTNING_CONDITIONS = ("pl-none", "pl-hand", "pl-ours")
@@ -368,7 +371,9 @@ def _hand_written(output: Path) -> list[Any]:
     ]
 
 
-def _ours_callbacks(output: Path, console: bool = False, stopper: bool = True) -> list[Any]:
+def _ours_callbacks(
+    output: Path, console: bool = False, stopper: bool = True, metric: str = "loss"
+) -> list[Any]:
     from handlers import BestCheckpoints, EarlyStopping, MetricsLogger, UserCallback
 
     class Trivial(UserCallback):
@@ -380,7 +385,7 @@ def _ours_callbacks(output: Path, console: bool = False, stopper: bool = True) -
     metrics = (
         MetricsLogger() if console else MetricsLogger(logger=_jsonl_logger(output / "m.jsonl"))
     )
-    early_stopping = EarlyStopping("loss", patience=PATIENCE)
+    early_stopping = EarlyStopping(metric, patience=PATIENCE)
 
     class Watching(UserCallback):  # the same work, and no should_stop: nothing waits for it
         def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
@@ -404,7 +409,10 @@ def _hf_callbacks(condition: str, output: Path) -> list[Any]:
     if condition == "ours-bare":
         return [EventBusCallback(_ours_callbacks(output)[3:], state=False)]
     callbacks = _ours_callbacks(
-        output, console=condition == "ours-console", stopper=condition != "ours-nostopper"
+        output,
+        console=condition == "ours-console",
+        stopper=condition != "ours-nostopper",
+        metric="eval_loss" if condition == "ours-evalstop" else "loss",
     )
     log = condition != "ours-nolog"
     state = condition != "ours-nostate"

@@ -58,10 +58,11 @@ A step there is a round of the 4 workers' steps.
 with FILE (Python) run first in its processes, to measure a candidate
 change, monkeypatched, beside the rest. ``--conditions`` picks the HF
 conditions (also ``ours-bare``, ``ours-nolog``, ``ours-nostate``,
-``ours-console``, ``ours-nostopper``: see ``_trainer_slices.py``). ``--nice -10`` (the default;
-it needs root, and says so otherwise) gives the trainers' processes a
-scheduling group of their own, weighted above the machine's other
-sessions: other processes' load then mostly stays off the measurement.
+``ours-console``, ``ours-nostopper``, ``ours-evalstop``: see
+``_trainer_slices.py``). ``--nice -10`` (the default; it needs root, and
+says so otherwise) gives the trainers' processes a scheduling group of
+their own, weighted above the machine's other sessions: other processes'
+load then mostly stays off the measurement.
 
     python benchmarks/bench_trainer_overhead.py [--quick] [--json] [--open-run | --no-open-run]
         [--lightning | --no-lightning]
