@@ -32,19 +32,15 @@ class Charges:
     the handler): the call is charged nothing, and ``error`` keeps it for the replay.
     """
 
-    def __init__(self, clock: VirtualClock, cost_of: Callable[[Subscription, Event], float]):
+    def __init__(self, costs: Costs, subs: Iterable[Subscription], clock: VirtualClock) -> None:
+        """The charges ``costs`` asks for on ``subs``; ``OptionError`` before any event."""
         self.clock = clock
-        self.cost_of = cost_of
         self.error: BaseException | None = None
         self.wrapped: list[tuple[Subscription, Callable[[Any], Any], Callable[[Any], Any]]] = []
-
-    @classmethod
-    def of(cls, costs: Costs, subs: Iterable[Subscription], clock: VirtualClock) -> Charges:
-        """The charges ``costs`` asks for on ``subs``; ``OptionError`` before any event."""
+        self.cost_of: Callable[[Subscription, Event], float] = lambda sub, event: 0.0
         subs = tuple(subs)
-        measured = isinstance(costs, str) and costs == "measured"
-        cost_of: Callable[[Subscription, Event], float] = functools.partial(_fixed_cost, {})
-        if isinstance(costs, str) and not measured:
+        measured = isinstance(costs, str)
+        if measured and costs != "measured":
             raise OptionError(
                 "costs",
                 f"costs must be seconds by handler name, a function of (handler name, "
@@ -55,7 +51,7 @@ class Charges:
             subs = tuple(sub for sub in subs if fixed.get(sub.name))
             for sub in subs:
                 _check_deadline(sub, fixed[sub.name])
-            cost_of = functools.partial(_fixed_cost, fixed)
+            self.cost_of = lambda sub, event: fixed.get(sub.name, 0.0)
         elif not measured:
             if not callable(costs):
                 raise OptionTypeError(
@@ -71,10 +67,9 @@ class Charges:
                     _check_deadline(sub, cost)
                 return cost
 
-        charges = cls(clock, cost_of)
+            self.cost_of = cost_of
         for sub in subs:
-            charges.wrap(sub, measured=measured)
-        return charges
+            self.wrap(sub, measured=measured)
 
     def wrap(self, sub: Subscription, *, measured: bool = False) -> None:
         """Charge ``sub``'s calls from now on."""
@@ -149,12 +144,7 @@ class Charges:
         self.wrapped.clear()
 
 
-def _fixed_cost(fixed: Mapping[str, float], sub: Subscription, event: Event) -> float:
-    return fixed.get(sub.name, 0.0)
-
-
 def _checked_cost(name: str, value: Any) -> float:
-
     if (type(value) is float or type(value) is int) and 0 <= value <= MAX_SECONDS:
         return float(value)  # the usual case, without msgspec's conversion
     cost: float = checked(f"costs[{name!r}]", value, WaitSeconds)

@@ -63,12 +63,11 @@ def scan_tail(reader: LogReader) -> LogTail:
     period_end: float | None = None
     closed = False
     running = False  # a run started and not finished: a partial report is a resume's
-    periodic = (HealthCheckTick, BudgetReport)
     for event in reader:
         if event.seq > last_seq:
             last_seq = event.seq
         last_time = event.time
-        if isinstance(event, periodic):
+        if isinstance(event, HealthCheckTick | BudgetReport):
             if event.period >= last_period:
                 last_period, period_end = event.period, event.end
             if isinstance(event, BudgetReport):
@@ -130,9 +129,6 @@ class Rollbacks:
         if isinstance(event, RunResumed | RunStarted):
             return False
         return self._spans.holds(seq)
-
-    def __repr__(self) -> str:
-        return f"<Rollbacks {len(self.resumes)} resume(s)>"
 
 
 class _Spans:

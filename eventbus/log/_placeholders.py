@@ -217,7 +217,11 @@ def decode_again(
     deep = isinstance(exc, RecursionError)  # the writer's stack was shallower than ours
 
     def run(work: Callable[[], Any]) -> Any:
-        return _on_fresh_stack(work) if deep else work()
+        if not deep:
+            return work()
+        # A new thread's stack starts empty: the whole recursion limit is the decoder's.
+        with ThreadPoolExecutor(1, thread_name_prefix="eventbus-log-deep-decode") as pool:
+            return pool.submit(work).result()
 
     if deep:
         retried = _attempt(run, lambda: decoder_for(kind).decode(data))
@@ -285,10 +289,3 @@ def _attempt(
     except (msgspec.DecodeError, RecursionError) as exc:
         return exc
     return found
-
-
-def _on_fresh_stack(work: Callable[[], Any]) -> Any:
-    """``work()`` on a new thread, whose stack starts empty: the whole recursion limit is
-    there for the decoder. Only for records that hit it."""
-    with ThreadPoolExecutor(1, thread_name_prefix="eventbus-log-deep-decode") as pool:
-        return pool.submit(work).result()

@@ -11,7 +11,7 @@ import stat
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Literal, Self
+from typing import IO, Self
 
 import msgspec
 
@@ -184,13 +184,6 @@ class LogReader:
         self._iterated = True
         return self._jsonl_events() if self.format == "jsonl" else self._msgpack_events()
 
-    def _decode_again(
-        self, kind: Literal["msgpack", "json"], data: bytes | bytearray, exc: BaseException
-    ) -> Event | str:
-        found = decode_again(kind, data, exc, self.header.event_types)
-        self.placeholders += isinstance(found, EventPlaceholder)
-        return found
-
     def _corrupt(self, offset: int, index: int, reason: str) -> None:
 
         error = CorruptLogError(self.path, offset, index, reason)
@@ -232,9 +225,10 @@ class LogReader:
                     try:
                         event = decode(payload)
                     except undecodable as exc:
-                        fallback = self._decode_again("msgpack", payload, exc)
-                        assert isinstance(fallback, Event)  # an intact record: never corrupt
-                        event = fallback
+                        found = decode_again("msgpack", payload, exc, self.header.event_types)
+                        assert isinstance(found, Event)  # an intact record: never corrupt
+                        self.placeholders += isinstance(found, EventPlaceholder)
+                        event = found
                         decode = decoder_for("msgpack").decode  # a class may be new since
                     yield event
                     pos = stop
@@ -341,7 +335,8 @@ class LogReader:
                 try:
                     event = decode(line)
                 except undecodable as exc:
-                    found = self._decode_again("json", line, exc)
+                    found = decode_again("json", line, exc, self.header.event_types)
+                    self.placeholders += isinstance(found, EventPlaceholder)
                     decode = decoder_for("json").decode  # a class may be new since
                     if isinstance(found, str):
                         if line[-1] != 10:  # the last line, cut short mid-write

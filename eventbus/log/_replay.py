@@ -130,22 +130,21 @@ async def replay(
             only). ``OptionError`` for an unknown name, a cost out of range, or one
             that reaches an async or blocking handler's deadline.
     """
-    instant = speed is None
-    if instant and not isinstance(bus.clock, VirtualClock):
-        raise ValueError("an instant replay needs a bus with a VirtualClock (or give speed=)")
     if speed is not None:
         speed = checked("speed", speed, Speed)
+        if costs is not None:
+            raise OptionError("costs", "costs= is for an instant replay (speed=None)")
+    elif not isinstance(bus.clock, VirtualClock):
+        raise ValueError("an instant replay needs a bus with a VirtualClock (or give speed=)")
     charges: Charges | None = None
     if costs is not None:
-        if not instant:
-            raise OptionError("costs", "costs= is for an instant replay (speed=None)")
         assert isinstance(bus.clock, VirtualClock)
         if isinstance(costs, str) and isinstance(bus.clock, FastForwardClock):
             raise OptionError(
                 "costs",
                 f"costs={costs!r} on a FastForwardClock: its clock measures every call already",
             )
-        charges = Charges.of(costs, bus.subscriptions, bus.clock)
+        charges = Charges(costs, bus.subscriptions, bus.clock)
         if not charges.wrapped:
             charges = None  # nothing to charge: the replay goes as without costs
     reader: LogReader | None = None
@@ -161,12 +160,11 @@ async def replay(
     derived = bus.gathering is not None  # the bus makes the derived events again
     selection = _Selection(events, keep, include_diagnostics, derived, plan=plan)
     started = time.perf_counter()
-    publish = bus.publish
     try:
-        if isinstance(bus.clock, VirtualClock) and instant:
+        if speed is None:
+            assert isinstance(bus.clock, VirtualClock)
             await _replay_instant(bus, bus.clock, selection, charges)
         else:
-            assert speed is not None
             now = bus.clock.now
             start = now()
             for event in selection:
@@ -174,7 +172,7 @@ async def replay(
                 delay = start + (event.time - selection.first_time) / speed - now()
                 if delay > 0:
                     await anyio.sleep(delay)
-                await publish(msgspec.structs.replace(event, seq=-1, time=0.0))
+                await bus.publish(msgspec.structs.replace(event, seq=-1, time=0.0))
         await bus.wait_idle()
     finally:
         if reader is not None:
@@ -280,15 +278,13 @@ class _Selection:
                 self.last_time = event.time
                 left = left_out.get(kind)
                 if left is None:
-                    left = left_out[kind] = self.left(kind)
+                    left = issubclass(kind, self.diagnostics) or (self.derived and is_derived(kind))
+                    left_out[kind] = left
                 if left or (keep is not None and not keep(event)):
                     self.filtered += 1
                 else:
                     self.replayed += 1
                     yield event
-
-    def left(self, kind: type[Event]) -> bool:
-        return issubclass(kind, self.diagnostics) or (self.derived and is_derived(kind))
 
 
 async def _cross_period(bus: EventBus, clock: VirtualClock, t: float, event: Event | None) -> None:

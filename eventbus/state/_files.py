@@ -256,13 +256,9 @@ def read_regular_file(
         os.close(fd)
 
 
-def read_snapshot(
-    path: Path, *, within: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES
-) -> Snapshot:
+def read_snapshot(path: Path, *, within: Path, max_bytes: int) -> Snapshot:
     """Read a snapshot file; a malformed or newer-format one is a ``StateFormatError``.
     One malformed state does not cost the others: its key goes to ``errors``."""
-    if within is None:
-        within = resolve_location(path.parent)
     data = read_regular_file(path, within=within, max_bytes=max_bytes)
     try:
         header = _header_decoder.decode(data)

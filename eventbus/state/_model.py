@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, Self, TypedDict, runtime_checkable
+from typing import Any, Literal, Self, TypedDict
 
 import msgspec
 
@@ -48,14 +48,6 @@ class StateFormatError(StateError, ValueError):
 
 class StateRestoreError(StateError):
     """Strict restore found saved and live callbacks that do not match, or a rebuild failed."""
-
-
-@runtime_checkable
-class Stateful(Protocol):
-    """A callback whose state survives a resume: ``state()`` returns ``{"args": {...},
-    "attributes": {...}}`` of JSON values; ``state_key`` tells instances apart (docs/state.md)."""
-
-    def state(self) -> CallbackState: ...
 
 
 class StatefulCallback:

@@ -193,20 +193,19 @@ class StateStore:
         else:
             # Named by the operator's location, not by the file's own (editable) field.
             source = os.fspath(checkpoint)
-            path, within = resume_state_path(self.root, checkpoint)
             try:
-                snapshot = read_snapshot(path, within=within, max_bytes=self.max_bytes)
+                snapshot = self.load(checkpoint)
             except FileNotFoundError as exc:
                 if require_snapshot:
                     raise StateRestoreError(
-                        f"no callback state snapshot at {path}: resume from a checkpoint "
+                        f"no callback state snapshot at {exc.filename}: resume from a checkpoint "
                         "that has callback states, or allow starting them fresh "
                         "(open_run(allow_fresh_state=True); "
                         "StateStore.restore(require_snapshot=False))"
                     ) from exc
                 # A checkpoint written before the store was in use: every callback starts fresh.
                 snapshot = Snapshot(checkpoint=source)
-                notes = (f"no callback state snapshot at {path}",)
+                notes = (f"no callback state snapshot at {exc.filename}",)
         plan = plan_restore(callbacks, snapshot)
         vetted: dict[int, tuple[str, VettedState]] = {}
         problems: list[str] = []
