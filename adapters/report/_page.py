@@ -23,7 +23,6 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#0
 #: A chart's lines, one colour each: Okabe-Ito without its yellow and its black (the
 #: black line is "all handlers"), then Paul Tol's wine, olive, indigo and brown.
 SERIES_COLOURS = (*PALETTE[:-1], "#882255", "#999933", "#332288", "#661100")
-#: Units an axis may carry (the ticks and the legend show them).
 UNITS = ("", "%", "s", "ms", "µs")
 #: How each kind of marker or span is drawn: colour and dash (none: a solid line; 2, 3:
 #: dotted; other: dashed), and its name in the chart's key when not its kind.
@@ -106,8 +105,7 @@ class Chart:
     y_label: str
     note: str = ""
     log_y: bool = False
-    x_unit: str = ""
-    y_unit: str = ""
+    y_unit: str = ""  # one of UNITS: the ticks and the legend show it
     x: list[float] = field(default_factory=list)
     series: list[dict[str, Any]] = field(default_factory=list)
     bands: list[tuple[int, int, str]] = field(default_factory=list)
@@ -119,9 +117,8 @@ class Chart:
     shares_markers: bool = False
 
     def __post_init__(self) -> None:
-        for unit in (self.x_unit, self.y_unit):
-            if unit not in UNITS:
-                raise ValueError(f"chart {self.ident}: unit {unit!r} is not one of {UNITS}")
+        if self.y_unit not in UNITS:
+            raise ValueError(f"chart {self.ident}: unit {self.y_unit!r} is not one of {UNITS}")
 
     @classmethod
     def of_shares(cls, ident: str, title: str, note: str, x_label: str = "") -> Chart:
@@ -196,7 +193,6 @@ class Chart:
             "x": [short(x) for x in self.x],
             "xLabel": self.x_label,
             "yLabel": self.y_label,
-            "xUnit": self.x_unit,
             "yUnit": self.y_unit,
             "logY": self.log_y,
             "series": self.series,
@@ -257,7 +253,7 @@ class Chart:
             rows.append(
                 [s["label"], str(len(points))]
                 + [
-                    f"{with_unit(y, self.y_unit)} at {with_unit(x, self.x_unit, 6)}"
+                    f"{with_unit(y, self.y_unit)} at {with_unit(x, '', 6)}"
                     for x, y in (points[0], points[-1], low, high)
                 ]
             )
