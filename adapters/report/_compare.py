@@ -32,13 +32,6 @@ def _summary(d: RunDigest) -> list[str]:
     return [*shown, f"{share:.3f}%" if d.cost.timeline else "-", f"{d.events:,}"]
 
 
-def _labels(a: RunDigest, b: RunDigest) -> tuple[str, str]:
-    first, second = a.run_id or a.path.stem, b.run_id or b.path.stem
-    if first == second:
-        first, second = str(a.path), str(b.path)
-    return f"A: {first}", f"B: {second}"
-
-
 def _change(before: float, after: float) -> tuple[str, str]:
     """The change from A to B as text, and its class (lower cost is better)."""
     if before <= 0:
@@ -77,12 +70,12 @@ def _cost_table(a: RunDigest, b: RunDigest) -> str:
     classes: dict[tuple[int, int], str] = {}
     for r, (name, first, second) in enumerate(pairs):
         shares = (_share(a, first.total), _share(b, second.total))
-        if not first.calls or not second.calls:
-            only = "only in A" if first.calls else "only in B" if second.calls else "-"
-            (mean_change, classes[(r, 5)]), (share_change, classes[(r, 8)]) = (only, ""), (only, "")
-        else:
+        if first.calls and second.calls:
             mean_change, classes[(r, 5)] = _change(first.mean, second.mean)
             share_change, classes[(r, 8)] = _change(*shares)
+        else:
+            only = "only in A" if first.calls else "only in B" if second.calls else "-"
+            mean_change = share_change = only
         rows.append(
             [
                 name,
@@ -148,7 +141,10 @@ def _metrics(document: Document, a: RunDigest, b: RunDigest, labels: tuple[str, 
 
 def comparison_report(a: RunDigest, b: RunDigest) -> str:
     """The page of two runs, A and B, side by side."""
-    labels = _labels(a, b)
+    first, second = a.run_id or a.path.stem, b.run_id or b.path.stem
+    if first == second:  # two runs of one id: told apart by their logs
+        first, second = str(a.path), str(b.path)
+    labels = f"A: {first}", f"B: {second}"
     document = Document(f"{labels[0]} vs {labels[1]}", f"A: {a.path} · B: {b.path}")
     for digest in (a, b):
         if digest.damage.any:

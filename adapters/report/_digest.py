@@ -163,9 +163,7 @@ class RunDigest:
     @property
     def duration(self) -> float:
         """Seconds of bus time the run lasted, each resumed process's own added up."""
-        if self._segment_start is None:
-            return self._elapsed_before
-        return self._elapsed_before + max(0.0, self._last_time - self._segment_start)
+        return self._elapsed(self._last_time)
 
     def add(self, event: Event) -> None:
         """Fold one event (in log order) into the figures."""
@@ -185,6 +183,7 @@ class RunDigest:
             handle(event)
 
     def _elapsed(self, time: float) -> float:
+        """Seconds of bus time into the run at ``time`` of the current process."""
         start = self._segment_start if self._segment_start is not None else time
         return self._elapsed_before + max(0.0, time - start)
 

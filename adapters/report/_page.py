@@ -60,9 +60,8 @@ def series_style(position: int) -> tuple[str, list[int]]:
 
 
 def with_unit(value: float, unit: str, digits: int = 4) -> str:
-    """A chart's figure as the page writes it: ``digits`` significant digits and its
-    unit (``0.001078%``, ``12.5 ms``, ``1e-6%``; a percentage without a space), as
-    ``report.js`` writes them."""
+    """A chart's figure as ``report.js`` writes it: ``digits`` significant digits and its
+    unit (``0.001078%``, ``12.5 ms``, ``1e-6%``; a percentage without a space)."""
     text = f"{value:.{digits}g}"
     if "e" in text:  # 1e-06 -> 1e-6, 1.2e+07 -> 1.2e7
         mantissa, exponent = text.split("e")
@@ -298,10 +297,9 @@ def table(
     right = set(numeric)
     keep = set(raw)
     marked = classes or {}
+    num = ' class="num"'
     head = "".join(
-        f'<th class="num" scope="col">{escape(h)}</th>'
-        if i in right
-        else f'<th scope="col">{escape(h)}</th>'
+        f'<th{num if i in right else ""} scope="col">{escape(h)}</th>'
         for i, h in enumerate(headers)
     )
     body = []
