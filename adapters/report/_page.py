@@ -76,23 +76,6 @@ def short(value: float) -> float:
     return float(f"{value:.6g}")
 
 
-class TextBudget:
-    """What the log's long texts may take of a page, escaped: ``limit`` bytes, then
-    ``SHORT_TEXT`` characters each, so the page stays small whatever the log holds."""
-
-    def __init__(self, limit: int = TEXT_BUDGET) -> None:
-        self.left = limit
-
-    def __call__(self, text: str) -> str:
-        """``text``, escaped for HTML, within the budget."""
-        allowed = max(SHORT_TEXT, self.left // 6)
-        if len(text) > allowed:
-            text = clip(text, allowed)
-        escaped = escape(text)
-        self.left -= len(escaped.encode())
-        return escaped
-
-
 @dataclass
 class Chart:
     """One chart: series on a shared x, markers, spans, an optional threshold line."""
@@ -343,8 +326,8 @@ class Document:
     def __init__(self, title: str, subtitle: str) -> None:
         self.title = title
         self.subtitle = subtitle
-        #: Every long text from the log on this page goes through it.
-        self.text = TextBudget()
+        #: Bytes the log's long texts may still take of the page (``text``).
+        self.text_left = TEXT_BUDGET
         self.banners: list[str] = []
         self.sections: list[tuple[str, str, str]] = []  # (anchor, heading, html)
         self.charts: list[Chart] = []
@@ -356,6 +339,16 @@ class Document:
             return f'<p class="empty">{escape(chart.title)}: nothing recorded to draw.</p>'
         self.charts.append(chart)
         return chart.html()
+
+    def text(self, text: str) -> str:
+        """``text`` escaped, within ``TEXT_BUDGET`` bytes for all, then ``SHORT_TEXT``
+        characters each, so the page stays small whatever the log holds."""
+        allowed = max(SHORT_TEXT, self.text_left // 6)
+        if len(text) > allowed:
+            text = clip(text, allowed)
+        escaped = escape(text)
+        self.text_left -= len(escaped.encode())
+        return escaped
 
     def section(self, anchor: str, heading: str, body: str) -> None:
         self.sections.append((anchor, heading, body))

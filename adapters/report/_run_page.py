@@ -24,7 +24,6 @@ from ._page import (
     PALETTE,
     Chart,
     Document,
-    TextBudget,
     bullets,
     facts,
     kind_name,
@@ -277,7 +276,7 @@ def run_facts(d: RunDigest) -> list[tuple[str, str, str]]:
     ]
 
 
-def _summary(d: RunDigest, text: TextBudget) -> str:
+def _summary(d: RunDigest, text: Callable[[str], str]) -> str:
     count = d.counts
     items = [*run_facts(d), ("started", wall(d.wall_start), "")]
     if count["ReportRejected"]:
@@ -308,7 +307,7 @@ def _summary(d: RunDigest, text: TextBudget) -> str:
     return body + _state_store(d, text)
 
 
-def _state_store(d: RunDigest, text: TextBudget) -> str:
+def _state_store(d: RunDigest, text: Callable[[str], str]) -> str:
     body = "<h3>State store</h3>"
     snapshots = d.counts["StateSnapshotted"]
     if not snapshots and not d.restores:
@@ -339,7 +338,7 @@ def _state_store(d: RunDigest, text: TextBudget) -> str:
     return body
 
 
-def _message(text: TextBudget, message: str, traceback: str) -> str:
+def _message(text: Callable[[str], str], message: str, traceback: str) -> str:
     """A message, its traceback one click away."""
     escaped = text(message)
     if not traceback:
@@ -347,7 +346,7 @@ def _message(text: TextBudget, message: str, traceback: str) -> str:
     return f"{escaped}<details><summary>traceback</summary><pre>{text(traceback)}</pre></details>"
 
 
-def _failures(d: RunDigest, text: TextBudget) -> str:
+def _failures(d: RunDigest, text: Callable[[str], str]) -> str:
     failure_count = d.counts["WorkerFailure"]
     if not failure_count and not d.faults:
         return '<p class="empty">No worker failed and no callback raised or timed out.</p>'
