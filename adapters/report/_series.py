@@ -73,7 +73,18 @@ class SeriesGroup:
             while x // width >= self.buckets:
                 width *= 2.0
             self.widen_to(width)
-        _fold(self._data[index], int(x // self.width), [low, x, high, x, total, count])
+        data = self._data[index]
+        key = int(x // self.width)
+        bucket = data.get(key)
+        if bucket is None:
+            data[key] = [low, x, high, x, total, count]
+            return
+        if low < bucket[_LO]:
+            bucket[_LO], bucket[_LO_X] = low, x
+        if high > bucket[_HI]:
+            bucket[_HI], bucket[_HI_X] = high, x
+        bucket[_SUM] += total
+        bucket[_COUNT] += count
 
     def widen_to(self, width: float) -> None:
         """Merge buckets until they are ``width`` wide (a power of two, not narrower)."""
@@ -144,26 +155,22 @@ class SeriesGroup:
         return (low[_LO_X], low[_LO]), (high[_HI_X], high[_HI])
 
 
-def _fold(data: dict[int, list[float]], key: int, bucket: list[float]) -> None:
-    """Add ``bucket`` to bucket ``key`` of ``data``: lows and highs kept, with their x."""
-    into = data.get(key)
-    if into is None:
-        data[key] = bucket
-        return
-    if bucket[_LO] < into[_LO]:
-        into[_LO], into[_LO_X] = bucket[_LO], bucket[_LO_X]
-    if bucket[_HI] > into[_HI]:
-        into[_HI], into[_HI_X] = bucket[_HI], bucket[_HI_X]
-    into[_SUM] += bucket[_SUM]
-    into[_COUNT] += bucket[_COUNT]
-
-
 def _merged(data: dict[int, list[float]], factor: float) -> dict[int, list[float]]:
-    """Buckets merged ``factor`` to one (a power of two)."""
+    """Buckets merged ``factor`` to one (a power of two): lows and highs kept."""
     shift = int(factor).bit_length() - 1
     merged: dict[int, list[float]] = {}
     for key in sorted(data):
-        _fold(merged, key >> shift, list(data[key]))
+        bucket = data[key]
+        into = merged.get(key >> shift)
+        if into is None:
+            merged[key >> shift] = list(bucket)
+            continue
+        if bucket[_LO] < into[_LO]:
+            into[_LO], into[_LO_X] = bucket[_LO], bucket[_LO_X]
+        if bucket[_HI] > into[_HI]:
+            into[_HI], into[_HI_X] = bucket[_HI], bucket[_HI_X]
+        into[_SUM] += bucket[_SUM]
+        into[_COUNT] += bucket[_COUNT]
     return merged
 
 
