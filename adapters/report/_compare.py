@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from html import escape
 
 from ._cost import ALL_CALLBACKS, BUDGET, CallbackCost
 from ._digest import RunDigest
 from ._limits import MAX_METRICS
 from ._page import Chart, Document, table
-from ._run_page import damage_banner, seconds
+from ._run_page import damage_banner, run_facts
 from ._series import align
 
 #: Each run's colour, dash and band fill: A solid blue, B dashed vermillion.
@@ -26,34 +25,11 @@ def _share(d: RunDigest, total: float) -> float:
     return total / d.cost.timeline * 100 if d.cost.timeline else 0.0
 
 
-def _callbacks_share(d: RunDigest) -> str:
-    total = sum(c.total for c in d.cost.handlers.values())
-    return f"{_share(d, total):.3f}%" if d.cost.timeline else "-"
-
-
-#: The summary table: each row's label and its cell for a run.
-SUMMARY: list[tuple[str, Callable[[RunDigest], str]]] = [
-    ("status", lambda d: d.status),
-    ("world size", lambda d: str(d.world_size)),
-    ("duration", lambda d: seconds(d.duration)),
-    ("rounds", lambda d: f"{d.rounds:,}"),
-    ("reports", lambda d: f"{d.reports:,}"),
-    ("restarts", lambda d: str(d.restarts)),
-    ("worker failures", lambda d: str(d.failure_count)),
-    ("checkpoints", lambda d: str(d.checkpoints)),
-    ("resumes", lambda d: str(d.resume_count)),
-    ("callbacks' share of the run", _callbacks_share),
-    ("periods over budget", lambda d: f"{d.cost.periods_over} of {d.cost.periods}"),
-    ("callback faults", lambda d: f"{d.fault_count} failed, {d.timeout_count} timed out"),
-    ("events read", lambda d: f"{d.events:,}"),
-]
-
-
-def _labels(a: RunDigest, b: RunDigest) -> tuple[str, str]:
-    first, second = a.run_id or a.path.stem, b.run_id or b.path.stem
-    if first == second:
-        first, second = str(a.path), str(b.path)
-    return f"A: {first}", f"B: {second}"
+def _summary(d: RunDigest) -> list[str]:
+    """The run's column of the summary table: its figures, the callbacks' share, events."""
+    share = _share(d, sum(c.total for c in d.cost.handlers.values()))
+    shown = [value for _, value, _ in run_facts(d)]
+    return [*shown, f"{share:.3f}%" if d.cost.timeline else "-", f"{d.events:,}"]
 
 
 def _change(before: float, after: float) -> tuple[str, str]:
@@ -94,12 +70,12 @@ def _cost_table(a: RunDigest, b: RunDigest) -> str:
     classes: dict[tuple[int, int], str] = {}
     for r, (name, first, second) in enumerate(pairs):
         shares = (_share(a, first.total), _share(b, second.total))
-        if not first.calls or not second.calls:
-            only = "only in A" if first.calls else "only in B" if second.calls else "-"
-            (mean_change, classes[(r, 5)]), (share_change, classes[(r, 8)]) = (only, ""), (only, "")
-        else:
+        if first.calls and second.calls:
             mean_change, classes[(r, 5)] = _change(first.mean, second.mean)
             share_change, classes[(r, 8)] = _change(*shares)
+        else:
+            only = "only in A" if first.calls else "only in B" if second.calls else "-"
+            mean_change = share_change = only
         rows.append(
             [
                 name,
@@ -165,12 +141,16 @@ def _metrics(document: Document, a: RunDigest, b: RunDigest, labels: tuple[str, 
 
 def comparison_report(a: RunDigest, b: RunDigest) -> str:
     """The page of two runs, A and B, side by side."""
-    labels = _labels(a, b)
+    first, second = a.run_id or a.path.stem, b.run_id or b.path.stem
+    if first == second:  # two runs of one id: told apart by their logs
+        first, second = str(a.path), str(b.path)
+    labels = f"A: {first}", f"B: {second}"
     document = Document(f"{labels[0]} vs {labels[1]}", f"A: {a.path} · B: {b.path}")
     for digest in (a, b):
         if digest.damage.any:
             document.banners.append(damage_banner(str(digest.path), digest.damage))
-    summary = [[label, cell(a), cell(b)] for label, cell in SUMMARY]
+    names = [label for label, _, _ in run_facts(a)] + ["callbacks' share of the run", "events read"]
+    summary = [list(row) for row in zip(names, _summary(a), _summary(b), strict=True)]
     document.section("summary", "Summary", table(["", *labels], summary))
     if a.cost.periods or b.cost.periods:
         cost = document.add_chart(_cost_chart(a, b, labels)) + _cost_table(a, b)

@@ -161,7 +161,12 @@ class CostDigest:
         library = 0.0
         for usage in report.handlers:
             name = clip(usage.handler)
-            cost = self._cost(name)
+            folded_into = name
+            if name not in self.handlers and len(self.handlers) >= MAX_HANDLERS:
+                folded_into = OTHER_HANDLERS  # the rest, added up as one
+            cost = self.handlers.get(folded_into)
+            if cost is None:
+                cost = self.handlers[folded_into] = CallbackCost(folded_into)
             cost.calls += usage.calls
             cost.total += usage.total
             cost.longest = max(cost.longest, usage.max)
@@ -202,20 +207,11 @@ class CostDigest:
     def new_bus(self) -> None:
         """A (resumed) process started: its handlers start normal."""
         self._cause_now.clear()
-        self._causes.clear()
-        self._closing = None
+        self._next_period()
 
     def tick(self, event: HealthCheckTick) -> None:
         """Period ``event.period`` ended: changes until its report are its verdicts."""
         self._closing = event.period
-
-    def _cost(self, name: str) -> CallbackCost:
-        if name not in self.handlers and len(self.handlers) >= MAX_HANDLERS:
-            name = OTHER_HANDLERS  # the rest, added up as one
-        cost = self.handlers.get(name)
-        if cost is None:
-            cost = self.handlers[name] = CallbackCost(name)
-        return cost
 
     def state_changed(self, event: HandlerStateChanged) -> None:
         """A handler's state changed: spans from the period it holds from, and the cause

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Callable
 from itertools import filterfalse
 from pathlib import Path
@@ -14,10 +15,8 @@ import msgspec
 
 from eventbus import (
     BudgetReport,
-    CheckpointMismatch,
     CheckpointSaved,
     Event,
-    EventPlaceholder,
     HandlerFailed,
     HandlerStateChanged,
     HandlerTimedOut,
@@ -114,30 +113,20 @@ class RunDigest:
         self.error: str | None = None
         self.stopped_by: str | None = None
         self.stop_reason: str | None = None
+        #: Events read, by type name: rounds, reports, restarts, placeholders...
+        self.counts: Counter[str] = Counter()
         self.events = 0
         self.rolled_back = 0
-        self.reports = 0
-        self.rounds = 0
-        self.restarts = 0
-        self.failure_count = 0
         self.failures_by_rank: dict[int, int] = {}
-        self.checkpoints = 0
         self.last_checkpoint: str | None = None
         self.resumes: list[str] = []
-        self.resume_count = 0
-        self.rejected = 0
         self.rejections: list[str] = []
-        self.mismatches = 0
-        self.placeholders = 0  # events the recorder could not keep as themselves
-        self.snapshots = 0
         self.snapshot_keys: tuple[str, ...] = ()
         self.snapshot_key_count = 0
         self.snapshot_errors: dict[str, str] = {}
         self.restores: list[StateRestored] = []
         self.failures: list[Failure] = []
         self.faults: list[Fault] = []
-        self.fault_count = 0
-        self.timeout_count = 0
         self.damage = Damage()
         self.by_round = MetricCharts("round")
         self.by_report: MetricCharts | None = MetricCharts("report index")
@@ -157,16 +146,12 @@ class RunDigest:
             RunFinished: self._finished,
             StateSnapshotted: self._snapshotted,
             StateRestored: self._restored,
-            HandlerFailed: self._handler_failed,
-            HandlerTimedOut: self._handler_timed_out,
+            HandlerFailed: self._fault,
+            HandlerTimedOut: self._fault,
             HandlerStateChanged: self.cost.state_changed,
             HealthCheckTick: self.cost.tick,
             ReportRejected: self._rejected,
-            CheckpointMismatch: self._mismatch,
-            EventPlaceholder: self._placeholder,
         }
-
-    # --- what the page reads -------------------------------------------------------
 
     @property
     def metrics(self) -> MetricCharts:
@@ -178,15 +163,12 @@ class RunDigest:
     @property
     def duration(self) -> float:
         """Seconds of bus time the run lasted, each resumed process's own added up."""
-        if self._segment_start is None:
-            return self._elapsed_before
-        return self._elapsed_before + max(0.0, self._last_time - self._segment_start)
-
-    # --- the pass ------------------------------------------------------------------
+        return self._elapsed(self._last_time)
 
     def add(self, event: Event) -> None:
         """Fold one event (in log order) into the figures."""
         self.events += 1
+        self.counts[type(event).__name__] += 1
         time = event.time
         if time - time != 0.0:  # NaN or infinite (a hostile log): no time to count
             time = self._last_time
@@ -201,11 +183,11 @@ class RunDigest:
             handle(event)
 
     def _elapsed(self, time: float) -> float:
+        """Seconds of bus time into the run at ``time`` of the current process."""
         start = self._segment_start if self._segment_start is not None else time
         return self._elapsed_before + max(0.0, time - start)
 
     def _report(self, event: Report) -> None:
-        self.reports += 1
         by_report = self.by_report
         if by_report is not None:
             by_report.add(event.index, (event.rank,), (event.metrics,))
@@ -213,23 +195,17 @@ class RunDigest:
     def _round(self, event: RoundGathered) -> None:
         if self.by_report is not None:  # the log has rounds: chart those
             self.by_report = None
-        self.rounds += 1
         self.by_round.add(event.round, event.ranks, event.metrics)
 
-    def _charts(self) -> list[MetricCharts]:
-        return [self.by_round] if self.by_report is None else [self.by_round, self.by_report]
-
     def _mark(self, kind: str, label: str, x: float | None = None) -> None:
-        for charts in self._charts():
+        for charts in filter(None, (self.by_round, self.by_report)):
             charts.mark(charts.last_x + 1 if x is None else x, kind, label)
 
     def _checkpoint(self, event: CheckpointSaved) -> None:
-        self.checkpoints += 1
         self.last_checkpoint = clip(event.checkpoint, MAX_MESSAGE)
         self._mark("checkpoint", f"checkpoint {clip(event.checkpoint)}", event.index)
 
     def _failure(self, event: WorkerFailure) -> None:
-        self.failure_count += 1
         rank = event.rank
         if rank in self.failures_by_rank or len(self.failures_by_rank) < MAX_RANKS_TRACKED:
             self.failures_by_rank[rank] = self.failures_by_rank.get(rank, 0) + 1
@@ -249,7 +225,6 @@ class RunDigest:
             )
 
     def _restart(self, event: WorkerGroupRestarted) -> None:
-        self.restarts += 1
         self._mark("restart", f"workers restarted (world size {event.world_size})")
 
     def _started(self, event: RunStarted) -> None:
@@ -264,7 +239,6 @@ class RunDigest:
     def _resumed(self, event: RunResumed) -> None:
         if len(self.resumes) < MAX_RESTORES:
             self.resumes.append(clip(event.checkpoint, MAX_MESSAGE))
-        self.resume_count += 1
         self._mark("resume", f"resumed from {clip(event.checkpoint)}", event.position.rounds)
 
     def _finished(self, event: RunFinished) -> None:
@@ -274,7 +248,6 @@ class RunDigest:
         self.stop_reason = _clipped(event.stop_reason)
 
     def _snapshotted(self, event: StateSnapshotted) -> None:
-        self.snapshots += 1
         self.snapshot_keys = tuple(clip(key, MAX_NAME) for key in event.keys[:MAX_RESTORES])
         self.snapshot_key_count = len(event.keys)
         for key, why in event.errors.items():
@@ -297,43 +270,33 @@ class RunDigest:
                 )
             )
 
-    def _handler_failed(self, event: HandlerFailed) -> None:
-        self.fault_count += 1
-        detail = clip(f"{event.error_type}: {event.message}", MAX_MESSAGE)
-        self._fault(event, "failed", detail, clip(event.traceback, MAX_TRACEBACK))
-
-    def _handler_timed_out(self, event: HandlerTimedOut) -> None:
-        self.timeout_count += 1
-        detail = f"ran {event.elapsed:.3f} s past a {event.timeout:g} s deadline ({event.outcome})"
-        self._fault(event, "timed out", detail)
-
-    def _fault(
-        self, event: HandlerFailed | HandlerTimedOut, kind: str, detail: str, traceback: str = ""
-    ) -> None:
-        if len(self.faults) < MAX_LISTED:
-            self.faults.append(
-                Fault(
-                    handler=clip(event.handler),
-                    elapsed=self._elapsed(event.time),
-                    event_type=clip(event.event_type),
-                    kind=kind,
-                    detail=detail,
-                    traceback=traceback,
-                )
+    def _fault(self, event: HandlerFailed | HandlerTimedOut) -> None:
+        if len(self.faults) >= MAX_LISTED:
+            return
+        if isinstance(event, HandlerFailed):
+            kind, traceback = "failed", clip(event.traceback, MAX_TRACEBACK)
+            detail = clip(f"{event.error_type}: {event.message}", MAX_MESSAGE)
+        else:
+            kind, traceback = "timed out", ""
+            detail = (
+                f"ran {event.elapsed:.3f} s past a {event.timeout:g} s deadline ({event.outcome})"
             )
+        self.faults.append(
+            Fault(
+                handler=clip(event.handler),
+                elapsed=self._elapsed(event.time),
+                event_type=clip(event.event_type),
+                kind=kind,
+                detail=detail,
+                traceback=traceback,
+            )
+        )
 
     def _rejected(self, event: ReportRejected) -> None:
-        self.rejected += 1
         if len(self.rejections) < MAX_RESTORES:
             self.rejections.append(
                 clip(f"rank {event.rank}, {event.field}: {event.reason}", MAX_MESSAGE)
             )
-
-    def _mismatch(self, event: CheckpointMismatch) -> None:
-        self.mismatches += 1
-
-    def _placeholder(self, event: EventPlaceholder) -> None:
-        self.placeholders += 1
 
 
 def _clipped(text: str | None) -> str | None:

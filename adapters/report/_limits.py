@@ -32,7 +32,7 @@ MAX_MESSAGE = 2_000
 MAX_TRACEBACK = 16_000
 #: Longest label of a marker or a span (drawn on the chart, listed under it).
 MAX_LABEL = 120
-#: Bytes the log's long texts may take on a page, escaped, in all (``TextBudget``),
+#: Bytes the log's long texts may take on a page, escaped, in all (``Document.text``),
 #: and how many characters each keeps once that is spent.
 TEXT_BUDGET = 1_000_000
 SHORT_TEXT = 100

@@ -23,7 +23,6 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#0
 #: A chart's lines, one colour each: Okabe-Ito without its yellow and its black (the
 #: black line is "all handlers"), then Paul Tol's wine, olive, indigo and brown.
 SERIES_COLOURS = (*PALETTE[:-1], "#882255", "#999933", "#332288", "#661100")
-#: Units an axis may carry (the ticks and the legend show them).
 UNITS = ("", "%", "s", "ms", "µs")
 #: How each kind of marker or span is drawn: colour and dash (none: a solid line; 2, 3:
 #: dotted; other: dashed), and its name in the chart's key when not its kind.
@@ -61,9 +60,8 @@ def series_style(position: int) -> tuple[str, list[int]]:
 
 
 def with_unit(value: float, unit: str, digits: int = 4) -> str:
-    """A chart's figure as the page writes it: ``digits`` significant digits and its
-    unit (``0.001078%``, ``12.5 ms``, ``1e-6%``; a percentage without a space), as
-    ``report.js`` writes them."""
+    """A chart's figure as ``report.js`` writes it: ``digits`` significant digits and its
+    unit (``0.001078%``, ``12.5 ms``, ``1e-6%``; a percentage without a space)."""
     text = f"{value:.{digits}g}"
     if "e" in text:  # 1e-06 -> 1e-6, 1.2e+07 -> 1.2e7
         mantissa, exponent = text.split("e")
@@ -78,23 +76,6 @@ def short(value: float) -> float:
     return float(f"{value:.6g}")
 
 
-class TextBudget:
-    """What the log's long texts may take of a page, escaped: ``limit`` bytes, then
-    ``SHORT_TEXT`` characters each, so the page stays small whatever the log holds."""
-
-    def __init__(self, limit: int = TEXT_BUDGET) -> None:
-        self.left = limit
-
-    def __call__(self, text: str) -> str:
-        """``text``, escaped for HTML, within the budget."""
-        allowed = max(SHORT_TEXT, self.left // 6)
-        if len(text) > allowed:
-            text = clip(text, allowed)
-        escaped = escape(text)
-        self.left -= len(escaped.encode())
-        return escaped
-
-
 @dataclass
 class Chart:
     """One chart: series on a shared x, markers, spans, an optional threshold line."""
@@ -106,8 +87,7 @@ class Chart:
     y_label: str
     note: str = ""
     log_y: bool = False
-    x_unit: str = ""
-    y_unit: str = ""
+    y_unit: str = ""  # one of UNITS: the ticks and the legend show it
     x: list[float] = field(default_factory=list)
     series: list[dict[str, Any]] = field(default_factory=list)
     bands: list[tuple[int, int, str]] = field(default_factory=list)
@@ -119,9 +99,8 @@ class Chart:
     shares_markers: bool = False
 
     def __post_init__(self) -> None:
-        for unit in (self.x_unit, self.y_unit):
-            if unit not in UNITS:
-                raise ValueError(f"chart {self.ident}: unit {unit!r} is not one of {UNITS}")
+        if self.y_unit not in UNITS:
+            raise ValueError(f"chart {self.ident}: unit {self.y_unit!r} is not one of {UNITS}")
 
     @classmethod
     def of_shares(cls, ident: str, title: str, note: str, x_label: str = "") -> Chart:
@@ -196,7 +175,6 @@ class Chart:
             "x": [short(x) for x in self.x],
             "xLabel": self.x_label,
             "yLabel": self.y_label,
-            "xUnit": self.x_unit,
             "yUnit": self.y_unit,
             "logY": self.log_y,
             "series": self.series,
@@ -257,7 +235,7 @@ class Chart:
             rows.append(
                 [s["label"], str(len(points))]
                 + [
-                    f"{with_unit(y, self.y_unit)} at {with_unit(x, self.x_unit, 6)}"
+                    f"{with_unit(y, self.y_unit)} at {with_unit(x, '', 6)}"
                     for x, y in (points[0], points[-1], low, high)
                 ]
             )
@@ -302,10 +280,9 @@ def table(
     right = set(numeric)
     keep = set(raw)
     marked = classes or {}
+    num = ' class="num"'
     head = "".join(
-        f'<th class="num" scope="col">{escape(h)}</th>'
-        if i in right
-        else f'<th scope="col">{escape(h)}</th>'
+        f'<th{num if i in right else ""} scope="col">{escape(h)}</th>'
         for i, h in enumerate(headers)
     )
     body = []
@@ -349,8 +326,8 @@ class Document:
     def __init__(self, title: str, subtitle: str) -> None:
         self.title = title
         self.subtitle = subtitle
-        #: Every long text from the log on this page goes through it.
-        self.text = TextBudget()
+        #: Bytes the log's long texts may still take of the page (``text``).
+        self.text_left = TEXT_BUDGET
         self.banners: list[str] = []
         self.sections: list[tuple[str, str, str]] = []  # (anchor, heading, html)
         self.charts: list[Chart] = []
@@ -362,6 +339,16 @@ class Document:
             return f'<p class="empty">{escape(chart.title)}: nothing recorded to draw.</p>'
         self.charts.append(chart)
         return chart.html()
+
+    def text(self, text: str) -> str:
+        """``text`` escaped, within ``TEXT_BUDGET`` bytes for all, then ``SHORT_TEXT``
+        characters each, so the page stays small whatever the log holds."""
+        allowed = max(SHORT_TEXT, self.text_left // 6)
+        if len(text) > allowed:
+            text = clip(text, allowed)
+        escaped = escape(text)
+        self.text_left -= len(escaped.encode())
+        return escaped
 
     def section(self, anchor: str, heading: str, body: str) -> None:
         self.sections.append((anchor, heading, body))

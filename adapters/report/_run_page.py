@@ -24,7 +24,6 @@ from ._page import (
     PALETTE,
     Chart,
     Document,
-    TextBudget,
     bullets,
     facts,
     kind_name,
@@ -252,39 +251,42 @@ def _bad(count: int) -> str:
     return "bad" if count else ""
 
 
-def _summary(d: RunDigest, text: TextBudget) -> str:
+def run_facts(d: RunDigest) -> list[tuple[str, str, str]]:
+    """A run's figures as both pages show them: (label, value, tone)."""
+    count = d.counts
     ranks = ", ".join(f"rank {r}: {n}" for r, n in sorted(d.failures_by_rank.items())[:8])
-    failures = f"{d.failure_count}" + (f" ({ranks})" if ranks else "")
-    items = [
+    failures = f"{count['WorkerFailure']}" + (f" ({ranks})" if ranks else "")
+    failed, late = count["HandlerFailed"], count["HandlerTimedOut"]
+    return [
         ("status", d.status, "bad" if d.status != "finished" else "good"),
         ("world size", str(d.world_size or "unknown"), ""),
         ("duration", seconds(d.duration), ""),
-        ("rounds", f"{d.rounds:,}", ""),
-        ("reports", f"{d.reports:,}", ""),
-        ("restarts", str(d.restarts), _bad(d.restarts)),
-        ("worker failures", failures, _bad(d.failure_count)),
-        ("checkpoints", str(d.checkpoints), ""),
-        ("resumes", str(d.resume_count), ""),
+        ("rounds", f"{count['RoundGathered']:,}", ""),
+        ("reports", f"{count['Report']:,}", ""),
+        ("restarts", str(count["WorkerGroupRestarted"]), _bad(count["WorkerGroupRestarted"])),
+        ("worker failures", failures, _bad(count["WorkerFailure"])),
+        ("checkpoints", str(count["CheckpointSaved"]), ""),
+        ("resumes", str(count["RunResumed"]), ""),
         (
             "periods over budget",
             f"{d.cost.periods_over} of {d.cost.periods}",
             _bad(d.cost.periods_over),
         ),
-        (
-            "callback faults",
-            f"{d.fault_count} failed, {d.timeout_count} timed out",
-            _bad(d.fault_count + d.timeout_count),
-        ),
-        ("started", wall(d.wall_start), ""),
+        ("callback faults", f"{failed} failed, {late} timed out", _bad(failed + late)),
     ]
-    if d.rejected:
-        items.append(("reports rejected", str(d.rejected), "bad"))
-    if d.mismatches:
-        items.append(("checkpoint mismatches", str(d.mismatches), "bad"))
+
+
+def _summary(d: RunDigest, text: Callable[[str], str]) -> str:
+    count = d.counts
+    items = [*run_facts(d), ("started", wall(d.wall_start), "")]
+    if count["ReportRejected"]:
+        items.append(("reports rejected", str(count["ReportRejected"]), "bad"))
+    if count["CheckpointMismatch"]:
+        items.append(("checkpoint mismatches", str(count["CheckpointMismatch"]), "bad"))
     if d.rolled_back:
         items.append(("events rolled back by resumes", f"{d.rolled_back:,}", ""))
-    if d.placeholders:  # values the recorder could not encode (an object in metrics)
-        items.append(("events kept as placeholders", f"{d.placeholders:,}", "bad"))
+    if count["EventPlaceholder"]:  # values the recorder could not encode (an object in metrics)
+        items.append(("events kept as placeholders", f"{count['EventPlaceholder']:,}", "bad"))
     body = facts(items)
     details = []
     if d.last_checkpoint:
@@ -305,12 +307,13 @@ def _summary(d: RunDigest, text: TextBudget) -> str:
     return body + _state_store(d, text)
 
 
-def _state_store(d: RunDigest, text: TextBudget) -> str:
+def _state_store(d: RunDigest, text: Callable[[str], str]) -> str:
     body = "<h3>State store</h3>"
-    if not d.snapshots and not d.restores:
+    snapshots = d.counts["StateSnapshotted"]
+    if not snapshots and not d.restores:
         return body + '<p class="empty">No callback state was saved or restored.</p>'
     body += (
-        f"<p>Saved {d.snapshots} time(s), at checkpoints; the last save held "
+        f"<p>Saved {snapshots} time(s), at checkpoints; the last save held "
         f"{d.snapshot_key_count} callback state(s):</p>"
     ) + bullets(f"<code>{text(k)}</code>" for k in d.snapshot_keys)
     if d.snapshot_errors:
@@ -335,7 +338,7 @@ def _state_store(d: RunDigest, text: TextBudget) -> str:
     return body
 
 
-def _message(text: TextBudget, message: str, traceback: str) -> str:
+def _message(text: Callable[[str], str], message: str, traceback: str) -> str:
     """A message, its traceback one click away."""
     escaped = text(message)
     if not traceback:
@@ -343,8 +346,9 @@ def _message(text: TextBudget, message: str, traceback: str) -> str:
     return f"{escaped}<details><summary>traceback</summary><pre>{text(traceback)}</pre></details>"
 
 
-def _failures(d: RunDigest, text: TextBudget) -> str:
-    if not d.failure_count and not d.faults:
+def _failures(d: RunDigest, text: Callable[[str], str]) -> str:
+    failure_count = d.counts["WorkerFailure"]
+    if not failure_count and not d.faults:
         return '<p class="empty">No worker failed and no callback raised or timed out.</p>'
     body = ""
     headers = ["when (into the run)", d.metrics.x_label, "type", "message"]
@@ -359,8 +363,8 @@ def _failures(d: RunDigest, text: TextBudget) -> str:
             for f in failures
         ]
         body += f"<h3>Rank {rank}</h3>" + table(headers, rows, numeric=(0, 1), raw=(3,))
-    if d.failure_count > len(d.failures):
-        unlisted = d.failure_count - len(d.failures)
+    if failure_count > len(d.failures):
+        unlisted = failure_count - len(d.failures)
         body += f'<p class="note">{unlisted} more worker failure(s) not listed.</p>'
     if d.faults:
         rows = [
@@ -376,7 +380,7 @@ def _failures(d: RunDigest, text: TextBudget) -> str:
         body += "<h3>Callbacks that raised or ran late</h3>" + table(
             ["when", "callback", "event", "what", "detail"], rows, numeric=(0,), raw=(4,)
         )
-        unlisted = d.fault_count + d.timeout_count - len(d.faults)
+        unlisted = d.counts["HandlerFailed"] + d.counts["HandlerTimedOut"] - len(d.faults)
         if unlisted > 0:
             body += f'<p class="note">{unlisted} more not listed.</p>'
     return body
