@@ -20,6 +20,7 @@ from eventbus import (
     BudgetReport,
     CheckpointSaved,
     Event,
+    EventPlaceholder,
     HandlerStateChanged,
     Report,
     RoundGathered,
@@ -267,7 +268,7 @@ def test_rounds_markers_and_failures_land_where_they_happened(tmp_path: Path) ->
             events.append(WorkerGroupRestarted(run_id="r", world_size=2))
     events.append(RunFinished(run_id="r", status="finished"))
     digest = digest_of(tmp_path, events)
-    kinds = ("RoundGathered", "WorkerGroupRestarted", "WorkerFailure", "CheckpointSaved")
+    kinds = (RoundGathered, WorkerGroupRestarted, WorkerFailure, CheckpointSaved)
     assert [digest.counts[kind] for kind in kinds] == [10, 1, 1, 2]
     assert digest.status == "finished" and digest.wall_start == 1e9
     charts = digest.metrics
@@ -291,7 +292,7 @@ def test_rounds_markers_and_failures_land_where_they_happened(tmp_path: Path) ->
 def test_events_the_recorder_could_not_encode_are_counted_on_the_page(tmp_path: Path) -> None:
     unencodable = gathered(0, {"loss": 1.0, "path": Path("/x")})  # a Path: no JSON value
     digest = digest_of(tmp_path, [unencodable, gathered(1, {"loss": 2.0})])
-    assert digest.counts["EventPlaceholder"] == 1 and digest.counts["RoundGathered"] == 1
+    assert digest.counts[EventPlaceholder] == 1 and digest.counts[RoundGathered] == 1
     assert not digest.damage.any
     assert "events kept as placeholders" in run_report(digest)
 
@@ -342,7 +343,7 @@ def test_events_a_resume_rolled_back_are_left_out(tmp_path: Path) -> None:
     events.append(RunResumed(run_id="r", checkpoint="ck2", position=position))
     events += [gathered(r, {"loss": float(r)}) for r in (3, 4)]
     digest = digest_of(tmp_path, events)
-    assert digest.rolled_back == 4 and digest.counts["RoundGathered"] == 5
+    assert digest.rolled_back == 4 and digest.counts[RoundGathered] == 5
     assert digest.resumes == ["ck2"]
     loss = digest.metrics.metrics["loss"]
     assert loss.group.lines([loss.ranks[0]]).columns == [[0.0, 1.0, 2.0, 3.0, 4.0]]

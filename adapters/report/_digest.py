@@ -113,8 +113,8 @@ class RunDigest:
         self.error: str | None = None
         self.stopped_by: str | None = None
         self.stop_reason: str | None = None
-        #: Events read, by type name: rounds, reports, restarts, placeholders...
-        self.counts: Counter[str] = Counter()
+        #: Events read, by type: rounds, reports, restarts, placeholders...
+        self.counts: Counter[type[Event]] = Counter()
         self.events = 0
         self.rolled_back = 0
         self.failures_by_rank: dict[int, int] = {}
@@ -168,7 +168,7 @@ class RunDigest:
     def add(self, event: Event) -> None:
         """Fold one event (in log order) into the figures."""
         self.events += 1
-        self.counts[type(event).__name__] += 1
+        self.counts[type(event)] += 1
         time = event.time
         if time - time != 0.0:  # NaN or infinite (a hostile log): no time to count
             time = self._last_time

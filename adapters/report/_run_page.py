@@ -7,6 +7,21 @@ from collections.abc import Callable, Sequence
 from html import escape
 from itertools import groupby
 
+from eventbus import (
+    CheckpointMismatch,
+    CheckpointSaved,
+    EventPlaceholder,
+    HandlerFailed,
+    HandlerTimedOut,
+    Report,
+    ReportRejected,
+    RoundGathered,
+    RunResumed,
+    StateSnapshotted,
+    WorkerFailure,
+    WorkerGroupRestarted,
+)
+
 from ._cost import (
     ALL_CALLBACKS,
     BUDGET,
@@ -255,18 +270,18 @@ def run_facts(d: RunDigest) -> list[tuple[str, str, str]]:
     """A run's figures as both pages show them: (label, value, tone)."""
     count = d.counts
     ranks = ", ".join(f"rank {r}: {n}" for r, n in sorted(d.failures_by_rank.items())[:8])
-    failures = f"{count['WorkerFailure']}" + (f" ({ranks})" if ranks else "")
-    failed, late = count["HandlerFailed"], count["HandlerTimedOut"]
+    failures = f"{count[WorkerFailure]}" + (f" ({ranks})" if ranks else "")
+    failed, late = count[HandlerFailed], count[HandlerTimedOut]
     return [
         ("status", d.status, "bad" if d.status != "finished" else "good"),
         ("world size", str(d.world_size or "unknown"), ""),
         ("duration", seconds(d.duration), ""),
-        ("rounds", f"{count['RoundGathered']:,}", ""),
-        ("reports", f"{count['Report']:,}", ""),
-        ("restarts", str(count["WorkerGroupRestarted"]), _bad(count["WorkerGroupRestarted"])),
-        ("worker failures", failures, _bad(count["WorkerFailure"])),
-        ("checkpoints", str(count["CheckpointSaved"]), ""),
-        ("resumes", str(count["RunResumed"]), ""),
+        ("rounds", f"{count[RoundGathered]:,}", ""),
+        ("reports", f"{count[Report]:,}", ""),
+        ("restarts", str(count[WorkerGroupRestarted]), _bad(count[WorkerGroupRestarted])),
+        ("worker failures", failures, _bad(count[WorkerFailure])),
+        ("checkpoints", str(count[CheckpointSaved]), ""),
+        ("resumes", str(count[RunResumed]), ""),
         (
             "periods over budget",
             f"{d.cost.periods_over} of {d.cost.periods}",
@@ -279,14 +294,14 @@ def run_facts(d: RunDigest) -> list[tuple[str, str, str]]:
 def _summary(d: RunDigest, text: Callable[[str], str]) -> str:
     count = d.counts
     items = [*run_facts(d), ("started", wall(d.wall_start), "")]
-    if count["ReportRejected"]:
-        items.append(("reports rejected", str(count["ReportRejected"]), "bad"))
-    if count["CheckpointMismatch"]:
-        items.append(("checkpoint mismatches", str(count["CheckpointMismatch"]), "bad"))
+    if count[ReportRejected]:
+        items.append(("reports rejected", str(count[ReportRejected]), "bad"))
+    if count[CheckpointMismatch]:
+        items.append(("checkpoint mismatches", str(count[CheckpointMismatch]), "bad"))
     if d.rolled_back:
         items.append(("events rolled back by resumes", f"{d.rolled_back:,}", ""))
-    if count["EventPlaceholder"]:  # values the recorder could not encode (an object in metrics)
-        items.append(("events kept as placeholders", f"{count['EventPlaceholder']:,}", "bad"))
+    if count[EventPlaceholder]:  # values the recorder could not encode (an object in metrics)
+        items.append(("events kept as placeholders", f"{count[EventPlaceholder]:,}", "bad"))
     body = facts(items)
     details = []
     if d.last_checkpoint:
@@ -309,7 +324,7 @@ def _summary(d: RunDigest, text: Callable[[str], str]) -> str:
 
 def _state_store(d: RunDigest, text: Callable[[str], str]) -> str:
     body = "<h3>State store</h3>"
-    snapshots = d.counts["StateSnapshotted"]
+    snapshots = d.counts[StateSnapshotted]
     if not snapshots and not d.restores:
         return body + '<p class="empty">No callback state was saved or restored.</p>'
     body += (
@@ -347,7 +362,7 @@ def _message(text: Callable[[str], str], message: str, traceback: str) -> str:
 
 
 def _failures(d: RunDigest, text: Callable[[str], str]) -> str:
-    failure_count = d.counts["WorkerFailure"]
+    failure_count = d.counts[WorkerFailure]
     if not failure_count and not d.faults:
         return '<p class="empty">No worker failed and no callback raised or timed out.</p>'
     body = ""
@@ -380,7 +395,7 @@ def _failures(d: RunDigest, text: Callable[[str], str]) -> str:
         body += "<h3>Callbacks that raised or ran late</h3>" + table(
             ["when", "callback", "event", "what", "detail"], rows, numeric=(0,), raw=(4,)
         )
-        unlisted = d.counts["HandlerFailed"] + d.counts["HandlerTimedOut"] - len(d.faults)
+        unlisted = d.counts[HandlerFailed] + d.counts[HandlerTimedOut] - len(d.faults)
         if unlisted > 0:
             body += f'<p class="note">{unlisted} more not listed.</p>'
     return body
