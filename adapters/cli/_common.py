@@ -11,7 +11,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +62,15 @@ def writing(output: str | Path) -> Iterator[None]:
         raise cannot_write(output, exc) from None
 
 
-def write_stdout(text: str) -> None:
-    """``sys.stdout.write`` whose failures are stdout's, not the log's read in between
-    (no context manager: it runs once an event)."""
+def write_to(output: str | Path, write: Callable[[Any], object], item: Any) -> None:
+    """``write(item)``, its failures ``output``'s, not the log's read in between (no
+    context manager: it runs once an event)."""
     try:
-        sys.stdout.write(text)
+        write(item)
     except BrokenPipeError:
         raise
     except OSError as exc:
-        raise cannot_write(STDOUT, exc) from None
+        raise cannot_write(output, exc) from None
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
