@@ -187,17 +187,16 @@ def check_log_tail(reader: LogReader, name: Path | None = None) -> None:
     note = (
         f"{reader.placeholders} record(s) shown as EventPlaceholder (not decodable as "
         "their type; see their reason)"
-        if reader.placeholders
-        else ""
     )
+    also = f"; {note}" if reader.placeholders else ""
     if reader.truncated is not None:
-        raise CliError(reader.truncated.describe(reader.path) + (f"; {note}" if note else ""))
+        raise CliError(reader.truncated.describe(reader.path) + also)
     if reader.skipped:
         raise CliError(
-            f"{reader.path}: skipped {reader.skipped} corrupt record(s); first: {reader.errors[0]}"
-            + (f"; {note}" if note else "")
+            f"{reader.path}: skipped {reader.skipped} corrupt record(s); first: "
+            f"{reader.errors[0]}{also}"
         )
-    if note:
+    if reader.placeholders:
         print(f"{name or reader.path}: note: {note}", file=sys.stderr)
 
 
