@@ -234,7 +234,6 @@ def run_bench(
     make_callbacks: Callable[[], list[Any]],
     events: Sequence[Event],
     *,
-    options: BusOptions | None = None,
     start: float | None = None,
     repeats: int = 5,
     progress: Progress | None = None,
@@ -242,8 +241,8 @@ def run_bench(
     **keywords: Unpack[BusKeywords],
 ) -> BenchResult:
     """Benchmark fresh callbacks from ``make_callbacks`` on ``events``, on a bus of
-    ``options``, its first period from ``start``; ``over_budget``: each callback's policy."""
-    bus_options = BusOptions.build(options, **keywords)
+    ``keywords``, its first period from ``start``; ``over_budget``: each callback's policy."""
+    bus_options = BusOptions.build(None, **keywords)
     repeats = checked("repeats", repeats, Annotated[int, Meta(ge=1, le=1000)])
     # What a bus makes itself is not workload: the bench bus makes its own.
     workload = [e for e in events if not isinstance(e, (*BUS_DIAGNOSTICS, EventPlaceholder))]
