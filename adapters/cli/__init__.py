@@ -23,14 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eventbus",
         description="Event-bus runtime for training callbacks.",
-        # Where a user looks first: the page that explains each command (one per command).
         epilog="docs: docs/operations/cli.md (a command's own page: eventbus COMMAND --help)",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {eventbus.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import _bench, _demo, _log, _report  # here: importing the package stays cheap
+    from . import _bench, _demo_trainer, _log, _report  # here: importing the package stays cheap
 
-    for module in (_demo, _bench, _log, _report):
+    for module in (_demo_trainer, _bench, _log, _report):
         module.register(subparsers)
     return parser
 
@@ -83,9 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _flush_stdout() -> str | None:
-    """Flush stdout: ``None``, or why it cannot take what it holds (a full disk). A
-    stdout that failed, or closed (``| head``: no failure, quiet), is silenced, so
-    that Python's last flush at exit adds nothing to the one line the user gets."""
+    """Flush stdout: ``None``, or why it cannot (a full disk); a stdout that failed or
+    closed is silenced, so that Python's flush at exit adds nothing to the user's line."""
     try:
         sys.stdout.flush()
     except BrokenPipeError:
@@ -101,7 +99,3 @@ def _silence_stdout() -> None:
     with contextlib.suppress(OSError, ValueError, AttributeError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

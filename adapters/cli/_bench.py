@@ -219,13 +219,13 @@ def _run(args: argparse.Namespace) -> int:
         return [BUILTINS[s](metric) if s in BUILTINS else load_object(s) for s in specs]
 
     policies = over_budget_policies(args.over_budget, specs, make_callbacks())
-    options = BusOptions.build(None, period=period, **given(args, "budget", "timeout"))
     progress = _show_progress if sys.stderr.isatty() else None
     try:
         result = run_bench(
             make_callbacks,
             events,
-            options=options,
+            period=period,
+            **given(args, "budget", "timeout"),
             start=start,
             repeats=args.repeat,
             progress=progress,

@@ -1,6 +1,5 @@
-"""What ``eventbus bench`` measures (docs/guides/benchmarking.md): a workload driven through a
-real bus under a ``FastForwardClock``, then the same calls in a plain loop (the floor); and
-the figures that adds up to. Every figure's name carries its unit."""
+"""What ``eventbus bench`` measures (docs/guides/benchmarking.md), and the figures it adds up
+to: every figure's name carries its unit."""
 
 from __future__ import annotations
 
@@ -235,7 +234,6 @@ def run_bench(
     make_callbacks: Callable[[], list[Any]],
     events: Sequence[Event],
     *,
-    options: BusOptions | None = None,
     start: float | None = None,
     repeats: int = 5,
     progress: Progress | None = None,
@@ -243,8 +241,8 @@ def run_bench(
     **keywords: Unpack[BusKeywords],
 ) -> BenchResult:
     """Benchmark fresh callbacks from ``make_callbacks`` on ``events``, on a bus of
-    ``options``, its first period from ``start``; ``over_budget``: each callback's policy."""
-    bus_options = BusOptions.build(options, **keywords)
+    ``keywords``, its first period from ``start``; ``over_budget``: each callback's policy."""
+    bus_options = BusOptions.build(None, **keywords)
     repeats = checked("repeats", repeats, Annotated[int, Meta(ge=1, le=1000)])
     # What a bus makes itself is not workload: the bench bus makes its own.
     workload = [e for e in events if not isinstance(e, (*BUS_DIAGNOSTICS, EventPlaceholder))]
@@ -401,8 +399,13 @@ async def _through_bus(
         if not published:
             raise ValueError("the workload has no events but those the bus makes itself")
         workload_types = tuple({type(e) for e in published})
-        plain_names = _plain_names(plain)
-        for handler, name in zip(plain, plain_names, strict=True):
+        plain_names: list[str] = []
+        counts: Counter[str] = Counter()
+        for handler in plain:  # a second one of the same name is ``name#2``
+            name = callback_name(handler)
+            counts[name] += 1
+            name = name if counts[name] == 1 else f"{name}#{counts[name]}"
+            plain_names.append(name)
             policy = chosen.get(id(handler), "warn")
             bus.subscribe(workload_types, handler, name=name, over_budget=policy)
             policies[name] = policy
@@ -414,17 +417,6 @@ async def _through_bus(
         await bus.wait_idle()
         seconds = time.perf_counter() - started
     return _Pass(reports, seconds, rounds, published, changes, policies, hook_names, plain_names)
-
-
-def _plain_names(plain: list[Any]) -> list[str]:
-    """Each plain handler's name; a second one of the same name is ``name#2``."""
-    counts: dict[str, int] = {}
-    names = []
-    for handler in plain:
-        name = callback_name(handler)
-        counts[name] = counts.get(name, 0) + 1
-        names.append(name if counts[name] == 1 else f"{name}#{counts[name]}")
-    return names
 
 
 class _StartClock(FastForwardClock):
@@ -488,7 +480,7 @@ def _direct_calls(callbacks: list[Any], measured: _Pass) -> list[Call]:
                 name = named.get(hook, f"{type(callback).__name__}.{hook}")
                 calls.extend((name, hooks[hook], args) for args in args_list)
     # A bus handler gets every event of the workload.
-    for handler, name in zip(plain, measured.plain_names or _plain_names(plain), strict=True):
+    for handler, name in zip(plain, measured.plain_names, strict=True):
         calls.extend((name, handler, (event,)) for event in events)
     return calls
 
@@ -650,11 +642,8 @@ def _figures(
     start: float,
     options: BusOptions,
 ) -> BenchResult:
-    """The figures of the measured pass's budget reports and of the timed runs.
-
-    ``short``: the callbacks the bus did not give every delivery, and why (the runtime's
-    cost per event is then not measured). Mean shares are of the run's time, so a
-    partial period is neither lost nor blown up."""
+    """The figures of the measured pass and the timed runs. Mean shares are of the run's
+    time, so a partial period is neither lost nor blown up."""
     period, budget, events = options.period, options.budget, len(measured.published)
     per_call = direct.durations
     reports = sorted(measured.reports, key=lambda r: (r.partial, r.start))

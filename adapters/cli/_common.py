@@ -11,7 +11,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +62,15 @@ def writing(output: str | Path) -> Iterator[None]:
         raise cannot_write(output, exc) from None
 
 
-def write_stdout(text: str) -> None:
-    """``sys.stdout.write`` whose failures are stdout's, not the log's read in between
-    (no context manager: it runs once an event)."""
+def write_to(output: str | Path, write: Callable[[Any], object], item: Any) -> None:
+    """``write(item)``, its failures ``output``'s, not the log's read in between (no
+    context manager: it runs once an event)."""
     try:
-        sys.stdout.write(text)
+        write(item)
     except BrokenPipeError:
         raise
     except OSError as exc:
-        raise cannot_write(STDOUT, exc) from None
+        raise cannot_write(output, exc) from None
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
@@ -187,17 +187,16 @@ def check_log_tail(reader: LogReader, name: Path | None = None) -> None:
     note = (
         f"{reader.placeholders} record(s) shown as EventPlaceholder (not decodable as "
         "their type; see their reason)"
-        if reader.placeholders
-        else ""
     )
+    also = f"; {note}" if reader.placeholders else ""
     if reader.truncated is not None:
-        raise CliError(reader.truncated.describe(reader.path) + (f"; {note}" if note else ""))
+        raise CliError(reader.truncated.describe(reader.path) + also)
     if reader.skipped:
         raise CliError(
-            f"{reader.path}: skipped {reader.skipped} corrupt record(s); first: {reader.errors[0]}"
-            + (f"; {note}" if note else "")
+            f"{reader.path}: skipped {reader.skipped} corrupt record(s); first: "
+            f"{reader.errors[0]}{also}"
         )
-    if note:
+    if reader.placeholders:
         print(f"{name or reader.path}: note: {note}", file=sys.stderr)
 
 

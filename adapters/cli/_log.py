@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import re
 import sys
@@ -50,7 +51,7 @@ from ._common import (
     load_object,
     local_log,
     reading_log,
-    write_stdout,
+    write_to,
     writing,
 )
 
@@ -190,7 +191,7 @@ def _json_value(value: object) -> str:
 def _show(args: argparse.Namespace) -> int:
     keep = _filter(args)
     shown = 0
-    write = write_stdout  # a full stdout is its own error, not the log's
+    write = functools.partial(write_to, STDOUT, sys.stdout.write)  # stdout's errors, not the log's
     # A closed stdout (`| head`) raises BrokenPipeError through here: `main` ends quietly.
     with (
         local_log(args.log) as log,
@@ -247,12 +248,7 @@ def _convert(args: argparse.Namespace) -> int:
         write = recorder.write
         try:
             for event in reader:
-                try:  # the output's failures apart from the input's (read by the loop)
-                    write(event)
-                except BrokenPipeError:
-                    raise
-                except OSError as exc:
-                    raise cannot_write(args.output, exc) from None
+                write_to(args.output, write, event)  # apart from the input's (read by the loop)
                 written += 1
         except BaseException:
             with contextlib.suppress(OSError):  # what failed is being reported
