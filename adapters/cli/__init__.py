@@ -27,9 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {eventbus.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import _bench, _demo_trainer, _log, _report  # here: importing the package stays cheap
+    from . import _bench, _demo, _log, _report  # here: importing the package stays cheap
 
-    for module in (_demo_trainer, _bench, _log, _report):
+    for module in (_demo, _bench, _log, _report):
         module.register(subparsers)
     return parser
 
