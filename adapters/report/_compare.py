@@ -25,11 +25,14 @@ def _share(d: RunDigest, total: float) -> float:
     return total / d.cost.timeline * 100 if d.cost.timeline else 0.0
 
 
-def _summary(d: RunDigest) -> list[str]:
-    """The run's column of the summary table: its figures, the callbacks' share, events."""
+def _summary(d: RunDigest) -> list[tuple[str, str]]:
+    """The run's rows of the summary table: its figures, the callbacks' share, events."""
     share = _share(d, sum(c.total for c in d.cost.handlers.values()))
-    shown = [value for _, value, _ in run_facts(d)]
-    return [*shown, f"{share:.3f}%" if d.cost.timeline else "-", f"{d.events:,}"]
+    return [
+        *((label, value) for label, value, _ in run_facts(d)),
+        ("callbacks' share of the run", f"{share:.3f}%" if d.cost.timeline else "-"),
+        ("events read", f"{d.events:,}"),
+    ]
 
 
 def _change(before: float, after: float) -> tuple[str, str]:
@@ -149,8 +152,8 @@ def comparison_report(a: RunDigest, b: RunDigest) -> str:
     for digest in (a, b):
         if digest.damage.any:
             document.banners.append(damage_banner(str(digest.path), digest.damage))
-    names = [label for label, _, _ in run_facts(a)] + ["callbacks' share of the run", "events read"]
-    summary = [list(row) for row in zip(names, _summary(a), _summary(b), strict=True)]
+    rows = zip(_summary(a), _summary(b), strict=True)
+    summary = [[label, value_a, value_b] for (label, value_a), (_, value_b) in rows]
     document.section("summary", "Summary", table(["", *labels], summary))
     if a.cost.periods or b.cost.periods:
         cost = document.add_chart(_cost_chart(a, b, labels)) + _cost_table(a, b)
