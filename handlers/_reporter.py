@@ -222,8 +222,7 @@ def _shown(text: str, most: int = 60) -> str:
 async def persisted(rank: int, state_dir: Path, location: str, index: int) -> str:
     """``location`` kept in the run's state dir: as given if inside it, else copied in, in
     a thread. Inside is checked here: a few ``lstat``s of a path the worker just wrote,
-    where a thread waits for the GIL at each beside computing workers (a checkpoint's
-    report took 50 ms that way, docs/performance.md)."""
+    where a thread waits for the GIL at each beside computing workers (docs/performance.md)."""
     try:
         if in_state_dir(state_dir, location):
             return location
